@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# install.sh: install or build everything a real node has, for podgate's end-to-end tests and demo.
+#
+#   containerd v2.4.x + containerd-shim-runc-v2 + ctr   (built from the Go module proxy)
+#   runc v1.5.x with seccomp                            (built; Debian's 1.1.5 fails under containerd 2.x)
+#   CNI plugins                                         (Debian containernetworking-plugins, /usr/lib/cni)
+#   a pause image and a busybox image                   (built locally: no registry is reachable)
+#
+# Everything lands in $PODGATE_RIG_DIR (default /var/lib/podgate-rig). Idempotent: what is
+# already there at the wanted version is reused. Needs root (apt-get).
+set -euo pipefail
+
+RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+export PATH=/usr/local/go/bin:$PATH
+
+log() { printf 'rig: %s\n' "$*" >&2; }
+
+if [ "$(id -u)" != 0 ]; then
+	log "must run as root (apt-get, containerd)"
+	exit 1
+fi
+
+mkdir -p "$RIG_DIR/bin" "$RIG_DIR/images"
+
+# gcc: runc is built with cgo (seccomp). util-linux: findmnt, used by down.sh.
+apt_packages=(gcc libc6-dev libseccomp-dev pkg-config containernetworking-plugins busybox-static iproute2 iptables util-linux)
+missing=()
+for p in "${apt_packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	log "apt-get install ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# built_at BIN VERSION: true when bin/BIN was built from its module at VERSION. `go install
+# pkg@version` records the main module's version in the binary, so a build made by hand (or by an
+# interrupted earlier run) is recognised too, and no separate stamp file can go stale.
+built_at() {
+	[ -x "$RIG_DIR/bin/$1" ] &&
+		[ "$(go version -m "$RIG_DIR/bin/$1" 2>/dev/null | awk '$1 == "mod" { print $3; exit }')" = "$2" ]
+}
+
+if ! built_at containerd "$CONTAINERD_VERSION" || ! built_at containerd-shim-runc-v2 "$CONTAINERD_VERSION" || ! built_at ctr "$CONTAINERD_VERSION"; then
+	log "building containerd $CONTAINERD_VERSION (about 2 minutes)"
+	GOBIN="$RIG_DIR/bin" go install \
+		"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+		"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+fi
+
+if ! built_at runc "$RUNC_VERSION"; then
+	log "building runc $RUNC_VERSION"
+	CGO_ENABLED=1 GOBIN="$RIG_DIR/bin" go install -tags seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
+fi
+
+# Images are rebuilt when the builder's source changes.
+img_src_sum=$(cat "$HERE/mkimages/"*.go | sha256sum | cut -c1-16)
+if [ "$(cat "$RIG_DIR/images/.version" 2>/dev/null)" != "$img_src_sum" ] || [ ! -s "$RIG_DIR/images/pause.tar" ] || [ ! -s "$RIG_DIR/images/busybox.tar" ]; then
+	log "building pause and busybox images"
+	(cd "$REPO" && go run ./test/rig/mkimages -out "$RIG_DIR/images" -busybox /bin/busybox)
+	echo "$img_src_sum" >"$RIG_DIR/images/.version"
+fi
+
+log "ready in $RIG_DIR: $("$RIG_DIR/bin/containerd" --version | awk '{print $3}'), runc $("$RIG_DIR/bin/runc" --version | awk 'NR==1{print $3}')"
