@@ -1,0 +1,225 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// MaxMessageSize is the largest CRI message podgate accepts or sends, both ways: the kubelet's
+// own limit (16 MiB), so a response the kubelet would take is never cut by the proxy.
+const MaxMessageSize = 16 << 20
+
+// Backend is a connection to a runtime's CRI socket. It connects in the background, reconnects
+// with capped backoff, and makes calls fail fast with codes.Unavailable, naming the backend,
+// while the runtime is down instead of letting them wait for the kubelet's deadline.
+type Backend struct {
+	name     string
+	endpoint string
+	path     string
+	conn     *grpc.ClientConn
+	// connectWait bounds how long a call waits for a connection that is being made.
+	connectWait time.Duration
+	lastDialErr atomic.Pointer[string]
+	onState     func(up bool)
+}
+
+// BackendOption configures a Backend.
+type BackendOption func(*Backend)
+
+// WithConnectWait sets how long a call waits for a connection attempt in progress before it
+// fails with Unavailable (default 2s). A unix socket either accepts or refuses at once, so this
+// only matters for a runtime that is starting or hung.
+func WithConnectWait(d time.Duration) BackendOption {
+	return func(b *Backend) { b.connectWait = d }
+}
+
+// WithStateFunc sets a function called with every change of the backend between connected and
+// not connected, from the backend's watcher goroutine.
+func WithStateFunc(f func(up bool)) BackendOption {
+	return func(b *Backend) { b.onState = f }
+}
+
+// ParseEndpoint accepts "unix:///abs/path" or "/abs/path" and returns the socket path.
+func ParseEndpoint(endpoint string) (string, error) {
+	path := endpoint
+	if rest, ok := strings.CutPrefix(endpoint, "unix://"); ok {
+		path = rest
+	} else if strings.Contains(endpoint, "://") {
+		return "", fmt.Errorf("%q: only unix sockets are supported (unix:///path or /path)", endpoint)
+	}
+	if !strings.HasPrefix(path, "/") {
+		return "", fmt.Errorf("%q: want an absolute socket path (unix:///path or /path)", endpoint)
+	}
+	if len(path) > 107 {
+		return "", fmt.Errorf("%q: socket path is %d bytes, unix sockets allow 107", endpoint, len(path))
+	}
+	return path, nil
+}
+
+// NewBackend creates the connection to the runtime at endpoint and starts connecting in the
+// background: it does not wait for the runtime to be there. name ("runtime", "image") appears
+// in errors, logs and metrics. The watcher goroutine ends when ctx ends; Close the backend after.
+func NewBackend(ctx context.Context, name, endpoint string, opts ...BackendOption) (*Backend, error) {
+	path, err := ParseEndpoint(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{name: name, endpoint: "unix://" + path, path: path, connectWait: 2 * time.Second}
+	for _, o := range opts {
+		o(b)
+	}
+	codec := newRawCodec()
+	conn, err := grpc.NewClient("passthrough:///"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(b.dial),
+		grpc.WithDefaultCallOptions(
+			grpc.ForceCodecV2(codec),
+			grpc.MaxCallRecvMsgSize(MaxMessageSize),
+			grpc.MaxCallSendMsgSize(MaxMessageSize),
+		),
+		// Reconnect quickly after containerd restarts, but cap the backoff so a runtime that
+		// comes back is found within 2s.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+		// An idle channel would report "not ready" between calls; a node agent keeps its runtime
+		// connection open.
+		grpc.WithIdleTimeout(0),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("%s backend %s: %w", name, b.endpoint, err)
+	}
+	b.conn = conn
+	conn.Connect()
+	go b.watch(ctx)
+	return b, nil
+}
+
+// Name is the backend's role ("runtime" or "image").
+func (b *Backend) Name() string { return b.name }
+
+// Endpoint is the backend's address as unix:///path.
+func (b *Backend) Endpoint() string { return b.endpoint }
+
+// Close closes the connection.
+func (b *Backend) Close() error { return b.conn.Close() }
+
+func (b *Backend) dial(ctx context.Context, _ string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", b.path)
+	if err != nil {
+		msg := err.Error()
+		b.lastDialErr.Store(&msg)
+		return nil, err
+	}
+	b.lastDialErr.Store(nil)
+	return c, nil
+}
+
+func (b *Backend) watch(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithValues("backend", b.name, "endpoint", b.endpoint)
+	up := false
+	if b.onState != nil {
+		b.onState(false)
+	}
+	for {
+		s := b.conn.GetState()
+		if now := s == connectivity.Ready; now != up {
+			up = now
+			if up {
+				logger.Info("Backend connected")
+			} else {
+				logger.Info("Backend disconnected", "state", s.String(), "lastDialError", b.dialError())
+			}
+			if b.onState != nil {
+				b.onState(up)
+			}
+		}
+		if s == connectivity.Idle {
+			// grpc drops to idle when the runtime goes away; reconnect in the background so
+			// /readyz and the next call see the runtime as soon as it is back.
+			b.conn.Connect()
+		}
+		if s == connectivity.Shutdown || !b.conn.WaitForStateChange(ctx, s) {
+			return
+		}
+	}
+}
+
+func (b *Backend) dialError() string {
+	if p := b.lastDialErr.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Ready reports whether the backend is connected now.
+func (b *Backend) Ready() bool { return b.conn.GetState() == connectivity.Ready }
+
+// WaitReady waits until the backend is connected or ctx ends.
+func (b *Backend) WaitReady(ctx context.Context) error {
+	for {
+		s := b.conn.GetState()
+		if s == connectivity.Ready {
+			return nil
+		}
+		if s == connectivity.Idle {
+			b.conn.Connect()
+		}
+		if !b.conn.WaitForStateChange(ctx, s) {
+			return b.unavailable(s)
+		}
+	}
+}
+
+// usable returns nil when a call can go to the backend now, and otherwise an Unavailable status
+// naming the backend: at once when the last connection attempt failed, after at most
+// connectWait when an attempt is under way.
+func (b *Backend) usable(ctx context.Context) error {
+	s := b.conn.GetState()
+	switch s {
+	case connectivity.Ready:
+		return nil
+	case connectivity.TransientFailure, connectivity.Shutdown:
+		return b.unavailable(s)
+	}
+	wctx, cancel := context.WithTimeout(ctx, b.connectWait)
+	defer cancel()
+	if err := b.WaitReady(wctx); err != nil {
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return err
+	}
+	return nil
+}
+
+func (b *Backend) unavailable(s connectivity.State) error {
+	if e := b.dialError(); e != "" {
+		return status.Errorf(codes.Unavailable, "%s backend %s is unavailable: %s", b.name, b.endpoint, e)
+	}
+	return status.Errorf(codes.Unavailable, "%s backend %s is unavailable (connection %s)", b.name, b.endpoint, strings.ToLower(s.String()))
+}
+
+// transportError names the backend in an Unavailable error that the connection (not the runtime)
+// produced, such as the runtime dying during a call.
+func (b *Backend) transportError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable || b.Ready() {
+		return err
+	}
+	return status.Errorf(codes.Unavailable, "%s backend %s: %s", b.name, b.endpoint, st.Message())
+}

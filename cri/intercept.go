@@ -1,0 +1,183 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
+)
+
+// Method names a CRI method with its request and response types.
+type Method[Req, Resp proto.Message] struct {
+	service string
+	name    string
+	newReq  func() Req
+	newResp func() Resp
+}
+
+// FullName is the method's gRPC name, e.g. "/runtime.v1.RuntimeService/RunPodSandbox".
+func (m Method[Req, Resp]) FullName() string { return "/" + m.service + "/" + m.name }
+
+func runtimeMethod[Req, Resp proto.Message](name string, newReq func() Req, newResp func() Resp) Method[Req, Resp] {
+	return Method[Req, Resp]{service: runtimeService, name: name, newReq: newReq, newResp: newResp}
+}
+
+// The methods podgate's features intercept.
+var (
+	RunPodSandbox = runtimeMethod("RunPodSandbox",
+		func() *runtimeapi.RunPodSandboxRequest { return new(runtimeapi.RunPodSandboxRequest) },
+		func() *runtimeapi.RunPodSandboxResponse { return new(runtimeapi.RunPodSandboxResponse) })
+	StopPodSandbox = runtimeMethod("StopPodSandbox",
+		func() *runtimeapi.StopPodSandboxRequest { return new(runtimeapi.StopPodSandboxRequest) },
+		func() *runtimeapi.StopPodSandboxResponse { return new(runtimeapi.StopPodSandboxResponse) })
+	RemovePodSandbox = runtimeMethod("RemovePodSandbox",
+		func() *runtimeapi.RemovePodSandboxRequest { return new(runtimeapi.RemovePodSandboxRequest) },
+		func() *runtimeapi.RemovePodSandboxResponse { return new(runtimeapi.RemovePodSandboxResponse) })
+	CreateContainer = runtimeMethod("CreateContainer",
+		func() *runtimeapi.CreateContainerRequest { return new(runtimeapi.CreateContainerRequest) },
+		func() *runtimeapi.CreateContainerResponse { return new(runtimeapi.CreateContainerResponse) })
+	UpdateContainerResources = runtimeMethod("UpdateContainerResources",
+		func() *runtimeapi.UpdateContainerResourcesRequest { return new(runtimeapi.UpdateContainerResourcesRequest) },
+		func() *runtimeapi.UpdateContainerResourcesResponse { return new(runtimeapi.UpdateContainerResourcesResponse) })
+	PullImage = Method[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]{
+		service: imageService, name: "PullImage",
+		newReq:  func() *runtimeapi.PullImageRequest { return new(runtimeapi.PullImageRequest) },
+		newResp: func() *runtimeapi.PullImageResponse { return new(runtimeapi.PullImageResponse) },
+	}
+)
+
+// Forward sends req to the backend and returns its response.
+type Forward[Req, Resp proto.Message] func(ctx context.Context, req Req) (Resp, error)
+
+// Interceptor runs around the forwarding of one CRI method: what it does before calling next is
+// the "before" interception point, what it does with next's result the "after" one. It may
+// refuse the call by returning an error without calling next (nothing reaches the backend), wait
+// before calling next, or call it with a changed request.
+//
+// Messages are compared, not trusted: if req and the response come back unchanged, the bytes
+// the kubelet sent and the bytes the backend answered are forwarded as they were; if an
+// interceptor changed either, the changed message is encoded.
+type Interceptor[Req, Resp proto.Message] func(ctx context.Context, req Req, next Forward[Req, Resp]) (Resp, error)
+
+// Intercept adds fn around method m. Interceptors of one method nest in the order they are
+// added: the first added is the outermost. Call it before Serve.
+func Intercept[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Interceptor[Req, Resp]) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		panic(fmt.Sprintf("cri: Intercept(%s) after Serve", m.FullName()))
+	}
+	sd := s.intercepted[m.service]
+	if sd == nil {
+		sd = &grpc.ServiceDesc{ServiceName: m.service, HandlerType: (*any)(nil)}
+		s.intercepted[m.service] = sd
+	}
+	if h, ok := s.chains[m.FullName()]; ok {
+		// The entry was made by this function for this Method, so it has these types.
+		h := h.(*interceptedMethod[Req, Resp])
+		h.chain = append(h.chain, fn)
+		return
+	}
+	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}}
+	s.chains[m.FullName()] = h
+	sd.Methods = append(sd.Methods, grpc.MethodDesc{MethodName: m.name, Handler: h.handle})
+}
+
+// interceptedMethod serves one intercepted method: it decodes the request, runs the
+// interceptors around the forwarding, and answers with the backend's bytes when nothing changed.
+type interceptedMethod[Req, Resp proto.Message] struct {
+	s     *Server
+	m     Method[Req, Resp]
+	chain []Interceptor[Req, Resp]
+}
+
+func (h *interceptedMethod[Req, Resp]) handle(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+	var out any
+	name := h.m.FullName()
+	ctx = klog.NewContext(ctx, h.s.logger)
+	err := h.s.instrument(ctx, name, func() error {
+		var in frame
+		if err := dec(&in); err != nil {
+			return err
+		}
+		c := &interceptedCall[Req, Resp]{h: h, reqBytes: in.data.Materialize()}
+		in.free()
+		req := h.m.newReq()
+		if err := proto.Unmarshal(c.reqBytes, req); err != nil {
+			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
+		}
+		c.req, c.pristineReq = req, proto.Clone(req)
+		call := Forward[Req, Resp](c.forward)
+		for i := len(h.chain) - 1; i >= 0; i-- {
+			fn, next := h.chain[i], call
+			call = func(ctx context.Context, r Req) (Resp, error) { return fn(ctx, r, next) }
+		}
+		resp, err := call(ctx, req)
+		if err != nil {
+			return err
+		}
+		out = c.answer(resp)
+		return nil
+	})
+	return out, err
+}
+
+// interceptedCall is the state of one intercepted call. next may be called again (a retry),
+// but not concurrently.
+type interceptedCall[Req, Resp proto.Message] struct {
+	h                *interceptedMethod[Req, Resp]
+	reqBytes         []byte
+	req         Req
+	pristineReq proto.Message
+	// what the backend last answered: the decoded message, a copy to detect changes, its bytes
+	resp         Resp
+	pristineResp proto.Message
+	respBytes    []byte
+}
+
+func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, error) {
+	var zero Resp
+	m := c.h.m
+	send := c.reqBytes
+	if proto.Message(r) != proto.Message(c.req) || !proto.Equal(r, c.pristineReq) {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			return zero, fmt.Errorf("encode %s request: %w", m.name, err)
+		}
+		send = b
+	}
+	b := c.h.s.backendFor(m.FullName())
+	var rf frame
+	hdr, trl, err := b.invoke(ctx, m.FullName(), frameOf(send), &rf)
+	if len(hdr) > 0 {
+		_ = grpc.SetHeader(ctx, hdr) // fails only once headers are out, which they are not
+	}
+	if len(trl) > 0 {
+		_ = grpc.SetTrailer(ctx, trl)
+	}
+	if err != nil {
+		return zero, err
+	}
+	respBytes := rf.data.Materialize()
+	rf.free()
+	resp := m.newResp()
+	if err := proto.Unmarshal(respBytes, resp); err != nil {
+		return zero, status.Errorf(codes.Internal, "decode %s response from %s backend: %v", m.name, b.name, err)
+	}
+	c.resp, c.pristineResp, c.respBytes = resp, proto.Clone(resp), respBytes
+	return resp, nil
+}
+
+// answer returns what goes back to the client: the backend's own bytes when the interceptors
+// returned its response unchanged, else the message they returned.
+func (c *interceptedCall[Req, Resp]) answer(resp Resp) any {
+	if c.respBytes != nil && proto.Message(resp) == proto.Message(c.resp) && proto.Equal(resp, c.pristineResp) {
+		return frameOf(c.respBytes)
+	}
+	return resp
+}

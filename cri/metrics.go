@@ -1,0 +1,112 @@
+package cri
+
+import (
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// Metrics are the proxy's per-method Prometheus metrics.
+type Metrics struct {
+	requests  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	inFlight  *prometheus.GaugeVec
+	backendUp *prometheus.GaugeVec
+	// methods holds the instruments of every method podgate's cri-api knows, made once so a
+	// call does no label lookup. Methods it does not know share the "other" entry: their names
+	// come from clients and must not grow the label set.
+	methods map[string]*methodMetrics
+	other   *methodMetrics
+}
+
+type methodMetrics struct {
+	codes    [codes.Unauthenticated + 1]prometheus.Counter
+	latency  prometheus.Observer
+	inFlight prometheus.Gauge
+}
+
+// NewMetrics creates the proxy's metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "cri", Name: "requests_total",
+			Help: "CRI calls served, by method and gRPC status code.",
+		}, []string{"method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "podgate", Subsystem: "cri", Name: "request_duration_seconds",
+			Help:    "Latency of CRI calls through podgate, by method.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}, []string{"method"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "podgate", Subsystem: "cri", Name: "requests_in_flight",
+			Help: "CRI calls being served now, by method (streams count while open).",
+		}, []string{"method"}),
+		backendUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "podgate", Subsystem: "cri", Name: "backend_up",
+			Help: "1 when podgate is connected to the backend runtime endpoint, 0 otherwise.",
+		}, []string{"backend", "endpoint"}),
+		methods: map[string]*methodMetrics{},
+	}
+	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp)
+	for _, sd := range []struct {
+		name    string
+		methods []string
+	}{
+		{runtimeapi.RuntimeService_ServiceDesc.ServiceName, methodNames(runtimeapi.RuntimeService_ServiceDesc.Methods, runtimeapi.RuntimeService_ServiceDesc.Streams)},
+		{runtimeapi.ImageService_ServiceDesc.ServiceName, methodNames(runtimeapi.ImageService_ServiceDesc.Methods, runtimeapi.ImageService_ServiceDesc.Streams)},
+	} {
+		for _, name := range sd.methods {
+			m.methods["/"+sd.name+"/"+name] = m.newMethod(name)
+		}
+	}
+	m.other = m.newMethod("other")
+	return m
+}
+
+func (m *Metrics) newMethod(label string) *methodMetrics {
+	mm := &methodMetrics{
+		latency:  m.latency.WithLabelValues(label),
+		inFlight: m.inFlight.WithLabelValues(label),
+	}
+	for c := range mm.codes {
+		mm.codes[c] = m.requests.WithLabelValues(label, codes.Code(c).String())
+	}
+	return mm
+}
+
+func (m *Metrics) forMethod(fullMethod string) *methodMetrics {
+	if mm, ok := m.methods[fullMethod]; ok {
+		return mm
+	}
+	return m.other
+}
+
+// BackendState returns a function for WithStateFunc that keeps podgate_cri_backend_up current.
+func (m *Metrics) BackendState(name, endpoint string) func(bool) {
+	g := m.backendUp.WithLabelValues(name, endpoint)
+	return func(up bool) {
+		if up {
+			g.Set(1)
+		} else {
+			g.Set(0)
+		}
+	}
+}
+
+func (mm *methodMetrics) done(start time.Time, code codes.Code) {
+	mm.inFlight.Dec()
+	mm.latency.Observe(time.Since(start).Seconds())
+	if int(code) < len(mm.codes) {
+		mm.codes[code].Inc()
+	} else {
+		mm.codes[codes.Unknown].Inc()
+	}
+}
+
+// shortMethod turns "/runtime.v1.RuntimeService/Version" into "Version" for logs.
+func shortMethod(fullMethod string) string {
+	return fullMethod[strings.LastIndexByte(fullMethod, '/')+1:]
+}

@@ -1,0 +1,206 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
+)
+
+var (
+	runtimeService = runtimeapi.RuntimeService_ServiceDesc.ServiceName
+	imageService   = runtimeapi.ImageService_ServiceDesc.ServiceName
+)
+
+// Server is the CRI proxy's gRPC server.
+type Server struct {
+	runtime *Backend
+	image   *Backend
+	metrics *Metrics
+	logger  klog.Logger
+
+	grpc *grpc.Server
+	// unary holds the methods podgate's cri-api declares unary; every other method (streams,
+	// and methods newer than podgate) takes the streaming path, which carries both shapes.
+	unary map[string]bool
+	// intercepted holds a ServiceDesc per service with the methods that have interceptors.
+	intercepted map[string]*grpc.ServiceDesc
+	// chains maps a full method name to its *interceptedMethod.
+	chains map[string]any
+	started     bool
+
+	// stopping is cancelled when shutdown begins: open streams end then.
+	stopping   context.Context
+	stopStream context.CancelFunc
+	mu         sync.Mutex
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithMetrics records per-method metrics in m.
+func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
+
+// WithLogger sets the server's logger (default: klog's global logger).
+func WithLogger(l klog.Logger) Option { return func(s *Server) { s.logger = l } }
+
+// NewServer creates a proxy that sends RuntimeService calls to runtime and ImageService calls
+// to image (which may be the same Backend). Register interceptors with Intercept, then Serve.
+func NewServer(runtime, image *Backend, opts ...Option) *Server {
+	s := &Server{
+		runtime:     runtime,
+		image:       image,
+		logger:      klog.Background(),
+		unary:       map[string]bool{},
+		intercepted: map[string]*grpc.ServiceDesc{},
+		chains:      map[string]any{},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	s.stopping, s.stopStream = context.WithCancel(context.Background())
+	for _, sd := range []*grpc.ServiceDesc{&runtimeapi.RuntimeService_ServiceDesc, &runtimeapi.ImageService_ServiceDesc} {
+		for _, m := range sd.Methods {
+			s.unary["/"+sd.ServiceName+"/"+m.MethodName] = true
+		}
+	}
+	s.grpc = grpc.NewServer(
+		grpc.ForceServerCodecV2(newRawCodec()),
+		grpc.MaxRecvMsgSize(MaxMessageSize),
+		grpc.MaxSendMsgSize(MaxMessageSize),
+		// grpc hands unknown services and unknown methods of registered services to this
+		// handler: everything podgate does not intercept.
+		grpc.UnknownServiceHandler(s.passthrough),
+	)
+	return s
+}
+
+// Serve serves CRI on l until Shutdown. It returns nil after a Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if !s.started {
+		s.started = true
+		for _, sd := range s.intercepted {
+			s.grpc.RegisterService(sd, nil)
+		}
+	}
+	s.mu.Unlock()
+	err := s.grpc.Serve(l)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections, ends open streams (their clients get Unavailable and
+// reconnect, as after a runtime restart), and lets unary calls in flight finish until ctx ends;
+// then it cuts what is left.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.stopStream()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.logger.Info("Grace period over, closing remaining CRI calls", "reason", context.Cause(ctx))
+		s.grpc.Stop()
+		<-done
+	}
+}
+
+// backendFor returns the backend that serves fullMethod, or nil for a service that is not CRI.
+func (s *Server) backendFor(fullMethod string) *Backend {
+	service, _, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	switch {
+	case !ok:
+		return nil
+	case service == runtimeService:
+		return s.runtime
+	case service == imageService:
+		return s.image
+	}
+	return nil
+}
+
+// instrument is the one boundary every call passes: it records metrics and maps an error to a
+// gRPC status exactly once.
+func (s *Server) instrument(ctx context.Context, fullMethod string, call func() error) error {
+	mm := s.metrics.forMethod(fullMethod)
+	mm.inFlight.Inc()
+	start := time.Now()
+	err := toStatus(ctx, call())
+	code := status.Code(err)
+	mm.done(start, code)
+	if err != nil && s.logger.V(3).Enabled() {
+		s.logger.V(3).Info("CRI call failed", "method", shortMethod(fullMethod), "code", code.String(), "err", err)
+	}
+	return err
+}
+
+// toStatus maps err to a gRPC status error. A status (from the backend or an interceptor)
+// passes through unchanged; context errors become Canceled or DeadlineExceeded; anything else
+// is Internal.
+func toStatus(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	// FromError also finds a status wrapped by an interceptor ("prepare claim x: <status>")
+	// and keeps the wrapped message.
+	if st, ok := status.FromError(err); ok {
+		return st.Err()
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.Error(status.FromContextError(err).Code(), err.Error())
+	}
+	if ctx.Err() != nil {
+		return status.Error(status.FromContextError(ctx.Err()).Code(), err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func methodNames(ms []grpc.MethodDesc, ss []grpc.StreamDesc) []string {
+	names := make([]string, 0, len(ms)+len(ss))
+	for _, m := range ms {
+		names = append(names, m.MethodName)
+	}
+	for _, st := range ss {
+		names = append(names, st.StreamName)
+	}
+	return names
+}
+
+func unknownService(fullMethod string) error {
+	return status.Errorf(codes.Unimplemented, "podgate serves only %s and %s, not %s", runtimeService, imageService, fullMethod)
+}
+
+// Probe checks that every backend answers a cheap call (Version for the runtime, ImageFsInfo
+// for a separate image endpoint), for /readyz.
+func (s *Server) Probe(ctx context.Context) error {
+	var resp frame
+	if _, _, err := s.runtime.invoke(ctx, "/"+runtimeService+"/Version", frameOf(nil), &resp); err != nil {
+		return err
+	}
+	resp.free()
+	if s.image != s.runtime {
+		if _, _, err := s.image.invoke(ctx, "/"+imageService+"/ImageFsInfo", frameOf(nil), &resp); err != nil {
+			return err
+		}
+		resp.free()
+	}
+	return nil
+}

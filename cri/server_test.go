@@ -1,0 +1,431 @@
+package cri
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+type runReqFwd = Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]
+
+// withUnknownField appends field 999 (a varint) to m's encoding: a field newer than cri-api.
+func withUnknownField(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = protowire.AppendTag(b, 999, protowire.VarintType)
+	return protowire.AppendVarint(b, 42)
+}
+
+func unknownField() []byte {
+	b := protowire.AppendTag(nil, 999, protowire.VarintType)
+	return protowire.AppendVarint(b, 42)
+}
+
+func TestUnaryPassthroughForwardsMetadataDeadlineAndHeaders(t *testing.T) {
+	dir := socketDir(t)
+	be := newTestRuntime(t, filepath.Join(dir, "rt.sock"))
+	_, conn := proxyFor(t, be.path, "", nil)
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Second)
+	defer cancel()
+	want, _ := ctx.Deadline()
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-request-id", "abc-123")
+	var hdr, trl metadata.MD
+	resp, err := client.Version(ctx, &runtimeapi.VersionRequest{Version: "v1"}, grpc.Header(&hdr), grpc.Trailer(&trl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.RuntimeName != "testRuntime" {
+		t.Errorf("RuntimeName = %q", resp.RuntimeName)
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if got := be.lastMD.Get("x-request-id"); len(got) != 1 || got[0] != "abc-123" {
+		t.Errorf("backend got x-request-id %v, want [abc-123]", got)
+	}
+	if be.lastDL.IsZero() {
+		t.Fatal("backend saw no deadline")
+	}
+	// grpc sends the remaining time, rounded to its wire units: the deadlines agree closely.
+	if d := want.Sub(be.lastDL).Abs(); d > time.Second {
+		t.Errorf("backend deadline %v off the client's %v by %v", be.lastDL, want, d)
+	}
+	if got := hdr.Get("x-backend-header"); len(got) != 1 || got[0] != "h1" {
+		t.Errorf("client header x-backend-header = %v", got)
+	}
+	if got := trl.Get("x-backend-trailer"); len(got) != 1 || got[0] != "t1" {
+		t.Errorf("client trailer x-backend-trailer = %v", got)
+	}
+}
+
+func TestCancellationReachesBackend(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	_, conn := proxyFor(t, be.path, "", nil)
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := client.ExecSync(ctx, &runtimeapi.ExecSyncRequest{ContainerId: "c1", Cmd: []string{"sleep", "inf"}})
+		errc <- err
+	}()
+	<-be.execStarted
+	cancel()
+	<-be.execCanceled // the backend's handler saw its context end: the cancel crossed the proxy
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Fatalf("client got %v, want Canceled", err)
+	}
+}
+
+func TestUnknownFieldsAndMethodsPassThrough(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	_, conn := proxyFor(t, be.path, "", nil)
+	ctx := context.Background()
+
+	t.Run("unknown field of a known method", func(t *testing.T) {
+		req := withUnknownField(t, &runtimeapi.VersionRequest{Version: "v1"})
+		var resp frame
+		if err := conn.Invoke(ctx, "/runtime.v1.RuntimeService/Version", frameOf(req), &resp, grpc.ForceCodecV2(newRawCodec())); err != nil {
+			t.Fatal(err)
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if !bytes.Equal(be.lastUnknown, unknownField()) {
+			t.Errorf("backend saw unknown fields %x, want %x", be.lastUnknown, unknownField())
+		}
+	})
+	t.Run("method newer than cri-api", func(t *testing.T) {
+		body := []byte("\x0a\x05hello\xf8\x3e\x01")
+		var resp frame
+		const m = "/runtime.v1.RuntimeService/CheckpointEverything"
+		if err := conn.Invoke(ctx, m, frameOf(body), &resp, grpc.ForceCodecV2(newRawCodec())); err != nil {
+			t.Fatal(err)
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if be.rawMethod != m || !bytes.Equal(be.rawBody, body) {
+			t.Errorf("backend got %s %x, want %s %x", be.rawMethod, be.rawBody, m, body)
+		}
+		if !bytes.Equal(resp.bytes(), body) {
+			t.Errorf("client got %x back, want %x", resp.bytes(), body)
+		}
+	})
+}
+
+func TestOtherServicesAreNotForwarded(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	_, conn := proxyFor(t, be.path, "", nil)
+	var resp frame
+	err := conn.Invoke(context.Background(), "/containerd.services.namespaces.v1.Namespaces/List", frameOf(nil), &resp, grpc.ForceCodecV2(newRawCodec()))
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("got %v, want Unimplemented", err)
+	}
+	if n := be.calls.Load(); n != 0 {
+		t.Errorf("backend got %d calls, want 0", n)
+	}
+}
+
+func TestStatusFromBackendIsPreserved(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	st, err := status.New(codes.NotFound, "container \"c1\" not found").WithDetails(durationpb.New(3 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	be.versionErr = st.Err()
+	_, conn := proxyFor(t, be.path, "", nil)
+	_, err = runtimeapi.NewRuntimeServiceClient(conn).Version(context.Background(), &runtimeapi.VersionRequest{})
+	got := status.Convert(err)
+	if got.Code() != codes.NotFound || got.Message() != st.Message() {
+		t.Fatalf("got %v, want %v", got, st)
+	}
+	if len(got.Details()) != 1 || !proto.Equal(got.Details()[0].(proto.Message), durationpb.New(3*time.Second)) {
+		t.Errorf("details %v lost", got.Details())
+	}
+}
+
+func TestServerStreamPassthrough(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	for i := range 3 {
+		be.events = append(be.events, &runtimeapi.ContainerEventResponse{ContainerId: fmt.Sprint("c", i), ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT})
+	}
+	_, conn := proxyFor(t, be.path, "", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-be.eventsOpen
+	for i := range 3 {
+		ev, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(ev, be.events[i]) {
+			t.Errorf("event %d = %v, want %v", i, ev, be.events[i])
+		}
+	}
+	cancel()
+	<-be.eventsEnded // the backend's stream ended with the client's
+}
+
+func TestShutdownEndsStreamsAndLetsUnaryCallsFinish(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	srv, conn := proxyFor(t, be.path, "", nil)
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+
+	stream, err := client.GetContainerEvents(context.Background(), &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-be.eventsOpen // the stream is open at the backend
+	execCtx, execCancel := context.WithCancel(context.Background())
+	defer execCancel()
+	execErr := make(chan error, 1)
+	go func() {
+		_, err := client.ExecSync(execCtx, &runtimeapi.ExecSyncRequest{ContainerId: "c1"})
+		execErr <- err
+	}()
+	<-be.execStarted
+
+	grace, graceCancel := context.WithCancel(context.Background())
+	shutdownDone := make(chan struct{})
+	go func() { srv.Shutdown(grace); close(shutdownDone) }()
+
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("stream ended with %v, want Unavailable", err)
+	}
+	select {
+	case <-shutdownDone:
+		t.Fatal("Shutdown returned while a unary call was in flight and the grace period open")
+	default:
+	}
+	graceCancel() // grace period over: the remaining call is cut
+	<-shutdownDone
+	if err := <-execErr; status.Code(err) != codes.Unavailable && status.Code(err) != codes.Canceled {
+		t.Errorf("cut call ended with %v", err)
+	}
+}
+
+func TestBackendDownFailsFastAndRecovers(t *testing.T) {
+	path := filepath.Join(socketDir(t), "rt.sock")
+	_, conn := proxyFor(t, path, "", nil) // nothing listens on path yet
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+
+	// A generous deadline: the call must come back Unavailable, not wait for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := client.Version(ctx, &runtimeapi.VersionRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("got %v, want Unavailable", err)
+	}
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "runtime backend unix://"+path) {
+		t.Errorf("message %q does not name the backend", msg)
+	}
+
+	be := newTestRuntime(t, path)
+	waitVersionOK(t, client)
+
+	be.srv.Stop() // the runtime goes away...
+	os.Remove(path)
+	_, err = client.Version(ctx, &runtimeapi.VersionRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("with the runtime gone: got %v, want Unavailable", err)
+	}
+	be.start(t) // ...and comes back
+	waitVersionOK(t, client)
+}
+
+// waitVersionOK retries Version until it succeeds: the proxy reconnects with backoff (at most
+// 2s apart), so success must come within a few attempts.
+func waitVersionOK(t *testing.T, client runtimeapi.RuntimeServiceClient) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := client.Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err == nil {
+			return
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("Version after the runtime came back: %v", err)
+		}
+	}
+}
+
+func TestSeparateImageEndpoint(t *testing.T) {
+	dir := socketDir(t)
+	rt := newTestRuntime(t, filepath.Join(dir, "rt.sock"))
+	img := newTestRuntime(t, filepath.Join(dir, "img.sock"))
+	_, conn := proxyFor(t, rt.path, img.path, nil)
+	ctx := context.Background()
+	resp, err := runtimeapi.NewImageServiceClient(conn).ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Images) != 1 || resp.Images[0].Id != "sha256:img.sock" {
+		t.Errorf("ListImages answered by %v, want the image backend", resp.Images)
+	}
+	if _, err := runtimeapi.NewRuntimeServiceClient(conn).Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if rt.calls.Load() != 1 || img.calls.Load() != 1 {
+		t.Errorf("runtime got %d calls, image %d; want 1 each", rt.calls.Load(), img.calls.Load())
+	}
+}
+
+func TestMessageSizeLimit(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	_, conn := proxyFor(t, be.path, "", nil)
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	big := strings.Repeat("x", 1<<20)
+	for i := range 15 { // about 15 MiB: under the kubelet's 16 MiB
+		be.containers = append(be.containers, &runtimeapi.Container{Id: fmt.Sprint(i), Labels: map[string]string{"big": big}})
+	}
+	if _, err := client.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{}); err != nil {
+		t.Fatalf("15 MiB response: %v", err)
+	}
+	for i := range 2 {
+		be.containers = append(be.containers, &runtimeapi.Container{Id: fmt.Sprint("more", i), Labels: map[string]string{"big": big}})
+	}
+	_, err := client.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("17 MiB response: got %v, want ResourceExhausted", err)
+	}
+}
+
+func TestInterceptors(t *testing.T) {
+	sandbox := &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "u1"},
+	}}
+
+	t.Run("unchanged request goes byte for byte", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		var sawName string
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				sawName = req.GetConfig().GetMetadata().GetName()
+				return next(ctx, req)
+			})
+		})
+		var resp frame
+		if err := conn.Invoke(context.Background(), RunPodSandbox.FullName(), frameOf(withUnknownField(t, sandbox)), &resp, grpc.ForceCodecV2(newRawCodec())); err != nil {
+			t.Fatal(err)
+		}
+		if sawName != "web" {
+			t.Errorf("interceptor saw name %q", sawName)
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if !bytes.Equal(be.lastUnknown, unknownField()) {
+			t.Errorf("unknown field lost: %x", be.lastUnknown)
+		}
+	})
+
+	t.Run("changed request is re-encoded with its unknown fields", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				req.Config.Labels = map[string]string{"podgate": "yes"}
+				return next(ctx, req)
+			})
+		})
+		var resp frame
+		if err := conn.Invoke(context.Background(), RunPodSandbox.FullName(), frameOf(withUnknownField(t, sandbox)), &resp, grpc.ForceCodecV2(newRawCodec())); err != nil {
+			t.Fatal(err)
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if be.lastRunReq.GetConfig().GetLabels()["podgate"] != "yes" {
+			t.Errorf("backend did not get the change: %v", be.lastRunReq.GetConfig().GetLabels())
+		}
+		if !bytes.Equal(be.lastUnknown, unknownField()) {
+			t.Errorf("unknown field lost on re-encode: %x", be.lastUnknown)
+		}
+	})
+
+	t.Run("refusal reaches no backend", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				return nil, status.Error(codes.InvalidArgument, "sysctl \"kernel.core_pattern\": not namespaced")
+			})
+		})
+		_, err := runtimeapi.NewRuntimeServiceClient(conn).RunPodSandbox(context.Background(), sandbox)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "kernel.core_pattern") {
+			t.Fatalf("got %v, want the interceptor's InvalidArgument", err)
+		}
+		if n := be.calls.Load(); n != 0 {
+			t.Errorf("backend got %d calls", n)
+		}
+	})
+
+	t.Run("interceptors nest in order and see the response", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		var order []string
+		mk := func(name string) Interceptor[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse] {
+			return func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				order = append(order, name+" before")
+				resp, err := next(ctx, req)
+				order = append(order, name+" after "+resp.GetPodSandboxId())
+				return resp, err
+			}
+		}
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Intercept(s, RunPodSandbox, mk("outer"))
+			Intercept(s, RunPodSandbox, mk("inner"))
+		})
+		resp, err := runtimeapi.NewRuntimeServiceClient(conn).RunPodSandbox(context.Background(), sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "outer before,inner before,inner after sandbox-web,outer after sandbox-web"
+		if got := strings.Join(order, ","); got != want {
+			t.Errorf("order %s, want %s", got, want)
+		}
+		if resp.PodSandboxId != "sandbox-web" {
+			t.Errorf("response %v", resp)
+		}
+	})
+
+	t.Run("plain error becomes Internal, wrapped status keeps its code", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		errs := []error{errors.New("disk full"), fmt.Errorf("prepare claim gpu: %w", status.Error(codes.FailedPrecondition, "driver not registered"))}
+		i := 0
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				err := errs[i]
+				i++
+				return nil, err
+			})
+		})
+		client := runtimeapi.NewRuntimeServiceClient(conn)
+		if _, err := client.RunPodSandbox(context.Background(), sandbox); status.Code(err) != codes.Internal {
+			t.Errorf("plain error: got %v, want Internal", err)
+		}
+		_, err := client.RunPodSandbox(context.Background(), sandbox)
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "prepare claim gpu") {
+			t.Errorf("wrapped status: got %v", err)
+		}
+	})
+}
