@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/podgate/podgate/cri"
+)
+
+// Config file identity.
+const (
+	APIVersion = "podgate.dev/v1alpha1"
+	Kind       = "AgentConfiguration"
+)
+
+// Defaults for a standard node.
+const (
+	DefaultCRISocket       = "/run/podgate/cri.sock"
+	DefaultRuntimeEndpoint = "unix:///run/containerd/containerd.sock"
+	DefaultMetricsAddress  = "127.0.0.1:9743"
+	DefaultStateDir        = "/var/lib/podgate"
+	DefaultShutdownGrace   = 10 * time.Second
+)
+
+// Configuration is podgate's configuration file (apiVersion podgate.dev/v1alpha1, kind
+// AgentConfiguration). Keys are lowerCamelCase like the kubelet's; see ../shared/DESIGN.md for
+// the whole file as it grows.
+type Configuration struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// CRISocket is the unix socket podgate serves CRI on (the kubelet's
+	// containerRuntimeEndpoint and imageServiceEndpoint).
+	CRISocket string `json:"criSocket,omitempty"`
+	// CRISocketGroup is the group (name or id) that owns the CRI socket, which has mode 0660.
+	// Empty keeps root's group.
+	CRISocketGroup string `json:"criSocketGroup,omitempty"`
+	// RuntimeEndpoint is the backend runtime's CRI socket (containerd).
+	RuntimeEndpoint string `json:"runtimeEndpoint,omitempty"`
+	// ImageEndpoint is the backend for ImageService calls; empty means RuntimeEndpoint.
+	ImageEndpoint string `json:"imageEndpoint,omitempty"`
+	// MetricsAddress is the host:port of the /metrics, /healthz and /readyz listener; "" or
+	// "0" disables it. Unset means 127.0.0.1:9743.
+	MetricsAddress *string `json:"metricsAddress,omitempty"`
+	// StateDir holds podgate's on-disk state.
+	StateDir string `json:"stateDir,omitempty"`
+	// ShutdownGracePeriod is how long unary CRI calls in flight may finish after SIGTERM.
+	ShutdownGracePeriod Duration `json:"shutdownGracePeriod,omitempty"`
+	// Logging sets the log format and verbosity.
+	Logging Logging `json:"logging,omitzero"`
+}
+
+// Logging configures klog.
+type Logging struct {
+	// Format is "text" (default) or "json".
+	Format string `json:"format,omitempty"`
+	// Verbosity is klog's -v level.
+	Verbosity int `json:"verbosity,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("10s") in the file.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"10s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// DefaultConfiguration returns the configuration used when no file is given.
+func DefaultConfiguration() *Configuration {
+	c := &Configuration{APIVersion: APIVersion, Kind: Kind}
+	c.SetDefaults()
+	return c
+}
+
+// SetDefaults fills what the file left out.
+func (c *Configuration) SetDefaults() {
+	if c.CRISocket == "" {
+		c.CRISocket = DefaultCRISocket
+	}
+	if c.RuntimeEndpoint == "" {
+		c.RuntimeEndpoint = DefaultRuntimeEndpoint
+	}
+	if c.MetricsAddress == nil {
+		addr := DefaultMetricsAddress
+		c.MetricsAddress = &addr
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.ShutdownGracePeriod.Duration == 0 {
+		c.ShutdownGracePeriod.Duration = DefaultShutdownGrace
+	}
+	if c.Logging.Format == "" {
+		c.Logging.Format = "text"
+	}
+}
+
+// LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
+// is an error that names it. The result is not validated yet: flags may still change it.
+func LoadFile(path string) (*Configuration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse strictly decodes and defaults a configuration document.
+func Parse(data []byte) (*Configuration, error) {
+	c := &Configuration{}
+	if err := yaml.UnmarshalStrict(data, c); err != nil {
+		return nil, err
+	}
+	if c.APIVersion != APIVersion || c.Kind != Kind {
+		return nil, fmt.Errorf("apiVersion/kind: got %q/%q, want %s/%s", c.APIVersion, c.Kind, APIVersion, Kind)
+	}
+	c.SetDefaults()
+	return c, nil
+}
+
+// MetricsEnabled reports whether the metrics and health listener is on.
+func (c *Configuration) MetricsEnabled() bool {
+	return c.MetricsAddress != nil && *c.MetricsAddress != "" && *c.MetricsAddress != "0"
+}
+
+// ImageBackend is the endpoint ImageService calls go to.
+func (c *Configuration) ImageBackend() string {
+	if c.ImageEndpoint != "" {
+		return c.ImageEndpoint
+	}
+	return c.RuntimeEndpoint
+}
+
+// Validate checks the whole configuration and reports every bad field, each named.
+func (c *Configuration) Validate() error {
+	var errs []error
+	field := func(name string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	field("criSocket", validSocket(c.CRISocket))
+	_, err := cri.ParseEndpoint(c.RuntimeEndpoint)
+	field("runtimeEndpoint", err)
+	if c.ImageEndpoint != "" {
+		_, err := cri.ParseEndpoint(c.ImageEndpoint)
+		field("imageEndpoint", err)
+	}
+	if p, err := cri.ParseEndpoint(c.RuntimeEndpoint); err == nil && p == c.CRISocket {
+		field("runtimeEndpoint", fmt.Errorf("%q is podgate's own criSocket: podgate would forward to itself", c.RuntimeEndpoint))
+	}
+	if c.MetricsEnabled() {
+		field("metricsAddress", validHostPort(*c.MetricsAddress))
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		field("stateDir", fmt.Errorf("%q: want an absolute path", c.StateDir))
+	}
+	if c.ShutdownGracePeriod.Duration < 0 {
+		field("shutdownGracePeriod", fmt.Errorf("%s: must not be negative", c.ShutdownGracePeriod))
+	}
+	if c.Logging.Format != "text" && c.Logging.Format != "json" {
+		field("logging.format", fmt.Errorf("%q: want text or json", c.Logging.Format))
+	}
+	if c.Logging.Verbosity < 0 {
+		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
+	}
+	return errors.Join(errs...)
+}
+
+func validSocket(p string) error {
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("%q: want an absolute path", p)
+	}
+	if len(p) > 107 {
+		return fmt.Errorf("%q: %d bytes, a unix socket path allows 107", p, len(p))
+	}
+	return nil
+}
+
+func validHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port (\"\" or \"0\" disables): %w", addr, err)
+	}
+	if port == "" {
+		return fmt.Errorf("%q: missing port", addr)
+	}
+	if host != "" && net.ParseIP(host) == nil && host != "localhost" {
+		return fmt.Errorf("%q: host must be an IP address or localhost", addr)
+	}
+	return nil
+}
