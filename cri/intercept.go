@@ -42,8 +42,12 @@ var (
 		func() *runtimeapi.CreateContainerRequest { return new(runtimeapi.CreateContainerRequest) },
 		func() *runtimeapi.CreateContainerResponse { return new(runtimeapi.CreateContainerResponse) })
 	UpdateContainerResources = runtimeMethod("UpdateContainerResources",
-		func() *runtimeapi.UpdateContainerResourcesRequest { return new(runtimeapi.UpdateContainerResourcesRequest) },
-		func() *runtimeapi.UpdateContainerResourcesResponse { return new(runtimeapi.UpdateContainerResourcesResponse) })
+		func() *runtimeapi.UpdateContainerResourcesRequest {
+			return new(runtimeapi.UpdateContainerResourcesRequest)
+		},
+		func() *runtimeapi.UpdateContainerResourcesResponse {
+			return new(runtimeapi.UpdateContainerResourcesResponse)
+		})
 	PullImage = Method[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]{
 		service: imageService, name: "PullImage",
 		newReq:  func() *runtimeapi.PullImageRequest { return new(runtimeapi.PullImageRequest) },
@@ -130,8 +134,8 @@ func (h *interceptedMethod[Req, Resp]) handle(_ any, ctx context.Context, dec fu
 // interceptedCall is the state of one intercepted call. next may be called again (a retry),
 // but not concurrently.
 type interceptedCall[Req, Resp proto.Message] struct {
-	h                *interceptedMethod[Req, Resp]
-	reqBytes         []byte
+	h           *interceptedMethod[Req, Resp]
+	reqBytes    []byte
 	req         Req
 	pristineReq proto.Message
 	// what the backend last answered: the decoded message, a copy to detect changes, its bytes

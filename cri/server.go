@@ -35,8 +35,8 @@ type Server struct {
 	// intercepted holds a ServiceDesc per service with the methods that have interceptors.
 	intercepted map[string]*grpc.ServiceDesc
 	// chains maps a full method name to its *interceptedMethod.
-	chains map[string]any
-	started     bool
+	chains  map[string]any
+	started bool
 
 	// stopping is cancelled when shutdown begins: open streams end then.
 	stopping   context.Context
