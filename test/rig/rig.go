@@ -11,7 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -335,4 +337,39 @@ func readEnv(path string) (map[string]string, error) {
 		}
 	}
 	return env, sc.Err()
+}
+
+// StopContainerd stops only the containerd daemon (SIGTERM, as systemd does on a restart),
+// leaving its shims, pods and directory in place, and waits until it has exited. Tests use it
+// to take the runtime away from podgate; RestartContainerd brings it back.
+func (r *Rig) StopContainerd(ctx context.Context) error {
+	b, err := os.ReadFile(filepath.Join(r.Dir, "containerd.pid"))
+	if err != nil {
+		return fmt.Errorf("stop containerd: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("stop containerd: pid file: %w", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stop containerd: %w", err)
+	}
+	// containerd is not our child (up.sh started it): poll for the process to go away.
+	for syscall.Kill(pid, 0) == nil {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stop containerd: pid %d still running: %w", pid, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// RestartContainerd starts containerd again in the rig's directory after StopContainerd, with
+// the same socket, bridge and subnet.
+func (r *Rig) RestartContainerd(ctx context.Context) error {
+	if _, err := up(ctx, r.Dir); err != nil {
+		return fmt.Errorf("restart containerd: %w", err)
+	}
+	return nil
 }

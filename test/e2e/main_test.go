@@ -1,0 +1,68 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/rig"
+)
+
+// podgateBin is the podgate binary built once for the package's tests.
+var podgateBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "podgate-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if podgateBin, err = harness.Build(ctx, dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// node is a real containerd with podgate in front of it.
+type node struct {
+	rig     *rig.Rig
+	podgate *harness.Podgate
+	// direct talks to containerd, through talks to podgate: the kubelet's view.
+	direct, through *rig.Client
+}
+
+// startNode starts a rig and podgate in front of it; both stop at the test's end.
+func startNode(t *testing.T, args ...string) *node {
+	t.Helper()
+	r := rig.Start(t)
+	dir, err := os.MkdirTemp("/tmp", "pge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	p, err := harness.Start(t.Context(), podgateBin, harness.Options{Dir: dir, RuntimeEndpoint: r.Endpoint, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		code, err := p.Stop(30 * time.Second)
+		if err != nil || code != 0 {
+			t.Errorf("podgate stop: exit %d, %v", code, err)
+		}
+		if t.Failed() {
+			t.Logf("podgate log:\n%s", p.Log)
+		}
+	})
+	return &node{rig: r, podgate: p, direct: rig.Connect(t, r.Endpoint), through: rig.Connect(t, p.Endpoint)}
+}

@@ -1,0 +1,221 @@
+// Package harness builds and runs the real podgate binary for end-to-end tests and the demo:
+// it starts podgate in front of a backend endpoint, waits for podgate's systemd READY=1
+// notification (the same signal systemd waits for), and stops it with SIGTERM.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// readyTimeout bounds podgate's start-up: it does not wait for its backend, so READY=1 comes
+// as soon as the socket is bound; 30s covers a loaded CI machine under -race.
+const readyTimeout = 30 * time.Second
+
+// Build compiles ./cmd/podgate of the module containing this package into dir.
+func Build(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "podgate")
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-race", "-o", bin, "./cmd/podgate")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build podgate: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the podgate module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Podgate is a running podgate process.
+type Podgate struct {
+	// Socket is podgate's CRI socket path.
+	Socket string
+	// Endpoint is unix://Socket.
+	Endpoint string
+	// MetricsURL is http://host:port of the metrics listener.
+	MetricsURL string
+	// Log holds everything podgate wrote to stderr so far.
+	Log *SyncBuffer
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Options for Start.
+type Options struct {
+	// Dir holds podgate's socket, state and notify socket; keep it short (unix socket paths).
+	Dir string
+	// RuntimeEndpoint is the backend (containerd).
+	RuntimeEndpoint string
+	// Args are more command-line arguments.
+	Args []string
+	// Stderr, when set, also receives podgate's log.
+	Stderr io.Writer
+}
+
+// Start runs podgate and waits until it told systemd it is ready.
+func Start(ctx context.Context, bin string, o Options) (*Podgate, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	p := &Podgate{
+		Socket:     filepath.Join(o.Dir, "cri.sock"),
+		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d", port),
+		Log:        &SyncBuffer{},
+		done:       make(chan struct{}),
+	}
+	p.Endpoint = "unix://" + p.Socket
+	notifyPath := filepath.Join(o.Dir, "notify.sock")
+	_ = os.Remove(notifyPath)
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
+	if err != nil {
+		return nil, fmt.Errorf("notify socket: %w", err)
+	}
+	defer notify.Close()
+
+	args := append([]string{
+		"--cri-socket", p.Socket,
+		"--runtime-endpoint", o.RuntimeEndpoint,
+		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port),
+		"--state-dir", filepath.Join(o.Dir, "state"),
+	}, o.Args...)
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notifyPath)
+	var stderr io.Writer = p.Log
+	if o.Stderr != nil {
+		stderr = io.MultiWriter(p.Log, o.Stderr)
+	}
+	p.cmd.Stderr = stderr
+	p.cmd.Stdout = stderr
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+
+	ready := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := notify.Read(buf)
+			if err != nil {
+				ready <- err
+				return
+			}
+			if bytes.Contains(buf[:n], []byte("READY=1")) {
+				ready <- nil
+				return
+			}
+		}
+	}()
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-ready:
+		if err != nil {
+			p.Kill()
+			return nil, fmt.Errorf("wait for READY=1: %w", err)
+		}
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("podgate exited before it was ready: %v\n%s", p.err, p.Log)
+	case <-timer.C:
+		p.Kill()
+		return nil, fmt.Errorf("podgate not ready after %s:\n%s", readyTimeout, p.Log)
+	case <-ctx.Done():
+		p.Kill()
+		return nil, ctx.Err()
+	}
+}
+
+// Stop sends SIGTERM and waits for podgate to exit; it returns the exit code.
+func (p *Podgate) Stop(timeout time.Duration) (int, error) {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return -1, err
+	}
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.Kill()
+		return -1, fmt.Errorf("podgate did not exit within %s of SIGTERM", timeout)
+	}
+	return p.cmd.ProcessState.ExitCode(), nil
+}
+
+// Kill ends podgate at once.
+func (p *Podgate) Kill() {
+	_ = p.cmd.Process.Kill() // already gone is fine
+	<-p.done
+}
+
+// Metrics returns podgate's /metrics page.
+func (p *Podgate) Metrics(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.MetricsURL+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// SyncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
