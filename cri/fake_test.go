@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -144,7 +145,7 @@ func (r *testRuntime) ListImages(ctx context.Context, req *runtimeapi.ListImages
 func (r *testRuntime) unknown(_ any, ss grpc.ServerStream) error {
 	m, _ := grpc.MethodFromServerStream(ss)
 	var f frame
-	if err := ss.RecvMsg(&f); err != nil && err != io.EOF {
+	if err := ss.RecvMsg(&f); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	r.calls.Add(1)

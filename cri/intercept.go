@@ -100,6 +100,7 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 	chain []Interceptor[Req, Resp]
 }
 
+//nolint:revive // the signature is grpc's method handler's, context second.
 func (h *interceptedMethod[Req, Resp]) handle(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 	var out any
 	name := h.m.FullName()

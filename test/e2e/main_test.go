@@ -27,7 +27,7 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if podgateBin, err = harness.Build(ctx, dir); err != nil {
+	if podgateBin, err = harness.Build(ctx, dir, "-race"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

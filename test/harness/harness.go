@@ -24,14 +24,16 @@ import (
 // as soon as the socket is bound; 30s covers a loaded CI machine under -race.
 const readyTimeout = 30 * time.Second
 
-// Build compiles ./cmd/podgate of the module containing this package into dir.
-func Build(ctx context.Context, dir string) (string, error) {
+// Build compiles ./cmd/podgate of the module containing this package into dir, with extra go
+// build flags (the e2e tests add -race).
+func Build(ctx context.Context, dir string, flags ...string) (string, error) {
 	bin := filepath.Join(dir, "podgate")
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-race", "-o", bin, "./cmd/podgate")
+	args := append(append([]string{"build"}, flags...), "-o", bin, "./cmd/podgate")
+	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build podgate: %w\n%s", err, out)
@@ -147,7 +149,7 @@ func Start(ctx context.Context, bin string, o Options) (*Podgate, error) {
 		}
 		return p, nil
 	case <-p.done:
-		return nil, fmt.Errorf("podgate exited before it was ready: %v\n%s", p.err, p.Log)
+		return nil, fmt.Errorf("podgate exited before it was ready: %w\n%s", p.err, p.Log)
 	case <-timer.C:
 		p.Kill()
 		return nil, fmt.Errorf("podgate not ready after %s:\n%s", readyTimeout, p.Log)

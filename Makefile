@@ -1,0 +1,55 @@
+# podgate — build, demo, tests.
+#
+#   make demo    a real containerd with podgate in front, a pod started through it (root)
+#   make test    lint + all tests with -race; the end-to-end tests run when root
+#   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
+
+SHELL   := /bin/bash
+GO      ?= go
+BIN     := $(CURDIR)/bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+GOLANGCI_LINT_VERSION := v2.15.0
+BENCHSTAT_VERSION     := v0.0.0-20260908200009-22c9c6c9d4da
+IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
+
+export PATH := /usr/local/go/bin:$(PATH)
+
+.PHONY: all build demo test unit e2e lint rig bench clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/podgate ./cmd/podgate
+
+# rig: containerd, runc, CNI plugins and the test images (root; idempotent, reuses what is built).
+rig:
+	bash test/rig/install.sh
+
+demo: rig
+	$(GO) run ./test/demo
+
+# test: everything. As root the real-stack rig is installed first so the e2e tests run;
+# otherwise they skip with a message saying so.
+test: lint $(if $(IS_ROOT),rig)
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+lint: $(BIN)/golangci-lint
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN)/golangci-lint run ./...
+
+$(BIN)/golangci-lint:
+	GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+$(BIN)/benchstat:
+	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+
+# bench: the proxy's cost, direct vs. through podgate in one run; benchstat prints the
+# podgate column relative to direct.
+bench: $(BIN)/benchstat
+	$(GO) test -run '^$$' -bench . -count 6 ./cri | tee bench.txt
+	$(BIN)/benchstat -col /path bench.txt
+
+clean:
+	rm -rf $(BIN) bench.txt

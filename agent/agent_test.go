@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
+)
+
+func shortDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("/tmp", "pga")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+func testConfig(dir, backend string) *Configuration {
+	c := DefaultConfiguration()
+	c.CRISocket = filepath.Join(dir, "run", "cri.sock") // the directory does not exist yet
+	c.RuntimeEndpoint = "unix://" + backend
+	off := ""
+	c.MetricsAddress = &off
+	c.StateDir = filepath.Join(dir, "state")
+	return c
+}
+
+// runAgent starts the agent and returns a function that stops it and returns Run's result.
+func runAgent(t *testing.T, cfg *Configuration) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- New(cfg, "test").Run(ctx) }()
+	return func() error {
+		cancel()
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(30 * time.Second):
+			t.Fatal("agent did not stop within 30s of cancellation")
+			return nil
+		}
+	}
+}
+
+func criClient(t *testing.T, socket string) runtimeapi.RuntimeServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
+}
+
+func TestRunServesAndStopsCleanly(t *testing.T) {
+	dir := shortDir(t)
+	backend := filepath.Join(dir, "containerd.sock")
+	f := fake.NewFakeRemoteRuntime()
+	if err := f.Start("unix://" + backend); err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	cfg := testConfig(dir, backend)
+	stop := runAgent(t, cfg)
+
+	// WaitForReady: the socket appears once Run has bound it.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	v, err := criClient(t, cfg.CRISocket).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.RuntimeName != "fakeRuntime" {
+		t.Errorf("Version through the agent = %v", v)
+	}
+	if fi, err := os.Stat(cfg.StateDir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state dir: %v %v, want 0700", fi, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run after cancel: %v, want nil", err)
+	}
+	if _, err := os.Stat(cfg.CRISocket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind after stop: %v", err)
+	}
+}
+
+func TestRunStartsWithoutBackend(t *testing.T) {
+	dir := shortDir(t)
+	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
+	stop := runAgent(t, cfg)
+	defer stop() //nolint:errcheck // the assertion is on the call below
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	client := criClient(t, cfg.CRISocket)
+	var err error
+	for {
+		// Retry only until the agent's socket is up; then the answer must be the backend's absence.
+		_, err = client.Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+		if err == nil || !strings.Contains(err.Error(), "cri.sock") {
+			break
+		}
+	}
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "missing.sock") {
+		t.Fatalf("got %v, want Unavailable naming the missing backend", err)
+	}
+}
+
+func TestRunRefusesSocketInUse(t *testing.T) {
+	dir := shortDir(t)
+	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
+	if err := os.MkdirAll(filepath.Dir(cfg.CRISocket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", cfg.CRISocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	err = New(cfg, "test").Run(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "criSocket:") || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("got %v, want a criSocket in-use error", err)
+	}
+}
+
+func TestRunRemovesStaleSocket(t *testing.T) {
+	dir := shortDir(t)
+	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
+	if err := os.MkdirAll(filepath.Dir(cfg.CRISocket), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", cfg.CRISocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // a socket file nobody listens on: what a crashed podgate leaves
+	stop := runAgent(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err = criClient(t, cfg.CRISocket).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("got %v, want the agent serving (Unavailable: no backend)", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,192 @@
+// Command demo shows podgate doing its job on a real node: it starts a private containerd
+// (package rig), puts podgate in front of it, and runs a pod through podgate's socket with
+// cri-client, the kubelet's own CRI client. It prints what happened: the pod's IP, what its
+// container wrote, podgate's log of the pod, and podgate's metrics. Then it cleans up.
+//
+// Run it as root with `make demo`.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/rig"
+)
+
+func main() {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "demo: needs root (containerd, runc and CNI run for real): sudo make demo")
+		os.Exit(1)
+	}
+	if err := runDemo(); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+func runDemo() error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, os.Stdout)
+}
+
+func step(out io.Writer, format string, args ...any) {
+	fmt.Fprintf(out, "\n==> "+format+"\n", args...)
+}
+
+func run(ctx context.Context, out io.Writer) (err error) {
+	step(out, "Starting a private containerd (root, state, socket and CNI bridge in a temp dir)")
+	r, err := rig.Up(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step(out, "Cleaning up: containerd, its pods and network")
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		err = errors.Join(err, r.Down(dctx))
+	}()
+	fmt.Fprintf(out, "    containerd: %s   pod network: %s on bridge %s\n", r.Endpoint, r.Subnet, r.Bridge)
+
+	step(out, "Building podgate and starting it in front of containerd")
+	work, err := os.MkdirTemp("/tmp", "pgd")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	bin, err := harness.Build(ctx, work)
+	if err != nil {
+		return err
+	}
+	pg, err := harness.Start(ctx, bin, harness.Options{Dir: work, RuntimeEndpoint: r.Endpoint})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		code, serr := pg.Stop(30 * time.Second)
+		fmt.Fprintf(out, "    podgate stopped on SIGTERM, exit code %d\n", code)
+		err = errors.Join(err, serr)
+	}()
+	fmt.Fprintf(out, "    podgate serves CRI on %s (the kubelet's containerRuntimeEndpoint), metrics on %s\n", pg.Endpoint, pg.MetricsURL)
+
+	c, err := rig.Dial(ctx, pg.Endpoint)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+
+	step(out, "Running a pod through podgate, as the kubelet would")
+	v, err := c.Runtime.Version(ctx, "v1")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    Version through podgate: %s %s (CRI %s)\n", v.RuntimeName, v.RuntimeVersion, v.RuntimeApiVersion)
+	sb := &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: "hello", Namespace: "demo", Uid: "demo-uid-1"},
+		Hostname:     "hello",
+		LogDirectory: filepath.Join(r.Dir, "pods", "hello"),
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+	}
+	podID, err := c.Runtime.RunPodSandbox(ctx, sb, "")
+	if err != nil {
+		return err
+	}
+	st, err := c.Runtime.PodSandboxStatus(ctx, podID, false)
+	if err != nil {
+		return err
+	}
+	ip := st.GetStatus().GetNetwork().GetIp()
+	fmt.Fprintf(out, "    RunPodSandbox -> sandbox %.12s, pod IP %s (from CNI)\n", podID, ip)
+
+	ctrID, err := c.Runtime.CreateContainer(ctx, podID, &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "greeter"},
+		Image:    &runtimeapi.ImageSpec{Image: rig.BusyboxImage},
+		Command: []string{"/bin/sh", "-c",
+			`echo "hello from pod $(hostname), my address: $(ip -4 -o addr show eth0 | awk '{print $4}')"; exec sleep 3600`},
+		LogPath: "greeter/0.log",
+		Linux:   &runtimeapi.LinuxContainerConfig{},
+	}, sb)
+	if err != nil {
+		return err
+	}
+	if err := c.Runtime.StartContainer(ctx, ctrID); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    CreateContainer + StartContainer -> container %.12s (busybox)\n", ctrID)
+	stdout, _, err := c.Runtime.ExecSync(ctx, ctrID, []string{"cat", "/proc/sys/net/ipv4/tcp_keepalive_time"}, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    ExecSync cat /proc/sys/net/ipv4/tcp_keepalive_time -> %s\n", strings.TrimSpace(string(stdout)))
+	logLine, err := waitLog(ctx, filepath.Join(sb.LogDirectory, "greeter", "0.log"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    container output (from its CRI log file): %s\n", logLine)
+
+	if err := c.Runtime.StopContainer(ctx, ctrID, 5); err != nil {
+		return err
+	}
+	if err := c.Runtime.RemoveContainer(ctx, ctrID); err != nil {
+		return err
+	}
+	if err := c.Runtime.StopPodSandbox(ctx, podID); err != nil {
+		return err
+	}
+	if err := c.Runtime.RemovePodSandbox(ctx, podID); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "    StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox: done")
+
+	step(out, "What podgate logged")
+	for _, l := range strings.Split(strings.TrimSpace(pg.Log.String()), "\n") {
+		fmt.Fprintln(out, "    "+l)
+	}
+	step(out, "What podgate counted (podgate_cri_requests_total, non-zero)")
+	metrics, err := pg.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(l, "podgate_cri_requests_total{") && !strings.HasSuffix(l, " 0") {
+			fmt.Fprintln(out, "    "+l)
+		}
+	}
+	return nil
+}
+
+// waitLog waits for the first line of a container's CRI log and returns its message part.
+func waitLog(ctx context.Context, path string) (string, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if f, err := os.Open(path); err == nil {
+			sc := bufio.NewScanner(f)
+			ok := sc.Scan()
+			f.Close()
+			if ok {
+				// CRI log format: <time> <stream> <tag> <message>
+				if parts := strings.SplitN(sc.Text(), " ", 4); len(parts) == 4 {
+					return parts[3], nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return "", fmt.Errorf("no output in %s after 30s", path)
+}
