@@ -94,7 +94,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if errors.Is(cause, context.Canceled) {
 		cause = nil
 	}
-	logger.Info("Shutting down", "reason", context.Cause(ctx), "gracePeriod", a.cfg.ShutdownGracePeriod.Duration)
+	logger.Info("Shutting down", "reason", context.Cause(ctx), "gracePeriod", a.cfg.ShutdownGracePeriod.String())
 	_, _ = daemon.SdNotify(false, daemon.SdNotifyStopping) // best effort: systemd stops us anyway
 
 	// The parent context is done: shutdown gets its own, bounded one.

@@ -131,7 +131,7 @@ func (b *Backend) dial(ctx context.Context, _ string) (net.Conn, error) {
 
 func (b *Backend) watch(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithValues("backend", b.name, "endpoint", b.endpoint)
-	up := false
+	up, failureLogged := false, false
 	if b.onState != nil {
 		b.onState(false)
 	}
@@ -141,12 +141,18 @@ func (b *Backend) watch(ctx context.Context) {
 			up = now
 			if up {
 				logger.Info("Backend connected")
+				failureLogged = false
 			} else {
-				logger.Info("Backend disconnected", "state", s.String(), "lastDialError", b.dialError())
+				logger.Info("Backend disconnected", "state", s.String())
 			}
 			if b.onState != nil {
 				b.onState(up)
 			}
+		}
+		// One line per outage, not one per retry: the runtime may stay away for long.
+		if s == connectivity.TransientFailure && !failureLogged {
+			failureLogged = true
+			logger.Info("Backend unavailable, retrying with backoff; CRI calls fail with Unavailable meanwhile", "err", b.dialError())
 		}
 		if s == connectivity.Idle {
 			// grpc drops to idle when the runtime goes away; reconnect in the background so
