@@ -144,3 +144,33 @@ func kubeletContainer(i int) *apitest.FakeContainer {
 	}
 	return c
 }
+
+// BenchmarkUnaryAddedLatency alternates a direct and a proxied Version call in each iteration,
+// so both see the same machine noise, and reports the medians and their difference: the
+// latency podgate adds to a small unary call.
+func BenchmarkUnaryAddedLatency(b *testing.B) {
+	env := newBenchEnv(b, 0)
+	ctx := b.Context()
+	var direct, proxied []time.Duration
+	for b.Loop() {
+		for _, path := range []string{"direct", "podgate"} {
+			start := time.Now()
+			if _, err := env.client(path).Version(ctx, &runtimeapi.VersionRequest{Version: "v1"}); err != nil {
+				b.Fatal(err)
+			}
+			if path == "direct" {
+				direct = append(direct, time.Since(start))
+			} else {
+				proxied = append(proxied, time.Since(start))
+			}
+		}
+	}
+	b.StopTimer()
+	slices.Sort(direct)
+	slices.Sort(proxied)
+	d, p := direct[len(direct)/2], proxied[len(proxied)/2]
+	b.ReportMetric(float64(d.Nanoseconds()), "direct-p50-ns")
+	b.ReportMetric(float64(p.Nanoseconds()), "podgate-p50-ns")
+	b.ReportMetric(float64((p - d).Nanoseconds()), "added-p50-ns")
+	b.ReportMetric(float64(p)/float64(d), "ratio-p50")
+}
