@@ -1,0 +1,257 @@
+package sysctl
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Config is the operator's sysctl policy (the sysctls section of podgate's configuration).
+type Config struct {
+	// PodDefaults are added to every pod that does not set them.
+	PodDefaults map[string]string
+	// NamespaceDefaults are added to the pods of one Kubernetes namespace; they win over
+	// PodDefaults.
+	NamespaceDefaults map[string]map[string]string
+	// AllowedUnsafe are names, or prefixes ending in "*", that pods may set beyond the safe set.
+	AllowedUnsafe []string
+}
+
+// Policy decides which sysctls a pod may set and completes them with node defaults.
+type Policy struct {
+	kernel       KernelVersion
+	unsafeExact  map[Name]bool
+	unsafePrefix []string
+	podDefaults  map[Name]string
+	nsDefaults   map[string]map[Name]string
+}
+
+// NewPolicy validates the operator's configuration against the running kernel (kernel) and the
+// node's sysctl tree (procSys, normally /proc/sys). Every error names the configuration field.
+func NewPolicy(cfg Config, kernel KernelVersion, procSys string) (*Policy, error) {
+	p := &Policy{
+		kernel:      kernel,
+		unsafeExact: map[Name]bool{},
+		podDefaults: map[Name]string{},
+		nsDefaults:  map[string]map[Name]string{},
+	}
+	var errs []error
+	for i, pat := range cfg.AllowedUnsafe {
+		if err := p.addUnsafe(pat, procSys); err != nil {
+			errs = append(errs, fmt.Errorf("sysctls.allowedUnsafe[%d] %q: %w", i, pat, err))
+		}
+	}
+	// Defaults are checked like a pod's own sysctls, for an ordinary pod.
+	check := func(field string, in map[string]string) map[Name]string {
+		out := map[Name]string{}
+		for _, k := range sortedKeys(in) {
+			n, err := p.allowed(k, in[k], Pod{})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", field, err))
+				continue
+			}
+			out[n] = in[k]
+		}
+		return out
+	}
+	p.podDefaults = check("sysctls.podDefaults", cfg.PodDefaults)
+	for _, ns := range sortedKeys(cfg.NamespaceDefaults) {
+		if ns == "" {
+			errs = append(errs, errors.New("sysctls.namespaceDefaults: empty namespace name"))
+			continue
+		}
+		p.nsDefaults[ns] = check("sysctls.namespaceDefaults."+ns, cfg.NamespaceDefaults[ns])
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// addUnsafe validates one allowlist entry: a name or a prefix ending in "*", inside a namespace
+// pods own, and known to this node's kernel.
+func (p *Policy) addUnsafe(pat, procSys string) error {
+	prefix, wildcard := strings.CutSuffix(pat, "*")
+	if strings.Contains(prefix, "*") {
+		return errors.New(`"*" is allowed only at the end`)
+	}
+	if namespaceOfPrefix(Normalize(prefix)) == NoNamespace {
+		return errors.New("not a namespaced sysctl (net.*, kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*): pods cannot set it without changing the node")
+	}
+	if !wildcard {
+		n, err := ParseName(pat)
+		if err != nil {
+			return err
+		}
+		if !known(n, procSys) {
+			return fmt.Errorf("no such sysctl on this node (%s)", procSys)
+		}
+		p.unsafeExact[n] = true
+		return nil
+	}
+	prefix = Normalize(prefix)
+	if !knownPrefix(prefix, procSys) {
+		return fmt.Errorf("no sysctl on this node starts with %q", prefix)
+	}
+	p.unsafePrefix = append(p.unsafePrefix, prefix)
+	return nil
+}
+
+// Pod is what the policy needs to know of a pod.
+type Pod struct {
+	// Namespace is the pod's Kubernetes namespace, for namespaceDefaults.
+	Namespace string
+	// HostNetwork and HostIPC: the pod shares the node's network or IPC namespace, so sysctls
+	// of that namespace would change the node.
+	HostNetwork, HostIPC bool
+}
+
+// RejectedError is a pod sysctl the policy refuses. It is a gRPC InvalidArgument.
+type RejectedError struct {
+	Sysctl string
+	Reason string
+}
+
+func (e *RejectedError) Error() string { return fmt.Sprintf("sysctl %q: %s", e.Sysctl, e.Reason) }
+
+// GRPCStatus makes the refusal an InvalidArgument for the kubelet.
+func (e *RejectedError) GRPCStatus() *status.Status {
+	return status.New(codes.InvalidArgument, e.Error())
+}
+
+// allowed checks one sysctl against the policy and returns its normalised name.
+func (p *Policy) allowed(name, value string, pod Pod) (Name, error) {
+	reject := func(format string, args ...any) (Name, error) {
+		return "", &RejectedError{Sysctl: name, Reason: fmt.Sprintf(format, args...)}
+	}
+	n, err := ParseName(name)
+	if err != nil {
+		return reject("%v", err)
+	}
+	switch NamespaceOf(n) {
+	case NoNamespace:
+		return reject("not namespaced: it would change the whole node")
+	case NetNamespace:
+		if pod.HostNetwork {
+			return reject("the pod uses the host's network namespace")
+		}
+	case IPCNamespace:
+		if pod.HostIPC {
+			return reject("the pod uses the host's IPC namespace")
+		}
+	}
+	if minKernel, safe := safeSysctls[n]; safe {
+		if !p.kernel.AtLeast(minKernel) {
+			return reject("namespaced only from kernel %s, this node runs %s", minKernel, p.kernel)
+		}
+	} else if !p.unsafeAllowed(n) {
+		return reject("unsafe and not in sysctls.allowedUnsafe")
+	}
+	if err := CheckValue(n, value); err != nil {
+		return reject("value: %v", err)
+	}
+	return n, nil
+}
+
+func (p *Policy) unsafeAllowed(n Name) bool {
+	if p.unsafeExact[n] {
+		return true
+	}
+	for _, pre := range p.unsafePrefix {
+		if strings.HasPrefix(string(n), pre) {
+			return true
+		}
+	}
+	return false
+}
+
+// Complete checks a pod's sysctls and returns them with the node's defaults added for what the
+// pod does not set (its own values win; net.* defaults skip host-network pods, IPC ones
+// host-IPC pods). added lists the defaults it added. The pod's own keys are kept as written.
+// The first refused sysctl is returned as a *RejectedError.
+func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]string, added []Name, err error) {
+	have := make(map[Name]bool, len(sysctls))
+	for _, k := range sortedKeys(sysctls) {
+		n, err := p.allowed(k, sysctls[k], pod)
+		if err != nil {
+			return nil, nil, err
+		}
+		have[n] = true
+	}
+	out = make(map[string]string, len(sysctls))
+	for k, v := range sysctls {
+		out[k] = v
+	}
+	add := func(defaults map[Name]string) {
+		for _, n := range sortedKeys(defaults) {
+			if have[n] || (pod.HostNetwork && NamespaceOf(n) == NetNamespace) || (pod.HostIPC && NamespaceOf(n) == IPCNamespace) {
+				continue
+			}
+			have[n] = true
+			out[string(n)] = defaults[n]
+			added = append(added, n)
+		}
+	}
+	add(p.nsDefaults[pod.Namespace]) // the namespace's defaults win over the node-wide ones
+	add(p.podDefaults)
+	return out, added, nil
+}
+
+// known reports whether n exists in the node's sysctl tree. A per-interface name
+// (net.ipv4.conf.eth0.rp_filter) names an interface of the pod, not of the node: it is checked
+// for the "default" interface instead.
+func known(n Name, procSys string) bool {
+	path, err := perInterfaceTemplate(n).Path(procSys)
+	if err != nil {
+		return false
+	}
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir()
+}
+
+func knownPrefix(prefix, procSys string) bool {
+	// "net.ipv4.tcp_" lists /proc/sys/net/ipv4 for entries starting with "tcp_".
+	dir, leaf := "", prefix
+	if i := strings.LastIndexByte(prefix, '.'); i >= 0 {
+		dir, leaf = prefix[:i], prefix[i+1:]
+	}
+	root := procSys
+	if dir != "" {
+		p, err := perInterfaceTemplate(Name(dir)).Path(procSys)
+		if err != nil {
+			return false
+		}
+		root = p
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e os.DirEntry) bool {
+		return strings.HasPrefix(e.Name(), strings.ReplaceAll(leaf, "/", "."))
+	})
+}
+
+// perInterfaceTemplate maps net.{ipv4,ipv6}.{conf,neigh}.<interface>.x to the "default"
+// interface's entry, which every network namespace has.
+func perInterfaceTemplate(n Name) Name {
+	parts := strings.Split(string(n), ".")
+	if len(parts) >= 4 && parts[0] == "net" && (parts[1] == "ipv4" || parts[1] == "ipv6") && (parts[2] == "conf" || parts[2] == "neigh") {
+		parts[3] = "default"
+	}
+	return Name(strings.Join(parts, "."))
+}
+
+func sortedKeys[K ~string, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

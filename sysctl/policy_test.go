@@ -1,0 +1,214 @@
+package sysctl
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fakeProcSys makes a small sysctl tree for allowlist checks.
+func fakeProcSys(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, f := range []string{
+		"net/core/somaxconn", "net/ipv4/tcp_keepalive_time", "net/ipv4/tcp_max_syn_backlog",
+		"net/ipv4/conf/default/rp_filter", "net/ipv4/conf/all/rp_filter", "kernel/shmmax", "kernel/msgmax",
+		"kernel/core_pattern", "fs/mqueue/msg_max",
+	} {
+		p := filepath.Join(root, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+var modern = KernelVersion{6, 18}
+
+func TestAllowlistPatterns(t *testing.T) {
+	root := fakeProcSys(t)
+	for _, tc := range []struct {
+		pattern string
+		ok      bool
+		why     string
+	}{
+		{"net.core.somaxconn", true, ""},
+		{"net.ipv4.conf.*", true, ""},
+		{"net.ipv4.conf.eth0.rp_filter", true, ""}, // per-interface: checked against "default"
+		{"net.ipv4.tcp_*", true, ""},
+		{"kernel.shm*", true, ""},
+		{"fs.mqueue.*", true, ""},
+		{"kernel.core_pattern", false, "not a namespaced sysctl"},
+		{"kernel.*", false, "not a namespaced sysctl"},
+		{"*", false, "not a namespaced sysctl"},
+		{"vm.swappiness", false, "not a namespaced sysctl"},
+		{"net.core.no_such_thing", false, "no such sysctl"},
+		{"net.nosuch*", false, "no sysctl on this node starts with"},
+		{"net.*.rp_filter", false, `"*" is allowed only at the end`},
+		{"net.ipv4..x", false, "malformed"},
+	} {
+		_, err := NewPolicy(Config{AllowedUnsafe: []string{tc.pattern}}, modern, root)
+		if tc.ok && err != nil {
+			t.Errorf("pattern %q: %v", tc.pattern, err)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), tc.why) || !strings.Contains(err.Error(), "sysctls.allowedUnsafe[0]")) {
+			t.Errorf("pattern %q: got %v, want an error naming the field and %q", tc.pattern, err, tc.why)
+		}
+	}
+}
+
+func TestCompleteChecksPodSysctls(t *testing.T) {
+	root := fakeProcSys(t)
+	p, err := NewPolicy(Config{AllowedUnsafe: []string{"net.core.somaxconn", "net.ipv4.conf.*", "kernel.msg*"}}, modern, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		sysctls  map[string]string
+		pod      Pod
+		rejected string // the sysctl named in the error, "" = accepted
+		why      string
+	}{
+		{"safe", map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Pod{}, "", ""},
+		{"safe in slash form", map[string]string{"net/ipv4/ip_local_port_range": "1024 65000"}, Pod{}, "", ""},
+		{"allowed unsafe", map[string]string{"net.core.somaxconn": "4096", "net.ipv4.conf.eth0/100.rp_filter": "2"}, Pod{}, "", ""},
+		{"ipc safe", map[string]string{"kernel.shm_rmid_forced": "1"}, Pod{}, "", ""},
+		{"unsafe not allowed", map[string]string{"net.ipv4.tcp_max_syn_backlog": "1024"}, Pod{}, "net.ipv4.tcp_max_syn_backlog", "not in sysctls.allowedUnsafe"},
+		{"node-wide", map[string]string{"kernel.core_pattern": "|/bin/evil"}, Pod{}, "kernel.core_pattern", "not namespaced"},
+		{"traversal", map[string]string{"net/ipv4/../../kernel/core_pattern": "x"}, Pod{}, "net/ipv4/../../kernel/core_pattern", "malformed"},
+		{"net on host network", map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Pod{HostNetwork: true}, "net.ipv4.tcp_keepalive_time", "host's network"},
+		{"ipc on host ipc", map[string]string{"kernel.msgmax": "65536"}, Pod{HostIPC: true}, "kernel.msgmax", "host's IPC"},
+		{"ipc with host network is fine", map[string]string{"kernel.shm_rmid_forced": "1"}, Pod{HostNetwork: true}, "", ""},
+		{"bad value", map[string]string{"net.ipv4.tcp_keepalive_time": "soon"}, Pod{}, "net.ipv4.tcp_keepalive_time", "not an integer"},
+		{"newline smuggling", map[string]string{"net.core.somaxconn": "1\n2"}, Pod{}, "net.core.somaxconn", "printable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := p.Complete(tc.pod, tc.sysctls)
+			if tc.rejected == "" {
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				return
+			}
+			var rej *RejectedError
+			if !errors.As(err, &rej) || rej.Sysctl != tc.rejected || !strings.Contains(rej.Reason, tc.why) {
+				t.Fatalf("got %v, want %s rejected for %q", err, tc.rejected, tc.why)
+			}
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument {
+				t.Errorf("code %v, want InvalidArgument", st.Code())
+			}
+		})
+	}
+}
+
+func TestKernelGates(t *testing.T) {
+	for _, tc := range []struct {
+		kernel KernelVersion
+		name   string
+		ok     bool
+	}{
+		{KernelVersion{4, 4}, "net.ipv4.tcp_keepalive_time", false},
+		{KernelVersion{4, 5}, "net.ipv4.tcp_keepalive_time", true},
+		{KernelVersion{4, 5}, "net.ipv4.tcp_fin_timeout", false},
+		{KernelVersion{4, 6}, "net.ipv4.tcp_fin_timeout", true},
+		{KernelVersion{4, 14}, "net.ipv4.tcp_rmem", false},
+		{KernelVersion{4, 15}, "net.ipv4.tcp_wmem", true},
+		{KernelVersion{3, 15}, "net.ipv4.ip_local_reserved_ports", false},
+		{KernelVersion{3, 16}, "net.ipv4.ip_local_reserved_ports", true},
+		{KernelVersion{3, 10}, "net.ipv4.ip_local_port_range", true},
+		{KernelVersion{3, 99}, "net.ipv4.tcp_slow_start_after_idle", false},
+		{KernelVersion{5, 0}, "net.ipv4.tcp_slow_start_after_idle", true},
+	} {
+		p, err := NewPolicy(Config{}, tc.kernel, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := "1"
+		if f := formats[Name(tc.name)]; f != nil && f("1") != nil {
+			v = map[string]string{"net.ipv4.tcp_rmem": "1 2 3", "net.ipv4.tcp_wmem": "1 2 3", "net.ipv4.ip_local_port_range": "1 2"}[tc.name]
+		}
+		_, _, err = p.Complete(Pod{}, map[string]string{tc.name: v})
+		if (err == nil) != tc.ok {
+			t.Errorf("kernel %s, %s: %v, want ok=%v", tc.kernel, tc.name, err, tc.ok)
+		}
+		if !tc.ok && (err == nil || !strings.Contains(err.Error(), "namespaced only from kernel")) {
+			t.Errorf("kernel %s, %s: error %v does not say why", tc.kernel, tc.name, err)
+		}
+	}
+}
+
+func TestCompleteAddsDefaults(t *testing.T) {
+	p, err := NewPolicy(Config{
+		PodDefaults:       map[string]string{"net.ipv4.tcp_keepalive_time": "600", "kernel.shm_rmid_forced": "1"},
+		NamespaceDefaults: map[string]map[string]string{"kube-system": {"net.ipv4.tcp_keepalive_time": "300"}},
+	}, modern, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		pod   Pod
+		in    map[string]string
+		want  map[string]string
+		added []Name
+	}{
+		{"node default", Pod{Namespace: "default"}, nil,
+			map[string]string{"net.ipv4.tcp_keepalive_time": "600", "kernel.shm_rmid_forced": "1"},
+			[]Name{"kernel.shm_rmid_forced", "net.ipv4.tcp_keepalive_time"}},
+		{"namespace default wins", Pod{Namespace: "kube-system"}, nil,
+			map[string]string{"net.ipv4.tcp_keepalive_time": "300", "kernel.shm_rmid_forced": "1"},
+			[]Name{"net.ipv4.tcp_keepalive_time", "kernel.shm_rmid_forced"}},
+		{"pod's own value wins, in any spelling", Pod{Namespace: "kube-system"}, map[string]string{"net/ipv4/tcp_keepalive_time": "45"},
+			map[string]string{"net/ipv4/tcp_keepalive_time": "45", "kernel.shm_rmid_forced": "1"},
+			[]Name{"kernel.shm_rmid_forced"}},
+		{"host network gets no net.* default", Pod{HostNetwork: true}, nil,
+			map[string]string{"kernel.shm_rmid_forced": "1"}, []Name{"kernel.shm_rmid_forced"}},
+		{"host network and IPC get nothing", Pod{HostNetwork: true, HostIPC: true}, map[string]string{},
+			map[string]string{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, added, err := p.Complete(tc.pod, tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out) != len(tc.want) {
+				t.Errorf("got %v, want %v", out, tc.want)
+			}
+			for k, v := range tc.want {
+				if out[k] != v {
+					t.Errorf("%s = %q, want %q (all: %v)", k, out[k], v, out)
+				}
+			}
+			if !slices.Equal(added, tc.added) {
+				t.Errorf("added %v, want %v", added, tc.added)
+			}
+		})
+	}
+}
+
+func TestDefaultsAreValidatedAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		cfg   Config
+		field string
+	}{
+		{Config{PodDefaults: map[string]string{"kernel.core_pattern": "core"}}, "sysctls.podDefaults"},
+		{Config{PodDefaults: map[string]string{"net.ipv4.tcp_keepalive_time": "forever"}}, "sysctls.podDefaults"},
+		{Config{NamespaceDefaults: map[string]map[string]string{"web": {"net.core.somaxconn": "1"}}}, "sysctls.namespaceDefaults.web"},
+		{Config{NamespaceDefaults: map[string]map[string]string{"": {}}}, "empty namespace"},
+	} {
+		_, err := NewPolicy(tc.cfg, modern, t.TempDir())
+		if err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%+v: got %v, want an error naming %s", tc.cfg, err, tc.field)
+		}
+	}
+}
