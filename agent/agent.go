@@ -46,15 +46,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
+	nodeSysctls, err := a.cfg.Sysctls.NodeSysctls()
+	if err != nil {
+		return err
+	}
+	if err := applyNodeSysctls(logger, nodeSysctls); err != nil {
+		return err
+	}
 	server, backends, err := a.buildProxy(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, b := range backends {
-			_ = b.Close() // closing a client connection has nothing to report
-		}
-	}()
+	defer closeAll(backends)
 
 	l, err := cri.Listen(a.cfg.CRISocket, cri.SocketOptions{Mode: 0o660, Group: a.cfg.CRISocketGroup})
 	if err != nil {
@@ -133,7 +136,19 @@ func (a *Agent) buildProxy(ctx context.Context) (*cri.Server, []*cri.Backend, er
 	}
 	server := cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
 	sandboxLog{}.register(server)
+	policy, err := a.cfg.Sysctls.SysctlPolicy()
+	if err != nil {
+		closeAll(backends)
+		return nil, nil, err
+	}
+	newSysctlGuard(policy, a.cfg.Sysctls.Verify, server.RuntimeClient(), a.registry).register(server)
 	return server, backends, nil
+}
+
+func closeAll(backends []*cri.Backend) {
+	for _, b := range backends {
+		_ = b.Close() // closing a client connection has nothing to report
+	}
 }
 
 // probeTimeout bounds /readyz's call to the runtime: a probe must answer before the prober's

@@ -55,6 +55,8 @@ type Configuration struct {
 	ShutdownGracePeriod Duration `json:"shutdownGracePeriod,omitempty"`
 	// Logging sets the log format and verbosity.
 	Logging Logging `json:"logging,omitzero"`
+	// Sysctls is the pod and node sysctl policy.
+	Sysctls Sysctls `json:"sysctls,omitzero"`
 }
 
 // Logging configures klog.
@@ -113,6 +115,7 @@ func (c *Configuration) SetDefaults() {
 	if c.Logging.Format == "" {
 		c.Logging.Format = "text"
 	}
+	c.Sysctls.setDefaults()
 }
 
 // LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
@@ -187,6 +190,9 @@ func (c *Configuration) Validate() error {
 	}
 	if c.Logging.Verbosity < 0 {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
+	}
+	if err := c.Sysctls.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

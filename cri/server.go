@@ -204,3 +204,9 @@ func (s *Server) Probe(ctx context.Context) error {
 	}
 	return nil
 }
+
+// RuntimeClient is a client of the backend runtime, for interceptors that must ask it something
+// (a sandbox's status) or clean up after a call they fail.
+func (s *Server) RuntimeClient() runtimeapi.RuntimeServiceClient {
+	return runtimeapi.NewRuntimeServiceClient(s.runtime.conn)
+}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"flag"
 	"context"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ func TestMain(m *testing.M) {
 }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
 	dir, err := os.MkdirTemp("", "podgate-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -27,7 +29,12 @@ func runMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if podgateBin, err = harness.Build(ctx, dir, "-race"); err != nil {
+	// Tests run podgate with the race detector; benchmarks measure it as it ships.
+	var flags []string
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		flags = append(flags, "-race")
+	}
+	if podgateBin, err = harness.Build(ctx, dir, flags...); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -43,7 +50,7 @@ type node struct {
 }
 
 // startNode starts a rig and podgate in front of it; both stop at the test's end.
-func startNode(t *testing.T, args ...string) *node {
+func startNode(t testing.TB, args ...string) *node {
 	t.Helper()
 	r := rig.Start(t)
 	dir, err := os.MkdirTemp("/tmp", "pge")

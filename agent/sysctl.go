@@ -1,0 +1,238 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/sysctl"
+)
+
+// cleanupTimeout bounds the removal of a sandbox that failed sysctl verification: containerd
+// stops a fresh sandbox in well under a second, and the kubelet is waiting for our answer.
+const cleanupTimeout = 30 * time.Second
+
+// sysctlGuard checks and completes a pod's sysctls before RunPodSandbox is forwarded, and
+// verifies them inside the pod once containerd has created the sandbox.
+type sysctlGuard struct {
+	policy  *sysctl.Policy
+	verify  string
+	runtime runtimeapi.RuntimeServiceClient
+
+	rejected      prometheus.Counter
+	defaultsAdded prometheus.Counter
+	verified      *prometheus.CounterVec
+}
+
+func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.RuntimeServiceClient, reg prometheus.Registerer) *sysctlGuard {
+	g := &sysctlGuard{
+		policy:  policy,
+		verify:  verify,
+		runtime: runtime,
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
+			Help: "RunPodSandbox calls refused because of a pod sysctl (name, namespace, allowlist, kernel or value).",
+		}),
+		defaultsAdded: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "sysctl", Name: "defaults_added_total",
+			Help: "Node default sysctls added to pods.",
+		}),
+		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "sysctl", Name: "verifications_total",
+			Help: "Sandboxes whose sysctls were read back, by result: ok, repaired, mismatch (warn), failed (sandbox removed), error (could not verify).",
+		}, []string{"result"}),
+	}
+	reg.MustRegister(g.rejected, g.defaultsAdded, g.verified)
+	return g
+}
+
+func (g *sysctlGuard) register(s *cri.Server) { cri.Intercept(s, cri.RunPodSandbox, g.runPodSandbox) }
+
+func (g *sysctlGuard) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]) (*runtimeapi.RunPodSandboxResponse, error) {
+	cfg := req.GetConfig()
+	md := cfg.GetMetadata()
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(md.GetNamespace(), md.GetName()))
+	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
+	pod := sysctl.Pod{
+		Namespace:   md.GetNamespace(),
+		HostNetwork: nsOpts.GetNetwork() == runtimeapi.NamespaceMode_NODE,
+		HostIPC:     nsOpts.GetIpc() == runtimeapi.NamespaceMode_NODE,
+	}
+	want, added, err := g.policy.Complete(pod, cfg.GetLinux().GetSysctls())
+	if err != nil {
+		g.rejected.Inc()
+		logger.Info("Refused pod sandbox: sysctl", "err", err)
+		return nil, err
+	}
+	if len(added) > 0 {
+		// A changed copy: the cri package forwards the kubelet's bytes when req is unchanged.
+		req = proto.Clone(req).(*runtimeapi.RunPodSandboxRequest)
+		if req.Config.Linux == nil {
+			req.Config.Linux = &runtimeapi.LinuxPodSandboxConfig{}
+		}
+		req.Config.Linux.Sysctls = want
+		g.defaultsAdded.Add(float64(len(added)))
+		logger.V(2).Info("Added node default sysctls", "sysctls", added)
+	}
+	resp, err := next(ctx, req)
+	if err != nil || len(want) == 0 {
+		return resp, err
+	}
+	if err := g.verifyPod(ctx, logger, resp.GetPodSandboxId(), want); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// verifyPod reads the sandbox's sysctls inside its namespaces and applies the verify policy.
+func (g *sysctlGuard) verifyPod(ctx context.Context, logger klog.Logger, id string, want map[string]string) error {
+	logger = logger.WithValues("podSandboxID", id)
+	wantByName := make(map[sysctl.Name]string, len(want))
+	for k, v := range want {
+		n, _ := sysctl.ParseName(k) // Complete accepted every name
+		wantByName[n] = v
+	}
+	mismatch, target, err := g.mismatches(ctx, id, wantByName)
+	if err != nil {
+		g.verified.WithLabelValues("error").Inc()
+		if g.verify == VerifyFail {
+			return g.removeSandbox(ctx, logger, id, fmt.Errorf("verify sysctls: %w", err))
+		}
+		logger.Error(err, "Could not verify pod sysctls")
+		return nil
+	}
+	if len(mismatch) == 0 {
+		g.verified.WithLabelValues("ok").Inc()
+		return nil
+	}
+	switch g.verify {
+	case VerifyRepair:
+		fix := make(map[sysctl.Name]string, len(mismatch))
+		for _, m := range mismatch {
+			fix[m.name] = wantByName[m.name]
+		}
+		if err := sysctl.Write(target, fix); err != nil {
+			g.verified.WithLabelValues("error").Inc()
+			logger.Error(err, "Could not repair pod sysctls", "mismatches", mismatch)
+			return nil
+		}
+		g.verified.WithLabelValues("repaired").Inc()
+		logger.Info("Repaired pod sysctls inside the pod", "mismatches", mismatch)
+	case VerifyFail:
+		g.verified.WithLabelValues("failed").Inc()
+		return g.removeSandbox(ctx, logger, id, fmt.Errorf("sysctls do not hold in the pod: %v", mismatch))
+	default:
+		g.verified.WithLabelValues("mismatch").Inc()
+		logger.Info("Pod sysctls do not hold in the pod", "mismatches", mismatch)
+	}
+	return nil
+}
+
+type sysctlMismatch struct {
+	name      sysctl.Name
+	got, want string
+}
+
+func (m sysctlMismatch) String() string { return fmt.Sprintf("%s=%q (want %q)", m.name, m.got, m.want) }
+
+func (g *sysctlGuard) mismatches(ctx context.Context, id string, want map[sysctl.Name]string) ([]sysctlMismatch, sysctl.Target, error) {
+	target, err := g.sandboxTarget(ctx, id)
+	if err != nil {
+		return nil, target, err
+	}
+	names := make([]sysctl.Name, 0, len(want))
+	for n := range want {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	got, err := sysctl.Read(target, names)
+	if err != nil {
+		return nil, target, err
+	}
+	var out []sysctlMismatch
+	for _, n := range names {
+		if !sysctl.SameValue(got[n], want[n]) {
+			out = append(out, sysctlMismatch{n, got[n], want[n]})
+		}
+	}
+	return out, target, nil
+}
+
+// sandboxTarget finds the sandbox's namespaces from containerd's verbose status: the network
+// namespace path of its runtime spec (what CNI used), else its pause process's.
+func (g *sysctlGuard) sandboxTarget(ctx context.Context, id string) (sysctl.Target, error) {
+	st, err := g.runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
+	if err != nil {
+		return sysctl.Target{}, fmt.Errorf("sandbox status: %w", err)
+	}
+	var info struct {
+		Pid         int `json:"pid"`
+		RuntimeSpec struct {
+			Linux struct {
+				Namespaces []struct{ Type, Path string } `json:"namespaces"`
+			} `json:"linux"`
+		} `json:"runtimeSpec"`
+	}
+	if err := json.Unmarshal([]byte(st.GetInfo()["info"]), &info); err != nil {
+		return sysctl.Target{}, fmt.Errorf("sandbox status info: %w", err)
+	}
+	if info.Pid <= 0 {
+		return sysctl.Target{}, errors.New("sandbox status info has no pid")
+	}
+	target := sysctl.ForPID(info.Pid)
+	for _, ns := range info.RuntimeSpec.Linux.Namespaces {
+		if ns.Type == "network" && ns.Path != "" {
+			target.NetNS = ns.Path
+		}
+	}
+	return target, nil
+}
+
+// removeSandbox undoes a sandbox that failed verification, so the kubelet's retry starts clean,
+// and returns the failure for the kubelet.
+func (g *sysctlGuard) removeSandbox(ctx context.Context, logger klog.Logger, id string, cause error) error {
+	// The kubelet may have given up on the call; the cleanup must still happen.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := g.runtime.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		logger.Error(err, "Stop sandbox after failed sysctl verification")
+	} else if _, err := g.runtime.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		logger.Error(err, "Remove sandbox after failed sysctl verification")
+	}
+	logger.Info("Removed pod sandbox: sysctl verification failed", "err", cause)
+	return status.Error(codes.FailedPrecondition, cause.Error())
+}
+
+// applyNodeSysctls sets the configured node sysctls where they differ, logging each change.
+func applyNodeSysctls(logger klog.Logger, values map[sysctl.Name]string) error {
+	names := make([]sysctl.Name, 0, len(values))
+	for n := range values {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		old, err := sysctl.ReadNode(n)
+		if err != nil {
+			return fmt.Errorf("sysctls.node %s: %w", n, err)
+		}
+		if sysctl.SameValue(old, values[n]) {
+			continue
+		}
+		if err := sysctl.WriteNode(n, values[n]); err != nil {
+			return fmt.Errorf("sysctls.node %s: %w", n, err)
+		}
+		logger.Info("Set node sysctl", "sysctl", n, "from", old, "to", values[n])
+	}
+	return nil
+}
