@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,20 +20,33 @@ import (
 	"github.com/podgate/podgate/sysctl"
 )
 
+// verifyTimeout bounds a background verification: a status call and a few file reads, which
+// take milliseconds unless containerd is stuck.
+const verifyTimeout = 30 * time.Second
+
 // cleanupTimeout bounds the removal of a sandbox that failed sysctl verification: containerd
 // stops a fresh sandbox in well under a second, and the kubelet is waiting for our answer.
 const cleanupTimeout = 30 * time.Second
 
 // sysctlGuard checks and completes a pod's sysctls before RunPodSandbox is forwarded, and
 // verifies them inside the pod once containerd has created the sandbox.
+//
+// With the fail policy the verification is part of RunPodSandbox, which it may fail. With
+// repair and warn it runs in the background once RunPodSandbox has answered, overlapping with
+// the kubelet's next calls (sandbox status, image checks); CreateContainer for the sandbox waits
+// for it, so no container of the pod starts before its sysctls are verified and repaired.
 type sysctlGuard struct {
 	policy  *sysctl.Policy
 	verify  string
 	runtime runtimeapi.RuntimeServiceClient
 
+	mu      sync.Mutex
+	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
+
 	rejected      prometheus.Counter
 	defaultsAdded prometheus.Counter
 	verified      *prometheus.CounterVec
+	duration      *prometheus.HistogramVec
 }
 
 func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.RuntimeServiceClient, reg prometheus.Registerer) *sysctlGuard {
@@ -40,6 +54,7 @@ func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.Run
 		policy:  policy,
 		verify:  verify,
 		runtime: runtime,
+		pending: map[string]chan struct{}{},
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
 			Help: "RunPodSandbox calls refused because of a pod sysctl (name, namespace, allowlist, kernel or value).",
@@ -53,11 +68,19 @@ func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.Run
 			Help: "Sandboxes whose sysctls were read back, by result: ok, repaired, mismatch (warn), failed (sandbox removed), error (could not verify).",
 		}, []string{"result"}),
 	}
-	reg.MustRegister(g.rejected, g.defaultsAdded, g.verified)
+	g.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "podgate", Subsystem: "sysctl", Name: "duration_seconds",
+		Help:    "Time podgate spends on pod sysctls, by phase: check (before RunPodSandbox is forwarded), verify (reading them back in the pod; in the background unless verify is fail), wait (CreateContainer waiting for a background verification).",
+		Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .1},
+	}, []string{"phase"})
+	reg.MustRegister(g.rejected, g.defaultsAdded, g.verified, g.duration)
 	return g
 }
 
-func (g *sysctlGuard) register(s *cri.Server) { cri.Intercept(s, cri.RunPodSandbox, g.runPodSandbox) }
+func (g *sysctlGuard) register(s *cri.Server) {
+	cri.Intercept(s, cri.RunPodSandbox, g.runPodSandbox)
+	cri.Intercept(s, cri.CreateContainer, g.createContainer)
+}
 
 func (g *sysctlGuard) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]) (*runtimeapi.RunPodSandboxResponse, error) {
 	cfg := req.GetConfig()
@@ -69,7 +92,9 @@ func (g *sysctlGuard) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodS
 		HostNetwork: nsOpts.GetNetwork() == runtimeapi.NamespaceMode_NODE,
 		HostIPC:     nsOpts.GetIpc() == runtimeapi.NamespaceMode_NODE,
 	}
+	start := time.Now()
 	want, added, err := g.policy.Complete(pod, cfg.GetLinux().GetSysctls())
+	g.duration.WithLabelValues("check").Observe(time.Since(start).Seconds())
 	if err != nil {
 		g.rejected.Inc()
 		logger.Info("Refused pod sandbox: sysctl", "err", err)
@@ -89,10 +114,51 @@ func (g *sysctlGuard) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodS
 	if err != nil || len(want) == 0 {
 		return resp, err
 	}
-	if err := g.verifyPod(ctx, logger, resp.GetPodSandboxId(), want); err != nil {
-		return nil, err
+	id := resp.GetPodSandboxId()
+	if g.verify == VerifyFail {
+		if err := g.timedVerify(ctx, logger, id, want); err != nil {
+			return nil, err
+		}
+		return resp, nil
 	}
+	done := make(chan struct{})
+	g.mu.Lock()
+	g.pending[id] = done
+	g.mu.Unlock()
+	// The kubelet's call ends when we answer; the verification must not end with it.
+	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
+	go func() {
+		defer cancel()
+		_ = g.timedVerify(vctx, logger, id, want) // repair and warn never fail the sandbox
+		g.mu.Lock()
+		delete(g.pending, id)
+		g.mu.Unlock()
+		close(done)
+	}()
 	return resp, nil
+}
+
+func (g *sysctlGuard) timedVerify(ctx context.Context, logger klog.Logger, id string, want map[string]string) error {
+	start := time.Now()
+	defer func() { g.duration.WithLabelValues("verify").Observe(time.Since(start).Seconds()) }()
+	return g.verifyPod(ctx, logger, id, want)
+}
+
+// createContainer holds a container of a sandbox whose sysctls are still being verified.
+func (g *sysctlGuard) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest, next cri.Forward[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]) (*runtimeapi.CreateContainerResponse, error) {
+	g.mu.Lock()
+	done := g.pending[req.GetPodSandboxId()]
+	g.mu.Unlock()
+	if done != nil {
+		start := time.Now()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		g.duration.WithLabelValues("wait").Observe(time.Since(start).Seconds())
+	}
+	return next(ctx, req)
 }
 
 // verifyPod reads the sandbox's sysctls inside its namespaces and applies the verify policy.

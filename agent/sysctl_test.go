@@ -29,6 +29,18 @@ type nsRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	pid             int
 	stopped, remove atomic.Int32
+	// atCreate is the sysctl's value in the sandbox when CreateContainer arrived.
+	atCreate atomic.Pointer[string]
+}
+
+func (r *nsRuntime) CreateContainer(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	v, err := sysctl.Read(sysctl.ForPID(r.pid), []sysctl.Name{"net.ipv4.tcp_keepalive_time"})
+	if err != nil {
+		return nil, err
+	}
+	s := v["net.ipv4.tcp_keepalive_time"]
+	r.atCreate.Store(&s)
+	return &runtimeapi.CreateContainerResponse{ContainerId: "c1"}, nil
 }
 
 func (r *nsRuntime) RunPodSandbox(context.Context, *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -138,23 +150,36 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			_, err = criClient(t, filepath.Join(dir, "pg.sock")).RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+			client := criClient(t, filepath.Join(dir, "pg.sock"))
+			sbConfig := &runtimeapi.PodSandboxConfig{
 				Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u"},
 				Linux:    &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{name: want}},
-			}}, grpc.WaitForReady(true))
+			}
+			resp, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sbConfig}, grpc.WaitForReady(true))
 			if status.Code(err) != tc.code {
 				t.Fatalf("RunPodSandbox: %v, want %v", err, tc.code)
-			}
-			if tc.code != codes.OK && !strings.Contains(err.Error(), name) {
-				t.Errorf("error %v does not name the sysctl", err)
-			}
-			got, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
-			if err != nil {
-				t.Fatal(err)
 			}
 			wantInPod := tc.inPod
 			if wantInPod == "" {
 				wantInPod = defaultInPod[name]
+			}
+			if tc.code != codes.OK {
+				if !strings.Contains(err.Error(), name) {
+					t.Errorf("error %v does not name the sysctl", err)
+				}
+			} else {
+				// The kubelet's next step: the container must not reach the runtime before
+				// the sandbox's sysctls are verified (and, with repair, repaired).
+				if _, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: resp.PodSandboxId, SandboxConfig: sbConfig}); err != nil {
+					t.Fatal(err)
+				}
+				if at := rt.atCreate.Load(); at == nil || *at != wantInPod {
+					t.Errorf("when CreateContainer reached the runtime the sandbox had %s = %v, want %s", name, at, wantInPod)
+				}
+			}
+			got, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
+			if err != nil {
+				t.Fatal(err)
 			}
 			if got[name] != wantInPod {
 				t.Errorf("in the sandbox %s = %s, want %s", name, got[name], wantInPod)

@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"flag"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"

@@ -42,7 +42,6 @@ sysctls:
   podDefaults: {net.ipv4.tcp_keepalive_time: "300"}
   namespaceDefaults: {kube-system: {net.ipv4.tcp_keepalive_time: "120"}}
   allowedUnsafe: ["net.core.somaxconn"]
-  verify: fail
 `))
 	ctx := t.Context()
 
