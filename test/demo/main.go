@@ -70,7 +70,11 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	pg, err := harness.Start(ctx, bin, harness.Options{Dir: work, RuntimeEndpoint: r.Endpoint})
+	config := filepath.Join(work, "podgate.yaml")
+	if err := os.WriteFile(config, []byte(demoConfig), 0o600); err != nil {
+		return err
+	}
+	pg, err := harness.Start(ctx, bin, harness.Options{Dir: work, RuntimeEndpoint: r.Endpoint, Args: []string{"--config", config}})
 	if err != nil {
 		return err
 	}
@@ -80,6 +84,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		err = errors.Join(err, serr)
 	}()
 	fmt.Fprintf(out, "    podgate serves CRI on %s (the kubelet's containerRuntimeEndpoint), metrics on %s\n", pg.Endpoint, pg.MetricsURL)
+	fmt.Fprintf(out, "    its configuration:\n%s", indent(demoConfig))
 
 	c, err := rig.Dial(ctx, pg.Endpoint)
 	if err != nil {
@@ -129,13 +134,31 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "    ExecSync cat /proc/sys/net/ipv4/tcp_keepalive_time -> %s\n", strings.TrimSpace(string(stdout)))
+	host, err := os.ReadFile("/proc/sys/net/ipv4/tcp_keepalive_time")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    ExecSync cat /proc/sys/net/ipv4/tcp_keepalive_time -> %s in the pod (podgate's node default; the host keeps %s)\n",
+		strings.TrimSpace(string(stdout)), strings.TrimSpace(string(host)))
 	logLine, err := waitLog(ctx, filepath.Join(sb.LogDirectory, "greeter", "0.log"))
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "    container output (from its CRI log file): %s\n", logLine)
 
+	step(out, "Asking for a pod that sets kernel.core_pattern (a node-wide sysctl)")
+	_, err = c.Runtime.RunPodSandbox(ctx, &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "evil", Namespace: "demo", Uid: "demo-uid-2"},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{"kernel.core_pattern": "|/tmp/x"}},
+	}, "")
+	fmt.Fprintf(out, "    RunPodSandbox -> %v\n", err)
+	pods, err := c.Runtime.ListPodSandbox(ctx, nil)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "    sandboxes containerd has now: %d (only the first pod: nothing was created for the refused one)\n", len(pods))
+
+	step(out, "Stopping and removing the pod")
 	if err := c.Runtime.StopContainer(ctx, ctrID, 5); err != nil {
 		return err
 	}
@@ -154,17 +177,28 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	for _, l := range strings.Split(strings.TrimSpace(pg.Log.String()), "\n") {
 		fmt.Fprintln(out, "    "+l)
 	}
-	step(out, "What podgate counted (podgate_cri_requests_total, non-zero)")
+	step(out, "What podgate counted (non-zero CRI and sysctl counters)")
 	metrics, err := pg.Metrics(ctx)
 	if err != nil {
 		return err
 	}
 	for _, l := range strings.Split(metrics, "\n") {
-		if strings.HasPrefix(l, "podgate_cri_requests_total{") && !strings.HasSuffix(l, " 0") {
+		if (strings.HasPrefix(l, "podgate_cri_requests_total{") || strings.HasPrefix(l, "podgate_sysctl_") && !strings.Contains(l, "duration")) && !strings.HasSuffix(l, " 0") {
 			fmt.Fprintln(out, "    "+l)
 		}
 	}
 	return nil
+}
+
+// demoConfig gives every pod a TCP keepalive shorter than the kernel's 7200 s.
+const demoConfig = `apiVersion: podgate.dev/v1alpha1
+kind: AgentConfiguration
+sysctls:
+  podDefaults: {net.ipv4.tcp_keepalive_time: "600"}
+`
+
+func indent(s string) string {
+	return "        " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n        ") + "\n"
 }
 
 // waitLog waits for the first line of a container's CRI log and returns its message part.
