@@ -50,7 +50,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := applyNodeSysctls(logger, nodeSysctls); err != nil {
+	if _, err := applyNodeSysctls(logger, nodeSysctls); err != nil {
 		return err
 	}
 	server, backends, err := a.buildProxy(ctx)

@@ -280,25 +280,28 @@ func (g *sysctlGuard) removeSandbox(ctx context.Context, logger klog.Logger, id 
 	return status.Error(codes.FailedPrecondition, cause.Error())
 }
 
-// applyNodeSysctls sets the configured node sysctls where they differ, logging each change.
-func applyNodeSysctls(logger klog.Logger, values map[sysctl.Name]string) error {
+// applyNodeSysctls sets the configured node sysctls where they differ, logging each change, and
+// returns the ones it changed.
+func applyNodeSysctls(logger klog.Logger, values map[sysctl.Name]string) ([]sysctl.Name, error) {
 	names := make([]sysctl.Name, 0, len(values))
 	for n := range values {
 		names = append(names, n)
 	}
 	slices.Sort(names)
+	var changed []sysctl.Name
 	for _, n := range names {
 		old, err := sysctl.ReadNode(n)
 		if err != nil {
-			return fmt.Errorf("sysctls.node %s: %w", n, err)
+			return changed, fmt.Errorf("sysctls.node %s: %w", n, err)
 		}
 		if sysctl.SameValue(old, values[n]) {
 			continue
 		}
 		if err := sysctl.WriteNode(n, values[n]); err != nil {
-			return fmt.Errorf("sysctls.node %s: %w", n, err)
+			return changed, fmt.Errorf("sysctls.node %s: %w", n, err)
 		}
 		logger.Info("Set node sysctl", "sysctl", n, "from", old, "to", values[n])
+		changed = append(changed, n)
 	}
-	return nil
+	return changed, nil
 }

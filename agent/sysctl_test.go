@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,10 +16,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/sysctl"
@@ -194,5 +198,43 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 				t.Errorf("host %s changed to %s", name, now)
 			}
 		})
+	}
+}
+
+func TestNodeSysctlsWrittenOnlyWhenDifferent(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace to stand in for the node")
+	}
+	const name = "net.ipv4.tcp_keepalive_time"
+	host, err := sysctl.ReadNode(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run on a thread moved into a fresh network namespace, so the "node" is not the host.
+	// The thread stays locked and is dropped with its goroutine: it never returns to the pool.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		if _, err := netns.New(); err != nil {
+			t.Error(err)
+			return
+		}
+		logger := klog.Background()
+		changed, err := applyNodeSysctls(logger, map[sysctl.Name]string{name: "777", "net.ipv4.tcp_fin_timeout": "33"})
+		if err != nil || !slices.Equal(changed, []sysctl.Name{"net.ipv4.tcp_fin_timeout", name}) {
+			t.Errorf("first apply: changed %v, %v", changed, err)
+		}
+		if v, _ := sysctl.ReadNode(name); v != "777" {
+			t.Errorf("%s = %s after apply, want 777", name, v)
+		}
+		changed, err = applyNodeSysctls(logger, map[sysctl.Name]string{name: "777", "net.ipv4.tcp_fin_timeout": "20"})
+		if err != nil || !slices.Equal(changed, []sysctl.Name{"net.ipv4.tcp_fin_timeout"}) {
+			t.Errorf("second apply (lowering one value, keeping the other): changed %v, %v", changed, err)
+		}
+	}()
+	<-done
+	if v, _ := sysctl.ReadNode(name); v != host {
+		t.Errorf("host %s changed to %s", name, v)
 	}
 }
