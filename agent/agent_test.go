@@ -107,22 +107,16 @@ func TestRunStartsWithoutBackend(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	client := criClient(t, cfg.CRISocket)
-	var err error
-	for {
-		// Retry only until the agent's socket is up; then the answer must be the backend's absence.
-		_, err = client.Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
-		if err == nil || !strings.Contains(err.Error(), "cri.sock") {
-			break
-		}
-	}
+	// WaitForReady waits for the agent's socket; the answer must then be the backend's absence.
+	_, err := client.Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "missing.sock") {
 		t.Fatalf("got %v, want Unavailable naming the missing backend", err)
 	}
 }
 
-func TestRunRefusesSocketInUse(t *testing.T) {
-	dir := shortDir(t)
-	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
+// listenOnCRISocket makes cfg's CRI socket exist, with a listener behind it.
+func listenOnCRISocket(t *testing.T, cfg *Configuration) *net.UnixListener {
+	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(cfg.CRISocket), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -130,8 +124,15 @@ func TestRunRefusesSocketInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l.(*net.UnixListener)
+}
+
+func TestRunRefusesSocketInUse(t *testing.T) {
+	dir := shortDir(t)
+	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
+	l := listenOnCRISocket(t, cfg)
 	defer l.Close()
-	err = New(cfg, "test").Run(t.Context())
+	err := New(cfg, "test").Run(t.Context())
 	if err == nil || !strings.Contains(err.Error(), "criSocket:") || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("got %v, want a criSocket in-use error", err)
 	}
@@ -140,19 +141,13 @@ func TestRunRefusesSocketInUse(t *testing.T) {
 func TestRunRemovesStaleSocket(t *testing.T) {
 	dir := shortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
-	if err := os.MkdirAll(filepath.Dir(cfg.CRISocket), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", cfg.CRISocket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l := listenOnCRISocket(t, cfg)
+	l.SetUnlinkOnClose(false)
 	l.Close() // a socket file nobody listens on: what a crashed podgate leaves
 	stop := runAgent(t, cfg)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	_, err = criClient(t, cfg.CRISocket).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
+	_, err := criClient(t, cfg.CRISocket).Version(ctx, &runtimeapi.VersionRequest{}, grpc.WaitForReady(true))
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("got %v, want the agent serving (Unavailable: no backend)", err)
 	}
