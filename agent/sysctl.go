@@ -271,12 +271,12 @@ func (g *sysctlGuard) removeSandbox(ctx context.Context, logger klog.Logger, id 
 	// The kubelet may have given up on the call; the cleanup must still happen.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	logger.Info("Failing pod sandbox: sysctl verification failed", "err", cause)
 	if _, err := g.runtime.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		logger.Error(err, "Stop sandbox after failed sysctl verification")
+		logger.Error(err, "Stop sandbox after failed sysctl verification; the kubelet will remove it")
 	} else if _, err := g.runtime.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		logger.Error(err, "Remove sandbox after failed sysctl verification")
+		logger.Error(err, "Remove sandbox after failed sysctl verification; the kubelet will remove it")
 	}
-	logger.Info("Removed pod sandbox: sysctl verification failed", "err", cause)
 	return status.Error(codes.FailedPrecondition, cause.Error())
 }
 
