@@ -1,0 +1,24 @@
+// Package imagepull governs the CRI PullImage calls that podgate forwards to the runtime.
+//
+// A [Governor] holds every pull until it may start: at most a node-wide number of pulls reach
+// the backend at once, and at most a per-registry number for each registry that has a limit; a
+// pull holds a slot in both. Waiting pulls start in priority order (system-node-critical, then
+// system-cluster-critical, then the rest), first come first served within a priority, and a pull
+// whose registry is full lets the next pull of another registry start instead of blocking the
+// queue.
+//
+// Concurrent pulls of the same image reference with the same credentials and the same runtime
+// handler share one backend call (a flight) and all get its result; pulls with different
+// credentials never share one, so a pod never obtains an image its own credentials would not
+// allow (KEP-2535). The backend call runs on a context of its own, cancelled only when every
+// caller that waits for it is gone: when the first caller gives up, the pull goes on for the
+// others.
+//
+// A waiting caller leaves as soon as its context ends or its pod is deleted
+// ([Governor.PodDeleted]); a flight nobody waits for any more leaves the queue without reaching
+// the backend, and a running one is cancelled there. Credentials are only ever hashed: they
+// appear in no log line and no metric label.
+//
+// The package knows nothing of the Kubernetes API: the agent derives each pull's [Priority] and
+// reports pod deletions.
+package imagepull
