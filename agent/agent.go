@@ -21,6 +21,8 @@ type Agent struct {
 	cfg      *Configuration
 	registry *prometheus.Registry
 	version  string
+	// pods is the node's pods from the API server; nil without a kubeconfig.
+	pods *PodLookup
 }
 
 // New creates an agent from a validated configuration. version is reported in metrics and logs.
@@ -45,6 +47,9 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
+	}
+	if err := a.startKube(ctx); err != nil {
+		return err
 	}
 	nodeSysctls, err := a.cfg.Sysctls.NodeSysctls()
 	if err != nil {
@@ -136,6 +141,7 @@ func (a *Agent) buildProxy(ctx context.Context) (*cri.Server, []*cri.Backend, er
 	}
 	server := cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
 	sandboxLog{}.register(server)
+	a.registerImagePulls(server)
 	policy, err := a.cfg.Sysctls.SysctlPolicy()
 	if err != nil {
 		closeAll(backends)

@@ -55,6 +55,14 @@ type Configuration struct {
 	ShutdownGracePeriod Duration `json:"shutdownGracePeriod,omitempty"`
 	// Logging sets the log format and verbosity.
 	Logging Logging `json:"logging,omitzero"`
+	// Kubeconfig is the kubeconfig file for the Kubernetes API; empty turns off what needs the
+	// API (pod deletion cancels pulls, pod priority from the API server).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// NodeName is this node's name in the API (the pod informer's spec.nodeName); empty means
+	// the host name.
+	NodeName string `json:"nodeName,omitempty"`
+	// ImagePulls governs PullImage: caps, priorities, de-duplication.
+	ImagePulls ImagePulls `json:"imagePulls,omitzero"`
 	// Sysctls is the pod and node sysctl policy.
 	Sysctls Sysctls `json:"sysctls,omitzero"`
 }
@@ -115,6 +123,7 @@ func (c *Configuration) SetDefaults() {
 	if c.Logging.Format == "" {
 		c.Logging.Format = "text"
 	}
+	c.ImagePulls.setDefaults()
 	c.Sysctls.setDefaults()
 }
 
@@ -190,6 +199,9 @@ func (c *Configuration) Validate() error {
 	}
 	if c.Logging.Verbosity < 0 {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
+	}
+	if err := errors.Join(c.validateKube(), c.ImagePulls.validate()); err != nil {
+		errs = append(errs, err)
 	}
 	if err := c.Sysctls.validate(); err != nil {
 		errs = append(errs, err)

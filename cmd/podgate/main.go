@@ -1,7 +1,8 @@
 // Command podgate is the podgate node agent: a CRI proxy between the kubelet and containerd.
 //
 //	podgate [--config FILE] [--cri-socket PATH] [--runtime-endpoint EP] [--image-endpoint EP]
-//	        [--metrics-address ADDR] [--state-dir DIR] [--log-format text|json] [-v N]
+//	        [--metrics-address ADDR] [--state-dir DIR] [--kubeconfig FILE] [--node-name NAME]
+//	        [--log-format text|json] [-v N]
 //	podgate version
 //	podgate check-config FILE
 package main
@@ -76,6 +77,8 @@ func configure(args []string, stderr io.Writer) (*agent.Configuration, error) {
 		imageEndpoint   = fs.String("image-endpoint", "", "backend image service endpoint (default: the runtime endpoint)")
 		metricsAddress  = fs.String("metrics-address", agent.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
 		stateDir        = fs.String("state-dir", agent.DefaultStateDir, "directory for podgate's state")
+		kubeconfig      = fs.String("kubeconfig", "", "kubeconfig file for the Kubernetes API (empty: no API access)")
+		nodeName        = fs.String("node-name", "", "this node's name in the Kubernetes API (default: the host name)")
 		logFormat       = fs.String("log-format", "text", "log format: text or json")
 		verbosity       = fs.Int("v", 0, "log verbosity")
 	)
@@ -104,6 +107,10 @@ func configure(args []string, stderr io.Writer) (*agent.Configuration, error) {
 			cfg.MetricsAddress = metricsAddress
 		case "state-dir":
 			cfg.StateDir = *stateDir
+		case "kubeconfig":
+			cfg.Kubeconfig = *kubeconfig
+		case "node-name":
+			cfg.NodeName = *nodeName
 		case "log-format":
 			cfg.Logging.Format = *logFormat
 		case "v":

@@ -1,0 +1,150 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+)
+
+// uidIndex indexes the pod informer's cache by pod UID: the CRI names pods by UID.
+const uidIndex = "uid"
+
+// PodLookup is podgate's view of the pods bound to its node, from an informer scoped with a
+// spec.nodeName field selector: podgate never watches the whole cluster. Features look pods up
+// by UID and subscribe to their deletion.
+type PodLookup struct {
+	informer cache.SharedIndexInformer
+
+	mu        sync.Mutex
+	onDeleted []func(*corev1.Pod)
+}
+
+// NewKubeClient builds a Kubernetes client from a kubeconfig file.
+func NewKubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.UserAgent = "podgate"
+	return kubernetes.NewForConfig(cfg)
+}
+
+// NewPodLookup creates the lookup of the pods bound to nodeName. Start it with Run.
+func NewPodLookup(client kubernetes.Interface, nodeName string) (*PodLookup, error) {
+	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+	inf := coreinformers.NewFilteredPodInformer(client, metav1.NamespaceAll, 0,
+		cache.Indexers{uidIndex: podUIDIndex},
+		func(o *metav1.ListOptions) { o.FieldSelector = selector })
+	l := &PodLookup{informer: inf}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			// Graceful deletion sets deletionTimestamp long before the object goes: the pod
+			// will not start, so what waits for it may stop now.
+			if pod, ok := obj.(*corev1.Pod); ok && pod.DeletionTimestamp != nil {
+				l.deleted(pod)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok {
+				l.deleted(pod)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
+	return l, nil
+}
+
+func podUIDIndex(obj any) ([]string, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, fmt.Errorf("pod index: unexpected %T", obj)
+	}
+	return []string{string(pod.UID)}, nil
+}
+
+// Run runs the informer until ctx ends.
+func (l *PodLookup) Run(ctx context.Context) { l.informer.RunWithContext(ctx) }
+
+// HasSynced reports whether the informer has listed the node's pods once.
+func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }
+
+// Get returns the pod with this UID, if it is bound to this node and known.
+func (l *PodLookup) Get(uid types.UID) (*corev1.Pod, bool) {
+	objs, err := l.informer.GetIndexer().ByIndex(uidIndex, string(uid))
+	if err != nil || len(objs) == 0 {
+		return nil, false
+	}
+	pod, ok := objs[0].(*corev1.Pod)
+	return pod, ok
+}
+
+// OnDeleted calls fn when a pod of this node is deleted: when its deletionTimestamp is set
+// (possibly more than once, on later updates) and when it is removed. fn must not block.
+func (l *PodLookup) OnDeleted(fn func(*corev1.Pod)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.onDeleted = append(l.onDeleted, fn)
+}
+
+func (l *PodLookup) deleted(pod *corev1.Pod) {
+	l.mu.Lock()
+	fns := l.onDeleted
+	l.mu.Unlock()
+	for _, fn := range fns {
+		fn(pod)
+	}
+}
+
+// startKube starts the pod lookup when a kubeconfig is configured; without one it says once
+// what is off. The informer runs until ctx ends; start-up does not wait for it to sync, so
+// that podgate serves CRI while the API server is unreachable.
+func (a *Agent) startKube(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if a.cfg.Kubeconfig == "" {
+		logger.Info("Kubernetes API access off: no kubeconfig; image pulls are not cancelled when their pod is deleted, and pull priority comes from the sandbox config",
+			"priorityLabel", a.cfg.ImagePulls.PriorityLabel, "priorityNamespaces", a.cfg.ImagePulls.PriorityNamespaces)
+		return nil
+	}
+	node := a.cfg.NodeName
+	if node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("nodeName: unset and no host name: %w", err)
+		}
+		node = strings.ToLower(h) // as the kubelet names its node
+	}
+	client, err := NewKubeClient(a.cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	pods, err := NewPodLookup(client, node)
+	if err != nil {
+		return err
+	}
+	a.pods = pods
+	go pods.Run(ctx)
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
+			logger.Info("Pod informer synced", "node", node)
+		}
+	}()
+	logger.Info("Kubernetes API access on", "kubeconfig", a.cfg.Kubeconfig, "node", node)
+	return nil
+}
