@@ -14,7 +14,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test unit e2e lint rig bench clean
+.PHONY: all build demo test lint rig bench clean
 
 all: build
 
@@ -45,10 +45,10 @@ $(BIN)/golangci-lint:
 $(BIN)/benchstat:
 	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 
-# bench: the proxy's cost, direct vs. through podgate in one run; benchstat prints the
+# bench: the proxy's and the pull governor's cost, each against the direct path in one run;
 # podgate column relative to direct.
 bench: $(BIN)/benchstat
-	$(GO) test -run '^$$' -bench . -count 6 ./cri | tee bench.txt
+	$(GO) test -run '^$$' -bench . -count 6 ./cri ./imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt
 
 clean:
