@@ -46,7 +46,7 @@ $(BIN)/benchstat:
 	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 
 # bench: the proxy's and the pull governor's cost, each against the direct path in one run;
-# podgate column relative to direct.
+# benchstat prints the podgate (or governor) column relative to direct.
 bench: $(BIN)/benchstat
 	$(GO) test -run '^$$' -bench . -count 6 ./cri ./imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt

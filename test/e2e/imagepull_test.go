@@ -23,9 +23,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/podgate/podgate/test/harness"
-	"github.com/podgate/podgate/test/rig"
 )
 
 // The pull scenario of issue 3: 12 distinct images (11 ordinary, then one for a
@@ -169,31 +166,6 @@ type scenarioResult struct {
 	errs            []error
 }
 
-// startGovernedNode starts a rig and podgate with extra args in front of it.
-func startGovernedNode(tb testing.TB, args ...string) *node {
-	tb.Helper()
-	r := rig.Start(tb)
-	dir, err := os.MkdirTemp("/tmp", "pge")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	p, err := harness.Start(context.Background(), podgateBin, harness.Options{Dir: dir, RuntimeEndpoint: r.Endpoint, Args: args})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		code, err := p.Stop(30 * time.Second)
-		if err != nil || code != 0 {
-			tb.Errorf("podgate stop: exit %d, %v", code, err)
-		}
-		if tb.Failed() {
-			tb.Logf("podgate log:\n%s", p.Log)
-		}
-	})
-	return &node{rig: r, podgate: p, direct: rig.Connect(tb, r.Endpoint), through: rig.Connect(tb, p.Endpoint)}
-}
-
 // governedConfig writes a podgate config file with imagePulls.maxParallel = scenarioCap.
 func governedConfig(tb testing.TB) string {
 	tb.Helper()
@@ -332,7 +304,7 @@ func metricValue(page, metric string) float64 {
 // maxParallel 3; the registry never serves more than 3 images at once, duplicated images are
 // fetched once, and the critical pod's pull, submitted last, starts at the next free slot.
 func TestImagePullGovernor(t *testing.T) {
-	n := startGovernedNode(t, "--config", governedConfig(t))
+	n := startNode(t, "--config", governedConfig(t))
 	reg := newCountingRegistry(bandwidth)
 	host := serveRegistry(t, reg)
 	res := runScenario(t.Context(), t, n, reg, host, "e2e")
@@ -413,7 +385,7 @@ func grepLines(s, sub string) string {
 // makespan against the ideal: total bytes ÷ (per-download bandwidth × maxParallel). Run it
 // with -benchtime 1x (one run takes ~10s); each iteration pulls fresh images.
 func BenchmarkImagePullMakespan(b *testing.B) {
-	n := startGovernedNode(b, "--config", governedConfig(b))
+	n := startNode(b, "--config", governedConfig(b))
 	reg := newCountingRegistry(bandwidth)
 	host := serveRegistry(b, reg)
 	var makespan, ideal time.Duration
