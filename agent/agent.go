@@ -68,6 +68,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("criSocket: %w", err)
 	}
+	if err := a.checkNotSelf(); err != nil {
+		l.Close()
+		return err
+	}
 	serveDone := make(chan struct{})
 	go func() {
 		defer close(serveDone)
@@ -149,6 +153,26 @@ func (a *Agent) buildProxy(ctx context.Context) (*cri.Server, []*cri.Backend, er
 	}
 	newSysctlGuard(policy, a.cfg.Sysctls.Verify, server.RuntimeClient(), a.registry).register(server)
 	return server, backends, nil
+}
+
+// checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a
+// symlink, a bind mount): every call would be forwarded to podgate again, without end.
+// Validate catches the same path spelled differently; only the files can tell the rest.
+func (a *Agent) checkNotSelf() error {
+	self, err := os.Stat(a.cfg.CRISocket)
+	if err != nil {
+		return fmt.Errorf("criSocket: %w", err)
+	}
+	for _, ep := range []struct{ name, value string }{{"runtimeEndpoint", a.cfg.RuntimeEndpoint}, {"imageEndpoint", a.cfg.ImageEndpoint}} {
+		p, err := cri.ParseEndpoint(ep.value)
+		if err != nil {
+			continue // empty imageEndpoint; Validate refused anything else
+		}
+		if fi, err := os.Stat(p); err == nil && os.SameFile(fi, self) {
+			return fmt.Errorf("%s: %q is podgate's own criSocket: podgate would forward to itself", ep.name, ep.value)
+		}
+	}
+	return nil
 }
 
 func closeAll(backends []*cri.Backend) {

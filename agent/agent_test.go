@@ -138,6 +138,27 @@ func TestRunRefusesSocketInUse(t *testing.T) {
 	}
 }
 
+func TestRunRefusesBackendThatIsItself(t *testing.T) {
+	dir := shortDir(t)
+	cfg := testConfig(dir, filepath.Join(dir, "containerd.sock"))
+	// The image endpoint reaches podgate's own socket through a symlink: only the files tell.
+	link := filepath.Join(dir, "images.sock")
+	if err := os.Symlink(cfg.CRISocket, link); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ImageEndpoint = "unix://" + link
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v (the symlink is for Run to find)", err)
+	}
+	err := New(cfg, "test").Run(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "imageEndpoint:") || !strings.Contains(err.Error(), "forward to itself") {
+		t.Fatalf("got %v, want imageEndpoint refused as podgate's own socket", err)
+	}
+	if _, err := os.Stat(cfg.CRISocket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left behind: %v", err)
+	}
+}
+
 func TestRunRemovesStaleSocket(t *testing.T) {
 	dir := shortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))

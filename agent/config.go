@@ -182,8 +182,10 @@ func (c *Configuration) Validate() error {
 		_, err := cri.ParseEndpoint(c.ImageEndpoint)
 		field("imageEndpoint", err)
 	}
-	if p, err := cri.ParseEndpoint(c.RuntimeEndpoint); err == nil && p == c.CRISocket {
-		field("runtimeEndpoint", fmt.Errorf("%q is podgate's own criSocket: podgate would forward to itself", c.RuntimeEndpoint))
+	for _, ep := range []struct{ name, value string }{{"runtimeEndpoint", c.RuntimeEndpoint}, {"imageEndpoint", c.ImageEndpoint}} {
+		if p, err := cri.ParseEndpoint(ep.value); err == nil && filepath.Clean(p) == filepath.Clean(c.CRISocket) {
+			field(ep.name, fmt.Errorf("%q is podgate's own criSocket: podgate would forward to itself", ep.value))
+		}
 	}
 	if c.MetricsEnabled() {
 		field("metricsAddress", validHostPort(*c.MetricsAddress))

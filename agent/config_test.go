@@ -68,6 +68,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"runtimeEndpoint: unix://relative.sock", "runtimeEndpoint:"},
 		{"imageEndpoint: images.sock", "imageEndpoint:"},
 		{"criSocket: /run/x.sock\nruntimeEndpoint: unix:///run/x.sock", "forward to itself"},
+		{"criSocket: /run/x.sock\nimageEndpoint: unix:///run//x.sock", "imageEndpoint: \"unix:///run//x.sock\" is podgate's own"},
 		{"metricsAddress: localhost", "metricsAddress:"},
 		{"metricsAddress: example.com:9743", "metricsAddress:"},
 		{"stateDir: var/lib/podgate", "stateDir:"},
