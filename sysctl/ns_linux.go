@@ -163,6 +163,13 @@ func enter(path, self string, nstype int) (func() error, error) {
 		return nil, err
 	}
 	defer target.Close()
+	// A pod's namespace is never podgate's own, the node's. If the path leads there (a runtime
+	// that reports a host process as the sandbox, a pause pid reused by a host process), a
+	// repair would change the node: refuse.
+	if target.Equal(origin) {
+		origin.Close()
+		return nil, fmt.Errorf("%s is podgate's own namespace, not a pod's", path)
+	}
 	if err := unix.Setns(int(target), nstype); err != nil {
 		origin.Close()
 		return nil, err

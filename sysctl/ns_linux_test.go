@@ -100,3 +100,33 @@ func TestEnterFailsCleanly(t *testing.T) {
 		t.Fatal("wrote a node-wide sysctl through Write")
 	}
 }
+
+func TestRefusesTheNodesOwnNamespaces(t *testing.T) {
+	needRoot(t)
+	// What a runtime reporting a host process as the sandbox would lead to.
+	self := ForPID(os.Getpid())
+	for _, tc := range []struct {
+		target Target
+		name   Name
+	}{
+		{Target{NetNS: self.NetNS}, "net.ipv4.tcp_keepalive_time"},
+		{Target{IPCNS: self.IPCNS}, "kernel.shm_rmid_forced"},
+		{Target{NetNS: newNetNS(t), IPCNS: self.IPCNS}, "kernel.shm_rmid_forced"},
+	} {
+		host, err := ReadNode(tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := "1"
+		if host == "1" {
+			other = "2"
+		}
+		err = Write(tc.target, map[Name]string{tc.name: other})
+		if err == nil || !strings.Contains(err.Error(), "podgate's own namespace") {
+			t.Errorf("%+v: got %v, want a refusal", tc.target, err)
+		}
+		if now, _ := ReadNode(tc.name); now != host {
+			t.Fatalf("host %s changed from %s to %s", tc.name, host, now)
+		}
+	}
+}
