@@ -13,7 +13,7 @@ func TestSysctlsSection(t *testing.T) {
 		{"sysctls: {allowedUnsafe: [\"kernel.*\"]}", "sysctls.allowedUnsafe[0]"},
 		{"sysctls: {allowedUnsafe: [\"net.core.no_such_sysctl\"]}", "no such sysctl"},
 		{"sysctls: {podDefaults: {kernel.core_pattern: core}}", "sysctls.podDefaults"},
-		{"sysctls: {podDefaults: {net.ipv4.tcp_keepalive_time: \"10 minutes\"}}", "not an integer"},
+		{"sysctls: {podDefaults: {net.ipv4.tcp_keepalive_time: \"10 minutes\"}}", "not a plain decimal integer"},
 		{"sysctls: {node: {net.netfilter.no_such: \"1\"}}", "sysctls.node"},
 		{"sysctls: {node: {vm.swappiness: \"1\\n2\"}}", "sysctls.node"},
 		{"sysctls: {podDefault: {}}", `unknown field "podDefault"`},

@@ -228,7 +228,7 @@ func (g *sysctlGuard) mismatches(ctx context.Context, id string, want map[sysctl
 	}
 	var out []sysctlMismatch
 	for _, n := range names {
-		if !sysctl.SameValue(got[n], want[n]) {
+		if !sysctl.SameValue(n, got[n], want[n]) {
 			out = append(out, sysctlMismatch{n, got[n], want[n]})
 		}
 	}
@@ -294,7 +294,7 @@ func applyNodeSysctls(logger klog.Logger, values map[sysctl.Name]string) ([]sysc
 		if err != nil {
 			return changed, fmt.Errorf("sysctls.node %s: %w", n, err)
 		}
-		if sysctl.SameValue(old, values[n]) {
+		if sysctl.SameValue(n, old, values[n]) {
 			continue
 		}
 		if err := sysctl.WriteNode(n, values[n]); err != nil {

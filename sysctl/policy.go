@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -175,13 +176,17 @@ func (p *Policy) unsafeAllowed(n Name) bool {
 // host-IPC pods). added lists the defaults it added. The pod's own keys are kept as written.
 // The first refused sysctl is returned as a *RejectedError.
 func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]string, added []Name, err error) {
-	have := make(map[Name]bool, len(sysctls))
+	values := make(map[Name]string, len(sysctls))
+	spelling := make(map[Name]string, len(sysctls))
 	for _, k := range sortedKeys(sysctls) {
 		n, err := p.allowed(k, sysctls[k], pod)
 		if err != nil {
 			return nil, nil, err
 		}
-		have[n] = true
+		if other, dup := spelling[n]; dup {
+			return nil, nil, &RejectedError{Sysctl: k, Reason: fmt.Sprintf("set twice, also as %q", other)}
+		}
+		values[n], spelling[n] = sysctls[k], k
 	}
 	out = make(map[string]string, len(sysctls))
 	for k, v := range sysctls {
@@ -189,17 +194,54 @@ func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]st
 	}
 	add := func(defaults map[Name]string) {
 		for _, n := range sortedKeys(defaults) {
-			if have[n] || (pod.HostNetwork && NamespaceOf(n) == NetNamespace) || (pod.HostIPC && NamespaceOf(n) == IPCNamespace) {
+			if _, set := values[n]; set || (pod.HostNetwork && NamespaceOf(n) == NetNamespace) || (pod.HostIPC && NamespaceOf(n) == IPCNamespace) {
 				continue
 			}
-			have[n] = true
+			values[n] = defaults[n]
 			out[string(n)] = defaults[n]
 			added = append(added, n)
 		}
 	}
 	add(p.nsDefaults[pod.Namespace]) // the namespace's defaults win over the node-wide ones
 	add(p.podDefaults)
+	if err := checkPortRange(values, spelling); err != nil {
+		return nil, nil, err
+	}
 	return out, added, nil
+}
+
+// Defaults of a new network namespace, for checks across sysctls.
+const (
+	defaultLocalPortRangeLow          = 32768
+	defaultUnprivilegedPortStart      = 1024
+	localPortRange               Name = "net.ipv4.ip_local_port_range"
+	unprivilegedPortStart        Name = "net.ipv4.ip_unprivileged_port_start"
+)
+
+// checkPortRange applies the kernel's rule between two sysctls: the local port range must not
+// reach below the first unprivileged port, or the kernel refuses whichever is written second.
+func checkPortRange(values map[Name]string, spelling map[Name]string) error {
+	rng, setRange := values[localPortRange]
+	start, setStart := values[unprivilegedPortStart]
+	if !setRange && !setStart {
+		return nil
+	}
+	low, unpriv := int64(defaultLocalPortRangeLow), int64(defaultUnprivilegedPortStart)
+	if setRange {
+		low, _ = strconv.ParseInt(strings.Fields(rng)[0], 10, 64) // CheckValue accepted it
+	}
+	if setStart {
+		unpriv, _ = strconv.ParseInt(start, 10, 64)
+	}
+	if low >= unpriv {
+		return nil
+	}
+	name := spelling[localPortRange]
+	if name == "" {
+		name = string(localPortRange)
+	}
+	return &RejectedError{Sysctl: name, Reason: fmt.Sprintf(
+		"local port range starts at %d, below net.ipv4.ip_unprivileged_port_start %d: the kernel refuses it", low, unpriv)}
 }
 
 // known reports whether n exists in the node's sysctl tree. A per-interface name

@@ -89,8 +89,12 @@ func TestCompleteChecksPodSysctls(t *testing.T) {
 		{"net on host network", map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Pod{HostNetwork: true}, "net.ipv4.tcp_keepalive_time", "host's network"},
 		{"ipc on host ipc", map[string]string{"kernel.msgmax": "65536"}, Pod{HostIPC: true}, "kernel.msgmax", "host's IPC"},
 		{"ipc with host network is fine", map[string]string{"kernel.shm_rmid_forced": "1"}, Pod{HostNetwork: true}, "", ""},
-		{"bad value", map[string]string{"net.ipv4.tcp_keepalive_time": "soon"}, Pod{}, "net.ipv4.tcp_keepalive_time", "not an integer"},
+		{"bad value", map[string]string{"net.ipv4.tcp_keepalive_time": "soon"}, Pod{}, "net.ipv4.tcp_keepalive_time", "not a plain decimal integer"},
 		{"newline smuggling", map[string]string{"net.core.somaxconn": "1\n2"}, Pod{}, "net.core.somaxconn", "printable"},
+		{"set twice in two spellings", map[string]string{"net.ipv4.tcp_keepalive_time": "600", "net/ipv4/tcp_keepalive_time": "60"}, Pod{}, "net/ipv4/tcp_keepalive_time", "set twice"},
+		{"port range below unprivileged ports", map[string]string{"net.ipv4.ip_local_port_range": "1000 2000"}, Pod{}, "net.ipv4.ip_local_port_range", "below net.ipv4.ip_unprivileged_port_start 1024"},
+		{"port range fine with lowered unprivileged start", map[string]string{"net.ipv4.ip_local_port_range": "1000 2000", "net.ipv4.ip_unprivileged_port_start": "0"}, Pod{}, "", ""},
+		{"unprivileged start above the default range", map[string]string{"net.ipv4.ip_unprivileged_port_start": "40000"}, Pod{}, "net.ipv4.ip_local_port_range", "starts at 32768"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := p.Complete(tc.pod, tc.sysctls)
@@ -135,7 +139,7 @@ func TestKernelGates(t *testing.T) {
 		}
 		v := "1"
 		if f := formats[Name(tc.name)]; f != nil && f("1") != nil {
-			v = map[string]string{"net.ipv4.tcp_rmem": "1 2 3", "net.ipv4.tcp_wmem": "1 2 3", "net.ipv4.ip_local_port_range": "1 2"}[tc.name]
+			v = map[string]string{"net.ipv4.tcp_rmem": "1 2 3", "net.ipv4.tcp_wmem": "1 2 3", "net.ipv4.ip_local_port_range": "32768 60999"}[tc.name]
 		}
 		_, _, err = p.Complete(Pod{}, map[string]string{tc.name: v})
 		if (err == nil) != tc.ok {

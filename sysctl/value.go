@@ -3,6 +3,7 @@ package sysctl
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"unicode"
@@ -37,7 +38,7 @@ var formats = map[Name]format{
 // let one write carry a second value), a bounded length, and the sysctl's own format when known.
 func CheckValue(n Name, v string) error {
 	if v == "" {
-		if n == "net.ipv4.ip_local_reserved_ports" { // empty: no reserved ports, the default
+		if n == reservedPorts { // empty: no reserved ports, the default
 			return nil
 		}
 		return fmt.Errorf("empty value")
@@ -63,7 +64,14 @@ func intRange(lo, hi int64) format {
 	}
 }
 
+// decimalRE is an integer as the kernel reads it unambiguously: no sign, no leading zero (the
+// kernel reads "0600" as octal 384, and refuses "+5" and "09").
+var decimalRE = regexp.MustCompile(`^(0|[1-9][0-9]{0,18})$`)
+
 func parseInt(s string, lo, hi int64) (int64, error) {
+	if !decimalRE.MatchString(s) {
+		return 0, fmt.Errorf("%q is not a plain decimal integer (no sign, no leading zeros)", s)
+	}
 	i, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("%q is not an integer", s)
@@ -96,30 +104,52 @@ func orderedInts(n int, lo, hi int64) format {
 	}
 }
 
-// portList is ip_local_reserved_ports: comma-separated ports and port ranges ("8080,9000-9100").
+// portList is ip_local_reserved_ports: comma-separated ports and port ranges ("8080,9000-9100"),
+// without spaces, which the kernel refuses.
 func portList(v string) error {
+	_, err := portSet(v)
+	return err
+}
+
+// portSet parses a port list into the set of ports it names.
+func portSet(v string) (*[65536]bool, error) {
+	var set [65536]bool
+	if v == "" {
+		return &set, nil
+	}
 	for item := range strings.SplitSeq(v, ",") {
-		item = strings.TrimSpace(item)
 		lo, hi, isRange := strings.Cut(item, "-")
 		a, err := parseInt(lo, 1, 65535)
 		if err != nil {
-			return fmt.Errorf("port %w", err)
+			return nil, fmt.Errorf("port %w", err)
 		}
+		b := a
 		if isRange {
-			b, err := parseInt(hi, 1, 65535)
-			if err != nil {
-				return fmt.Errorf("port %w", err)
+			if b, err = parseInt(hi, 1, 65535); err != nil {
+				return nil, fmt.Errorf("port %w", err)
 			}
 			if b < a {
-				return fmt.Errorf("port range %s is reversed", item)
+				return nil, fmt.Errorf("port range %s is reversed", item)
 			}
 		}
+		for p := a; p <= b; p++ {
+			set[p] = true
+		}
 	}
-	return nil
+	return &set, nil
 }
 
-// SameValue compares a value read from /proc/sys with the wanted one, field by field: the
-// kernel separates fields with tabs and ends with a newline.
-func SameValue(got, want string) bool {
+// SameValue compares a value read from /proc/sys for n with the wanted one as the kernel keeps
+// it: field by field (the kernel separates fields with tabs and ends with a newline), and for
+// ip_local_reserved_ports as the set of ports (the kernel prints "9000-9100,8080" as
+// "8080,9000-9100").
+func SameValue(n Name, got, want string) bool {
+	if n == reservedPorts {
+		g, err1 := portSet(strings.TrimSpace(got))
+		w, err2 := portSet(strings.TrimSpace(want))
+		return err1 == nil && err2 == nil && *g == *w
+	}
 	return strings.Join(strings.Fields(got), " ") == strings.Join(strings.Fields(want), " ")
 }
+
+const reservedPorts Name = "net.ipv4.ip_local_reserved_ports"

@@ -31,6 +31,11 @@ func TestCheckValue(t *testing.T) {
 		{"net.ipv4.ip_local_reserved_ports", "", true},
 		{"net.ipv4.ip_local_reserved_ports", "9100-9000", false},
 		{"net.ipv4.ip_local_reserved_ports", "70000", false},
+		{"net.ipv4.ip_local_reserved_ports", "8080, 9090", false}, // the kernel refuses spaces
+		{"net.ipv4.tcp_keepalive_time", "0600", false},            // the kernel reads octal: 384
+		{"net.ipv4.tcp_keepalive_time", "+5", false},
+		{"net.ipv4.tcp_keepalive_time", "09", false},
+		{"net.ipv4.tcp_syncookies", "0", true},
 		{"net.core.somaxconn", "4096", true},      // not known: generic checks only
 		{"net.core.somaxconn", "", false},         // empty
 		{"net.core.somaxconn", "\x1b[31m", false}, // escape sequence
@@ -45,10 +50,22 @@ func TestCheckValue(t *testing.T) {
 }
 
 func TestSameValue(t *testing.T) {
-	if !SameValue("4096\t131072\t6291456\n", "4096 131072 6291456") {
-		t.Error("kernel's tab-separated output differs from the same value with spaces")
-	}
-	if SameValue("600\n", "6000") {
-		t.Error("600 equals 6000")
+	for _, tc := range []struct {
+		name      Name
+		got, want string
+		same      bool
+	}{
+		{"net.ipv4.tcp_rmem", "4096\t131072\t6291456\n", "4096 131072 6291456", true},
+		{"net.ipv4.tcp_keepalive_time", "600\n", "6000", false},
+		// The kernel keeps a set of ports and prints it sorted, ranges merged.
+		{reservedPorts, "8080,9000-9100\n", "9000-9100,8080", true},
+		{reservedPorts, "8080\n", "8080-8080", true},
+		{reservedPorts, "8080-8081\n", "8080,8081", true},
+		{reservedPorts, "8080\n", "8081", false},
+		{reservedPorts, "\n", "", true},
+	} {
+		if got := SameValue(tc.name, tc.got, tc.want); got != tc.same {
+			t.Errorf("SameValue(%s, %q, %q) = %v", tc.name, tc.got, tc.want, got)
+		}
 	}
 }
