@@ -51,10 +51,12 @@ type Governor struct {
 	mu          sync.Mutex
 	inFlight    int
 	regInFlight map[string]int
-	queue       queue
-	flights     map[flightKey]*flight
-	pods        map[string]map[*waiter]struct{}
-	seq         uint64
+	// labelInFlight is regInFlight by metric label (registryLabel).
+	labelInFlight map[string]int
+	queue         queue
+	flights       map[flightKey]*flight
+	pods          map[string]map[*waiter]struct{}
+	seq           uint64
 }
 
 // flight is one backend pull and the callers waiting for it. Fields below mu are guarded by
@@ -87,12 +89,13 @@ type waiter struct {
 // New creates a governor with the given caps.
 func New(limits Limits, opts ...Option) *Governor {
 	g := &Governor{
-		limits:      Limits{MaxParallel: limits.MaxParallel, PerRegistry: maps.Clone(limits.PerRegistry)},
-		now:         time.Now,
-		regInFlight: map[string]int{},
-		queue:       newQueue(),
-		flights:     map[flightKey]*flight{},
-		pods:        map[string]map[*waiter]struct{}{},
+		limits:        Limits{MaxParallel: limits.MaxParallel, PerRegistry: maps.Clone(limits.PerRegistry)},
+		now:           time.Now,
+		regInFlight:   map[string]int{},
+		labelInFlight: map[string]int{},
+		queue:         newQueue(),
+		flights:       map[flightKey]*flight{},
+		pods:          map[string]map[*waiter]struct{}{},
 	}
 	for _, o := range opts {
 		o(g)
@@ -128,7 +131,8 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 			return nil, g.leave(ctx, f, p, arrived)
 		}
 	}
-	g.metrics.wait.Observe(f.started.Sub(arrived).Seconds())
+	// A caller that joined a pull already running waited for nothing.
+	g.metrics.wait.Observe(max(0, f.started.Sub(arrived).Seconds()))
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -235,15 +239,33 @@ func (g *Governor) registryFree(registry string) bool {
 	return !ok || g.regInFlight[registry] < limit
 }
 
+// registryLabel is the registry's metric label: its host when it has a cap of its own, "other"
+// for the rest, whose names come from pod specs and must not grow the label set.
+func (g *Governor) registryLabel(registry string) string {
+	if _, ok := g.limits.PerRegistry[registry]; ok {
+		return registry
+	}
+	return otherRegistries
+}
+
+// otherRegistries labels the registries without a cap of their own.
+const otherRegistries = "other"
+
+func (g *Governor) setRegistryGauge(registry string) {
+	label := g.registryLabel(registry)
+	g.metrics.registryInFlight.WithLabelValues(label).Set(float64(g.labelInFlight[label]))
+}
+
 // start takes f's slots and runs its backend call. g.mu is held.
 func (g *Governor) start(f *flight) {
 	g.queue.remove(f)
 	g.inFlight++
 	g.regInFlight[f.registry]++
+	g.labelInFlight[g.registryLabel(f.registry)]++
 	f.started = g.now()
 	g.metrics.queueLength.Set(float64(g.queue.len))
 	g.metrics.inFlight.Set(float64(g.inFlight))
-	g.metrics.registryInFlight.WithLabelValues(f.registry).Set(float64(g.regInFlight[f.registry]))
+	g.setRegistryGauge(f.registry)
 	klog.FromContext(f.ctx).Info("Image pull started", "image", f.image, "priority", f.prio,
 		"waiters", f.waiters, "inFlight", g.inFlight, "registry", f.registry)
 	g.traceEvent("started", f)
@@ -256,9 +278,12 @@ func (g *Governor) run(f *flight) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inFlight--
-	g.regInFlight[f.registry]--
+	if g.regInFlight[f.registry]--; g.regInFlight[f.registry] == 0 {
+		delete(g.regInFlight, f.registry) // registries come from pods: keep only the busy ones
+	}
+	g.labelInFlight[g.registryLabel(f.registry)]--
 	g.metrics.inFlight.Set(float64(g.inFlight))
-	g.metrics.registryInFlight.WithLabelValues(f.registry).Set(float64(g.regInFlight[f.registry]))
+	g.setRegistryGauge(f.registry)
 	if g.flights[f.key] == f {
 		delete(g.flights, f.key)
 	}

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -552,4 +554,59 @@ func TestSandboxPriority(t *testing.T) {
 	if PriorityOf("custom", &v) != PriorityNodeCritical {
 		t.Error("numeric node-critical priority not recognised")
 	}
+}
+
+// TestMetricLabelsAndWaits: registries named by pods do not grow the label set, and a caller
+// that joins a running pull records no negative wait.
+func TestMetricLabelsAndWaits(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := New(Limits{MaxParallel: 8, PerRegistry: map[string]int{"docker.io": 2}}, WithRegisterer(reg))
+	var clock atomic.Int64 // a fake clock: waits are exact
+	g.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	tr := trace(g)
+	b := newFakeBackend()
+	ctx := t.Context()
+	var results []<-chan result
+	var calls []*backendCall
+	for _, image := range []string{"docker.io/library/a:1", "r1.invalid/x:1", "r2.invalid/y:1", "r3.invalid/z:1"} {
+		p := newPull(t, image, PriorityNormal)
+		results = append(results, goDo(ctx, g, p, b.pull(p.Image)))
+		calls = append(calls, b.next(t))
+	}
+	// A second caller of a running pull, arriving 10s after it started.
+	clock.Add(int64(10 * time.Second))
+	joiner := newPull(t, "docker.io/library/a:1", PriorityNormal)
+	results = append(results, goDo(ctx, g, joiner, b.pull("must-not-be-called")))
+	tr.await(t, "joined", joiner.Image)
+
+	gauge := g.metrics.registryInFlight
+	if n := testutil.CollectAndCount(gauge); n != 2 {
+		t.Errorf("%d registry series, want 2 (docker.io and other)", n)
+	}
+	if v := testutil.ToFloat64(gauge.WithLabelValues("docker.io")); v != 1 {
+		t.Errorf("docker.io in flight = %v, want 1", v)
+	}
+	if v := testutil.ToFloat64(gauge.WithLabelValues("other")); v != 3 {
+		t.Errorf("other registries in flight = %v, want 3", v)
+	}
+	for _, c := range calls {
+		c.release <- nil
+	}
+	for _, r := range results {
+		if res := wait(t, r); res.err != nil {
+			t.Fatal(res.err)
+		}
+	}
+	if v := testutil.ToFloat64(gauge.WithLabelValues("other")); v != 0 {
+		t.Errorf("other registries in flight after the pulls = %v, want 0", v)
+	}
+	var m dto.Metric
+	if err := g.metrics.wait.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	// Nobody waited: the four started at once, the joiner found its pull running.
+	if m.GetHistogram().GetSampleCount() != 5 || m.GetHistogram().GetSampleSum() != 0 {
+		t.Errorf("wait histogram: %d samples, sum %vs; want 5 samples, sum 0", m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum())
+	}
+	b.idle(t)
 }

@@ -41,7 +41,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		registryInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "podgate", Name: "image_pull_registry_in_flight",
-			Help: "PullImage calls in flight to the backend, by registry host.",
+			Help: "PullImage calls in flight to the backend, by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
 		}, []string{"registry"}),
 		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "podgate", Name: "image_pull_wait_seconds",
