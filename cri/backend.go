@@ -108,12 +108,6 @@ func NewBackend(ctx context.Context, name, endpoint string, opts ...BackendOptio
 	return b, nil
 }
 
-// Name is the backend's role ("runtime" or "image").
-func (b *Backend) Name() string { return b.name }
-
-// Endpoint is the backend's address as unix:///path.
-func (b *Backend) Endpoint() string { return b.endpoint }
-
 // Close closes the connection.
 func (b *Backend) Close() error { return b.conn.Close() }
 
@@ -175,8 +169,8 @@ func (b *Backend) dialError() string {
 // Ready reports whether the backend is connected now.
 func (b *Backend) Ready() bool { return b.conn.GetState() == connectivity.Ready }
 
-// WaitReady waits until the backend is connected or ctx ends.
-func (b *Backend) WaitReady(ctx context.Context) error {
+// waitReady waits until the backend is connected or ctx ends.
+func (b *Backend) waitReady(ctx context.Context) error {
 	for {
 		s := b.conn.GetState()
 		if s == connectivity.Ready {
@@ -204,7 +198,7 @@ func (b *Backend) usable(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, b.connectWait)
 	defer cancel()
-	if err := b.WaitReady(wctx); err != nil {
+	if err := b.waitReady(wctx); err != nil {
 		if ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
 		}
