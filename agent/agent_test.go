@@ -16,17 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
-)
 
-func shortDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("/tmp", "pga")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
+	"github.com/podgate/podgate/internal/testfs"
+)
 
 func testConfig(dir, backend string) *Configuration {
 	c := DefaultConfiguration()
@@ -67,7 +59,7 @@ func criClient(t *testing.T, socket string) runtimeapi.RuntimeServiceClient {
 }
 
 func TestRunServesAndStopsCleanly(t *testing.T) {
-	dir := shortDir(t)
+	dir := testfs.ShortDir(t)
 	backend := filepath.Join(dir, "containerd.sock")
 	f := fake.NewFakeRemoteRuntime()
 	if err := f.Start("unix://" + backend); err != nil {
@@ -99,7 +91,7 @@ func TestRunServesAndStopsCleanly(t *testing.T) {
 }
 
 func TestRunStartsWithoutBackend(t *testing.T) {
-	dir := shortDir(t)
+	dir := testfs.ShortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
 	stop := runAgent(t, cfg)
 	defer stop() //nolint:errcheck // the assertion is on the call below
@@ -128,7 +120,7 @@ func listenOnCRISocket(t *testing.T, cfg *Configuration) *net.UnixListener {
 }
 
 func TestRunRefusesSocketInUse(t *testing.T) {
-	dir := shortDir(t)
+	dir := testfs.ShortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
 	l := listenOnCRISocket(t, cfg)
 	defer l.Close()
@@ -139,7 +131,7 @@ func TestRunRefusesSocketInUse(t *testing.T) {
 }
 
 func TestRunRefusesBackendThatIsItself(t *testing.T) {
-	dir := shortDir(t)
+	dir := testfs.ShortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "containerd.sock"))
 	// The image endpoint reaches podgate's own socket through a symlink: only the files tell.
 	link := filepath.Join(dir, "images.sock")
@@ -160,7 +152,7 @@ func TestRunRefusesBackendThatIsItself(t *testing.T) {
 }
 
 func TestRunRemovesStaleSocket(t *testing.T) {
-	dir := shortDir(t)
+	dir := testfs.ShortDir(t)
 	cfg := testConfig(dir, filepath.Join(dir, "missing.sock"))
 	l := listenOnCRISocket(t, cfg)
 	l.SetUnlinkOnClose(false)

@@ -24,6 +24,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/internal/testfs"
 	"github.com/podgate/podgate/sysctl"
 )
 
@@ -122,7 +123,7 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dir := shortDir(t)
+			dir := testfs.ShortDir(t)
 			backendPath := filepath.Join(dir, "rt.sock")
 			l, err := net.Listen("unix", backendPath)
 			if err != nil {

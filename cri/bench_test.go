@@ -12,6 +12,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
+
+	"github.com/podgate/podgate/internal/testfs"
 )
 
 // The proxy's cost: the same backend (cri-client's fake runtime over real gRPC on a unix socket)
@@ -64,7 +66,7 @@ type benchEnv struct {
 // labels and annotations), and podgate in front of it.
 func newBenchEnv(b *testing.B, n int) *benchEnv {
 	b.Helper()
-	backend := filepath.Join(socketDir(b), "fake.sock")
+	backend := filepath.Join(testfs.ShortDir(b), "fake.sock")
 	f := fake.NewFakeRemoteRuntime()
 	if err := f.Start("unix://" + backend); err != nil {
 		b.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -16,18 +15,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-)
 
-// socketDir returns a short directory for unix sockets (t.TempDir() paths can pass 108 bytes).
-func socketDir(t testing.TB) string {
-	t.Helper()
-	d, err := os.MkdirTemp("/tmp", "pgt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
+	"github.com/podgate/podgate/internal/testfs"
+)
 
 // testRuntime is a backend runtime served over real gRPC on a unix socket. It records what
 // reaches it so tests can compare with what the client sent.
@@ -177,7 +167,7 @@ func proxyFor(t testing.TB, runtimePath, imagePath string, setup func(*Server)) 
 	if setup != nil {
 		setup(s)
 	}
-	sock := filepath.Join(socketDir(t), "podgate.sock")
+	sock := filepath.Join(testfs.ShortDir(t), "podgate.sock")
 	l, err := Listen(sock, SocketOptions{Mode: 0o660})
 	if err != nil {
 		t.Fatal(err)

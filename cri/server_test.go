@@ -19,6 +19,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/internal/testfs"
 )
 
 type runReqFwd = Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]
@@ -40,7 +42,7 @@ func unknownField() []byte {
 }
 
 func TestUnaryPassthroughForwardsMetadataDeadlineAndHeaders(t *testing.T) {
-	dir := socketDir(t)
+	dir := testfs.ShortDir(t)
 	be := newTestRuntime(t, filepath.Join(dir, "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
 	client := runtimeapi.NewRuntimeServiceClient(conn)
@@ -78,7 +80,7 @@ func TestUnaryPassthroughForwardsMetadataDeadlineAndHeaders(t *testing.T) {
 }
 
 func TestCancellationReachesBackend(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
 	client := runtimeapi.NewRuntimeServiceClient(conn)
 
@@ -97,7 +99,7 @@ func TestCancellationReachesBackend(t *testing.T) {
 }
 
 func TestUnknownFieldsAndMethodsPassThrough(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
 	ctx := context.Background()
 
@@ -132,7 +134,7 @@ func TestUnknownFieldsAndMethodsPassThrough(t *testing.T) {
 }
 
 func TestOtherServicesAreNotForwarded(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
 	var resp frame
 	err := conn.Invoke(context.Background(), "/containerd.services.namespaces.v1.Namespaces/List", frameOf(nil), &resp, grpc.ForceCodecV2(newRawCodec()))
@@ -145,7 +147,7 @@ func TestOtherServicesAreNotForwarded(t *testing.T) {
 }
 
 func TestStatusFromBackendIsPreserved(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	st, err := status.New(codes.NotFound, "container \"c1\" not found").WithDetails(durationpb.New(3 * time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +165,7 @@ func TestStatusFromBackendIsPreserved(t *testing.T) {
 }
 
 func TestServerStreamPassthrough(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	for i := range 3 {
 		be.events = append(be.events, &runtimeapi.ContainerEventResponse{ContainerId: fmt.Sprint("c", i), ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT})
 	}
@@ -189,7 +191,7 @@ func TestServerStreamPassthrough(t *testing.T) {
 }
 
 func TestShutdownEndsStreamsAndLetsUnaryCallsFinish(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	srv, conn := proxyFor(t, be.path, "", nil)
 	client := runtimeapi.NewRuntimeServiceClient(conn)
 
@@ -227,7 +229,7 @@ func TestShutdownEndsStreamsAndLetsUnaryCallsFinish(t *testing.T) {
 }
 
 func TestBackendDownFailsFastAndRecovers(t *testing.T) {
-	path := filepath.Join(socketDir(t), "rt.sock")
+	path := filepath.Join(testfs.ShortDir(t), "rt.sock")
 	_, conn := proxyFor(t, path, "", nil) // nothing listens on path yet
 	client := runtimeapi.NewRuntimeServiceClient(conn)
 
@@ -274,7 +276,7 @@ func waitVersionOK(t *testing.T, client runtimeapi.RuntimeServiceClient) {
 }
 
 func TestSeparateImageEndpoint(t *testing.T) {
-	dir := socketDir(t)
+	dir := testfs.ShortDir(t)
 	rt := newTestRuntime(t, filepath.Join(dir, "rt.sock"))
 	img := newTestRuntime(t, filepath.Join(dir, "img.sock"))
 	_, conn := proxyFor(t, rt.path, img.path, nil)
@@ -295,7 +297,7 @@ func TestSeparateImageEndpoint(t *testing.T) {
 }
 
 func TestMessageSizeLimit(t *testing.T) {
-	be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
 	client := runtimeapi.NewRuntimeServiceClient(conn)
 	big := strings.Repeat("x", 1<<20)
@@ -320,7 +322,7 @@ func TestInterceptors(t *testing.T) {
 	}}
 
 	t.Run("unchanged request goes byte for byte", func(t *testing.T) {
-		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		var sawName string
 		_, conn := proxyFor(t, be.path, "", func(s *Server) {
 			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -343,7 +345,7 @@ func TestInterceptors(t *testing.T) {
 	})
 
 	t.Run("changed request is re-encoded with its unknown fields", func(t *testing.T) {
-		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		_, conn := proxyFor(t, be.path, "", func(s *Server) {
 			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
 				req.Config.Labels = map[string]string{"podgate": "yes"}
@@ -365,7 +367,7 @@ func TestInterceptors(t *testing.T) {
 	})
 
 	t.Run("refusal reaches no backend", func(t *testing.T) {
-		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		_, conn := proxyFor(t, be.path, "", func(s *Server) {
 			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
 				return nil, status.Error(codes.InvalidArgument, "sysctl \"kernel.core_pattern\": not namespaced")
@@ -381,7 +383,7 @@ func TestInterceptors(t *testing.T) {
 	})
 
 	t.Run("interceptors nest in order and see the response", func(t *testing.T) {
-		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		var order []string
 		mk := func(name string) Interceptor[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse] {
 			return func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -409,7 +411,7 @@ func TestInterceptors(t *testing.T) {
 	})
 
 	t.Run("plain error becomes Internal, wrapped status keeps its code", func(t *testing.T) {
-		be := newTestRuntime(t, filepath.Join(socketDir(t), "rt.sock"))
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		errs := []error{errors.New("disk full"), fmt.Errorf("prepare claim gpu: %w", status.Error(codes.FailedPrecondition, "driver not registered"))}
 		i := 0
 		_, conn := proxyFor(t, be.path, "", func(s *Server) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/imagepull"
+	"github.com/podgate/podgate/internal/testfs"
 )
 
 // latencyImageService is a backend image service over real gRPC. Each pull takes a random
@@ -85,11 +85,7 @@ type proxy struct {
 
 func startProxy(t *testing.T, backend runtimeapi.ImageServiceServer, g *imagepull.Governor, prio imagepull.Prioritizer) *proxy {
 	t.Helper()
-	dir, err := os.MkdirTemp("/tmp", "pgip")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testfs.ShortDir(t)
 	beSock := filepath.Join(dir, "be.sock")
 	bl, err := net.Listen("unix", beSock)
 	if err != nil {

@@ -7,8 +7,6 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -166,22 +164,6 @@ type scenarioResult struct {
 	errs            []error
 }
 
-// governedConfig writes a podgate config file with imagePulls.maxParallel = scenarioCap.
-func governedConfig(tb testing.TB) string {
-	tb.Helper()
-	dir, err := os.MkdirTemp("/tmp", "pgc")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	path := filepath.Join(dir, "config.yaml")
-	doc := fmt.Sprintf("apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\nimagePulls:\n  maxParallel: %d\n", scenarioCap)
-	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
-		tb.Fatal(err)
-	}
-	return path
-}
-
 // serveRegistry starts the counting registry on 127.0.0.1 and returns its host:port.
 func serveRegistry(tb testing.TB, reg *countingRegistry) string {
 	tb.Helper()
@@ -304,7 +286,7 @@ func metricValue(page, metric string) float64 {
 // maxParallel 3; the registry never serves more than 3 images at once, duplicated images are
 // fetched once, and the critical pod's pull, submitted last, starts at the next free slot.
 func TestImagePullGovernor(t *testing.T) {
-	n := startNode(t, "--config", governedConfig(t))
+	n := startNode(t, "--config", writeConfig(t, fmt.Sprintf("imagePulls:\n  maxParallel: %d\n", scenarioCap)))
 	reg := newCountingRegistry(bandwidth)
 	host := serveRegistry(t, reg)
 	res := runScenario(t.Context(), t, n, reg, host, "e2e")
@@ -385,7 +367,7 @@ func grepLines(s, sub string) string {
 // makespan against the ideal: total bytes ÷ (per-download bandwidth × maxParallel). Run it
 // with -benchtime 1x (one run takes ~10s); each iteration pulls fresh images.
 func BenchmarkImagePullMakespan(b *testing.B) {
-	n := startNode(b, "--config", governedConfig(b))
+	n := startNode(b, "--config", writeConfig(b, fmt.Sprintf("imagePulls:\n  maxParallel: %d\n", scenarioCap)))
 	reg := newCountingRegistry(bandwidth)
 	host := serveRegistry(b, reg)
 	var makespan, ideal time.Duration

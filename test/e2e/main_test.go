@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podgate/podgate/internal/testfs"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 )
@@ -53,12 +54,7 @@ type node struct {
 func startNode(t testing.TB, args ...string) *node {
 	t.Helper()
 	r := rig.Start(t)
-	dir, err := os.MkdirTemp("/tmp", "pge")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	p, err := harness.Start(t.Context(), podgateBin, harness.Options{Dir: dir, RuntimeEndpoint: r.Endpoint, Args: args})
+	p, err := harness.Start(t.Context(), podgateBin, harness.Options{Dir: testfs.ShortDir(t), RuntimeEndpoint: r.Endpoint, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}
