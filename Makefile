@@ -48,7 +48,7 @@ $(BIN)/benchstat:
 # bench: the proxy's and the pull governor's cost, each against the direct path in one run;
 # benchstat prints the podgate (or governor) column relative to direct.
 bench: $(BIN)/benchstat
-	$(GO) test -run '^$$' -bench . -count 6 ./cri ./imagepull | tee bench.txt
+	$(GO) test -run '^$$' -bench . -count 6 ./cri ./cri/imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt
 
 clean:

@@ -17,7 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
 
-	"github.com/podgate/podgate/internal/testfs"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 func testConfig(dir, backend string) *Configuration {

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/podgate/podgate/imagepull"
+	"github.com/podgate/podgate/cri/imagepull"
 )
 
 // Defaults of the imagePulls section.

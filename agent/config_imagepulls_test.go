@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podgate/podgate/imagepull"
+	"github.com/podgate/podgate/cri/imagepull"
 )
 
 func TestImagePullsConfig(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/imagepull"
+	"github.com/podgate/podgate/cri/imagepull"
 )
 
 // registerImagePulls plugs the image pull governor into PullImage. It is always on: without

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/imagepull"
+	"github.com/podgate/podgate/cri/imagepull"
 )
 
 // kubeTimeout bounds each wait for the informer; reaching it fails the test.

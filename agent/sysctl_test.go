@@ -24,8 +24,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/internal/testfs"
 	"github.com/podgate/podgate/sysctl"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // nsRuntime is a runtime whose sandbox is a real process in its own network and IPC

@@ -13,7 +13,7 @@ import (
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
 
-	"github.com/podgate/podgate/internal/testfs"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // The proxy's cost: the same backend (cri-client's fake runtime over real gRPC on a unix socket)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/internal/testfs"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // testRuntime is a backend runtime served over real gRPC on a unix socket. It records what

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/internal/testfs"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 type runReqFwd = Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podgate/podgate/internal/testfs"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // podgateBin is the podgate binary built once for the package's tests.

@@ -19,8 +19,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/imagepull"
-	"github.com/podgate/podgate/internal/testfs"
+	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // latencyImageService is a backend image service over real gRPC. Each pull takes a random
