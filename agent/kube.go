@@ -6,7 +6,9 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -23,12 +25,40 @@ const uidIndex = "uid"
 
 // PodLookup is podgate's view of the pods bound to its node, from an informer scoped with a
 // spec.nodeName field selector: podgate never watches the whole cluster. Features look pods up
-// by UID and subscribe to their deletion.
+// by UID and subscribe to their deletion; steps that cannot do without the pod fetch it when the
+// informer has not delivered it yet (GetOrFetch). It keeps the client for features that need
+// other API objects.
 type PodLookup struct {
-	informer cache.SharedIndexInformer
+	client       kubernetes.Interface
+	node         string
+	informer     cache.SharedIndexInformer
+	fetchTimeout time.Duration
+	registerer   prometheus.Registerer
+	requests     *prometheus.CounterVec
 
 	mu        sync.Mutex
 	onDeleted []func(*corev1.Pod)
+	// fetches are the GETs in flight, so that a burst of calls for one pod costs one request.
+	fetches map[podFetchKey]*podFetch
+}
+
+// PodLookupOption configures a PodLookup.
+type PodLookupOption func(*PodLookup)
+
+// WithKubeMetrics registers the lookup's metrics with reg: podgate_kube_requests_total, the API
+// requests made on behalf of pod starts. Without it they are counted but not exported.
+func WithKubeMetrics(reg prometheus.Registerer) PodLookupOption {
+	return func(l *PodLookup) { l.registerer = reg }
+}
+
+// WithPodFetchTimeout bounds each GET that GetOrFetch makes, in place of podFetchTimeout. A
+// duration that is not positive keeps the default.
+func WithPodFetchTimeout(d time.Duration) PodLookupOption {
+	return func(l *PodLookup) {
+		if d > 0 {
+			l.fetchTimeout = d
+		}
+	}
 }
 
 // NewKubeClient builds a Kubernetes client from a kubeconfig file.
@@ -42,12 +72,27 @@ func NewKubeClient(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // NewPodLookup creates the lookup of the pods bound to nodeName. Start it with Run.
-func NewPodLookup(client kubernetes.Interface, nodeName string) (*PodLookup, error) {
+func NewPodLookup(client kubernetes.Interface, nodeName string, opts ...PodLookupOption) (*PodLookup, error) {
 	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	inf := coreinformers.NewFilteredPodInformer(client, metav1.NamespaceAll, 0,
 		cache.Indexers{uidIndex: podUIDIndex},
 		func(o *metav1.ListOptions) { o.FieldSelector = selector })
-	l := &PodLookup{informer: inf}
+	l := &PodLookup{
+		client:       client,
+		node:         nodeName,
+		informer:     inf,
+		fetchTimeout: podFetchTimeout,
+		requests:     newKubeRequests(),
+		fetches:      make(map[podFetchKey]*podFetch),
+	}
+	for _, o := range opts {
+		o(l)
+	}
+	if l.registerer != nil {
+		if err := l.registerer.Register(l.requests); err != nil {
+			return nil, fmt.Errorf("register kube metrics: %w", err)
+		}
+	}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
 			// Graceful deletion sets deletionTimestamp long before the object goes: the pod
@@ -85,7 +130,15 @@ func (l *PodLookup) Run(ctx context.Context) { l.informer.RunWithContext(ctx) }
 // HasSynced reports whether the informer has listed the node's pods once.
 func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }
 
-// Get returns the pod with this UID, if it is bound to this node and known.
+// Client returns the Kubernetes client the informer lists with, for features that need other
+// API objects, e.g. the ResourceClaims of a pod. Its requests are the caller's to bound in time.
+func (l *PodLookup) Client() kubernetes.Interface { return l.client }
+
+// NodeName returns the name of the node whose pods the lookup holds.
+func (l *PodLookup) NodeName() string { return l.node }
+
+// Get returns the pod with this UID, if it is bound to this node and the informer knows it.
+// The pod is the cache's: do not modify it.
 func (l *PodLookup) Get(uid types.UID) (*corev1.Pod, bool) {
 	objs, err := l.informer.GetIndexer().ByIndex(uidIndex, string(uid))
 	if err != nil || len(objs) == 0 {
@@ -134,7 +187,7 @@ func (a *Agent) startKube(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pods, err := NewPodLookup(client, node)
+	pods, err := NewPodLookup(client, node, WithKubeMetrics(a.registry))
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -153,8 +155,9 @@ func (s *Server) instrument(ctx context.Context, fullMethod string, call func() 
 }
 
 // toStatus maps err to a gRPC status error. A status (from the backend or an interceptor)
-// passes through unchanged; context errors become Canceled or DeadlineExceeded; anything else
-// is Internal.
+// passes through unchanged; context errors become Canceled or DeadlineExceeded; an error of an
+// errdefs class (a policy's refusal) gets that class's code from errgrpc, as in containerd;
+// anything else is Internal. The message is always err's own.
 func toStatus(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -164,8 +167,13 @@ func toStatus(ctx context.Context, err error) error {
 	if st, ok := status.FromError(err); ok {
 		return st.Err()
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return status.Error(status.FromContextError(err).Code(), err.Error())
+	// The first class in the chain wins: "driver x: unavailable: context deadline exceeded"
+	// is the driver's failure (Unavailable), not the caller's deadline. Context errors are
+	// classes too. Before the call's own context: a refusal stays a refusal even if the caller
+	// has gone. errdefs.Resolve says ErrUnknown both for an error of no class and for one of
+	// class ErrUnknown; only the latter is Unknown, the rest is podgate's own failure.
+	if !errors.Is(errdefs.Resolve(err), errdefs.ErrUnknown) || errdefs.IsUnknown(err) {
+		return errgrpc.ToGRPC(err)
 	}
 	if ctx.Err() != nil {
 		return status.Error(status.FromContextError(ctx.Err()).Code(), err.Error())

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -430,4 +431,102 @@ func TestInterceptors(t *testing.T) {
 			t.Errorf("wrapped status: got %v", err)
 		}
 	})
+}
+
+// classError is shaped like the errors of podgate's policy packages (sysctl.RejectedError,
+// imagepull's): a message of its own that unwraps to its class, an errdefs error or a context
+// error.
+type classError struct {
+	class error
+	msg   string
+}
+
+func (e *classError) Error() string { return e.msg }
+func (e *classError) Unwrap() error { return e.class }
+
+// classifiedErrors are errors of each class podgate's packages return, with the status the
+// kubelet must get for each.
+var classifiedErrors = []struct {
+	name     string
+	err      error
+	code     codes.Code
+	msg      string
+	canceled bool // the call's own context is cancelled too
+}{
+	{"sysctl refusal", &classError{errdefs.ErrInvalidArgument, `sysctl "kernel.core_pattern": not namespaced: it would change the whole node`},
+		codes.InvalidArgument, `sysctl "kernel.core_pattern": not namespaced: it would change the whole node`, false},
+	{"refusal, wrapped", fmt.Errorf("pod default/web: %w", &classError{errdefs.ErrInvalidArgument, "image reference is empty"}),
+		codes.InvalidArgument, "pod default/web: image reference is empty", false},
+	{"refusal after the caller left", &classError{errdefs.ErrInvalidArgument, "auth: bad"}, codes.InvalidArgument, "auth: bad", true},
+	{"pod deleted", &classError{errdefs.ErrAborted, "pull of docker.io/library/busybox:latest abandoned: pod default/web was deleted"},
+		codes.Aborted, "pull of docker.io/library/busybox:latest abandoned: pod default/web was deleted", false},
+	{"caller gave up", &classError{context.Canceled, "pull of docker.io/library/busybox:latest: cancelled by the caller: context canceled"},
+		codes.Canceled, "pull of docker.io/library/busybox:latest: cancelled by the caller: context canceled", false},
+	{"caller's deadline", &classError{context.DeadlineExceeded, "pull of docker.io/library/busybox:latest: caller's deadline passed"},
+		codes.DeadlineExceeded, "pull of docker.io/library/busybox:latest: caller's deadline passed", false},
+	{"errdefs message", errdefs.ErrFailedPrecondition.WithMessage("claim not reserved"), codes.FailedPrecondition, "claim not reserved", false},
+	{"errdefs wrapped", fmt.Errorf("sandbox s1: %w", errdefs.ErrNotFound), codes.NotFound, "sandbox s1: not found", false},
+	{"explicitly unknown", errdefs.ErrUnknown.WithMessage("runtime said so"), codes.Unknown, "runtime said so", false},
+	{"driver timed out", fmt.Errorf("driver net.example: %w: %w", errdefs.ErrUnavailable, context.DeadlineExceeded),
+		codes.Unavailable, "driver net.example: unavailable: context deadline exceeded", false},
+	{"plain context error", fmt.Errorf("list sandboxes: %w", context.DeadlineExceeded),
+		codes.DeadlineExceeded, "list sandboxes: context deadline exceeded", false},
+	{"unclassified", errors.New("disk full"), codes.Internal, "disk full", false},
+	{"unclassified after the caller left", errors.New("disk full"), codes.Canceled, "disk full", true},
+	{"status passes through", fmt.Errorf("prepare claim gpu: %w", status.Error(codes.FailedPrecondition, "driver not registered")),
+		codes.FailedPrecondition, "prepare claim gpu: rpc error: code = FailedPrecondition desc = driver not registered", false},
+}
+
+func TestToStatus(t *testing.T) {
+	if err := toStatus(context.Background(), nil); err != nil {
+		t.Errorf("toStatus(nil) = %v", err)
+	}
+	for _, tc := range classifiedErrors {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.canceled {
+				cancel()
+			}
+			st, ok := status.FromError(toStatus(ctx, tc.err))
+			if !ok || st.Code() != tc.code || st.Message() != tc.msg {
+				t.Errorf("toStatus(%q) = %v %q, want %v %q", tc.err, st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+// TestClassifiedErrorsReachTheClient: an interceptor's typed error reaches the kubelet with its
+// class's code and its own message, mapped once at the boundary.
+func TestClassifiedErrorsReachTheClient(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
+	byPod := map[string]error{}
+	for _, tc := range classifiedErrors {
+		if !tc.canceled {
+			byPod[tc.name] = tc.err
+		}
+	}
+	_, conn := proxyFor(t, be.path, "", func(s *Server) {
+		Intercept(s, RunPodSandbox, func(_ context.Context, req *runtimeapi.RunPodSandboxRequest, _ runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+			return nil, byPod[req.GetConfig().GetMetadata().GetName()]
+		})
+	})
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	for _, tc := range classifiedErrors {
+		if tc.canceled {
+			continue // a client that left sees only its own cancellation
+		}
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+				Metadata: &runtimeapi.PodSandboxMetadata{Name: tc.name},
+			}})
+			st := status.Convert(err)
+			if st.Code() != tc.code || st.Message() != tc.msg {
+				t.Errorf("got %v %q, want %v %q", st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+	if n := be.calls.Load(); n != 0 {
+		t.Errorf("backend got %d calls", n)
+	}
 }

@@ -2,45 +2,33 @@ package sysctl
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
-	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/version"
 )
 
-// KernelVersion is a kernel's major and minor version.
-type KernelVersion struct{ Major, Minor int }
+// KernelVersion is a kernel's major and minor version: the kubelet's kernel gates for sysctls
+// name no more than that ("4.5"), so the patch level never decides.
+type KernelVersion struct{ Major, Minor uint }
 
-func (v KernelVersion) String() string { return fmt.Sprintf("%d.%d", v.Major, v.Minor) }
+func (v KernelVersion) version() *version.Version { return version.MajorMinor(v.Major, v.Minor) }
+
+func (v KernelVersion) String() string { return v.version().String() }
 
 // AtLeast reports whether v is at least o.
-func (v KernelVersion) AtLeast(o KernelVersion) bool {
-	return v.Major > o.Major || (v.Major == o.Major && v.Minor >= o.Minor)
-}
+func (v KernelVersion) AtLeast(o KernelVersion) bool { return v.version().AtLeast(o.version()) }
 
-// ParseKernelVersion reads "6.18.44-fc-v595" as 6.18.
+// ParseKernelVersion reads a kernel release as the kubelet does (version.ParseGeneric):
+// "6.18.44-fc-v595" is 6.18.44, kept as 6.18.
 func ParseKernelVersion(release string) (KernelVersion, error) {
-	major, rest, ok := strings.Cut(release, ".")
-	if !ok {
-		return KernelVersion{}, fmt.Errorf("kernel release %q: want major.minor", release)
+	v, err := version.ParseGeneric(release)
+	if err != nil {
+		return KernelVersion{}, fmt.Errorf("kernel release %q: %w", release, err)
 	}
-	minor := rest
-	if i := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
-		minor = rest[:i]
-	}
-	ma, err1 := strconv.Atoi(major)
-	mi, err2 := strconv.Atoi(minor)
-	if err1 != nil || err2 != nil {
-		return KernelVersion{}, fmt.Errorf("kernel release %q: want major.minor", release)
-	}
-	return KernelVersion{ma, mi}, nil
+	return KernelVersion{Major: v.Major(), Minor: v.Minor()}, nil
 }
 
-// RunningKernel returns the version of the kernel podgate runs on.
-func RunningKernel() (KernelVersion, error) {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return KernelVersion{}, fmt.Errorf("uname: %w", err)
-	}
-	return ParseKernelVersion(unix.ByteSliceToString(u.Release[:]))
+// mustKernel is a kernel gate written as the kubelet writes its own ("4.15").
+func mustKernel(s string) KernelVersion {
+	v := version.MustParseGeneric(s)
+	return KernelVersion{Major: v.Major(), Minor: v.Minor()}
 }

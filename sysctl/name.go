@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
 )
 
 // ProcSys is the root of the sysctl tree.
@@ -14,8 +16,8 @@ const ProcSys = "/proc/sys"
 // (a DNS subdomain's 253 characters).
 const maxNameLen = 253
 
-// segment is one component of a sysctl name as the Kubernetes API validates it: lower-case
-// letters, digits, '-' and '_', starting and ending with a letter or digit. A name is segments
+// nameRE matches a sysctl name as the Kubernetes API validates it: components of lower-case
+// letters, digits, '-' and '_', starting and ending with a letter or digit,
 // joined by '.' (a level of /proc/sys) or '/' (a '.' inside a level, e.g. a VLAN interface
 // "eth0.100" written "net.ipv4.conf.eth0/100.rp_filter").
 var nameRE = regexp.MustCompile(`^[a-z0-9]([-_a-z0-9]*[a-z0-9])?([./][a-z0-9]([-_a-z0-9]*[a-z0-9])?)*$`)
@@ -23,23 +25,9 @@ var nameRE = regexp.MustCompile(`^[a-z0-9]([-_a-z0-9]*[a-z0-9])?([./][a-z0-9]([-
 // Name is a validated sysctl name in dotted form ("net.ipv4.tcp_keepalive_time").
 type Name string
 
-// Normalize converts a name to dotted form as the kubelet does: a name whose first separator is
-// '/' ("net/ipv4/conf/eth0.100/rp_filter") has its '.' and '/' swapped.
-func Normalize(name string) string {
-	i := strings.IndexAny(name, "./")
-	if i < 0 || name[i] == '.' {
-		return name
-	}
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.':
-			return '/'
-		case '/':
-			return '.'
-		}
-		return r
-	}, name)
-}
+// Normalize converts a name to dotted form with the kubelet's own function: a name whose first
+// separator is '/' ("net/ipv4/conf/eth0.100/rp_filter") has its '.' and '/' swapped.
+func Normalize(name string) string { return utilsysctl.NormalizeName(name) }
 
 // ParseName normalises and validates a sysctl name. Malformed names (empty components, "..",
 // characters sysctl names do not use, absurd length) are errors.

@@ -1,6 +1,7 @@
 package sysctl
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -94,6 +95,11 @@ func TestNamespaceOf(t *testing.T) {
 		"vm.swappiness":               NoNamespace,
 		"fs.file-max":                 NoNamespace,
 		"netx.foo":                    NoNamespace,
+		// Where the kubelet's library differs from podgate's former rules.
+		"kernel.shm_next_id":       NoNamespace, // was IPC: only a "kernel.shm*" entry makes it so
+		"kernel.msg_next_id":       NoNamespace, // was IPC, likewise
+		"kernel.domainname":        UTSNamespace,
+		"user.max_user_namespaces": UserNamespace,
 	} {
 		if got := NamespaceOf(n); got != want {
 			t.Errorf("NamespaceOf(%q) = %q, want %q", n, got, want)
@@ -103,16 +109,42 @@ func TestNamespaceOf(t *testing.T) {
 
 func TestParseKernelVersion(t *testing.T) {
 	for in, want := range map[string]KernelVersion{
-		"6.18.44-fc-v595": {6, 18}, "4.15.0-generic": {4, 15}, "5.4": {5, 4}, "3.10.0-1160.el7.x86_64": {3, 10},
+		"6.18.44-fc-v595":        {6, 18},
+		"4.15.0-generic":         {4, 15},
+		"5.4":                    {5, 4},
+		"3.10.0-1160.el7.x86_64": {3, 10},
+		"6.1.0-rc7":              {6, 1},
 	} {
 		got, err := ParseKernelVersion(in)
 		if err != nil || got != want {
 			t.Errorf("ParseKernelVersion(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "6", "x.y", "6.x"} {
-		if _, err := ParseKernelVersion(in); err == nil {
-			t.Errorf("ParseKernelVersion(%q) accepted", in)
+	if v, _ := ParseKernelVersion("6.18.44-fc-v595"); !v.AtLeast(mustKernel("6.18")) || v.AtLeast(mustKernel("6.19")) {
+		t.Errorf("6.18.44-fc-v595 read as %s: want at least 6.18 and below 6.19", v)
+	}
+	for _, in := range []string{"", "6", "x.y", "6.x", "06.1"} {
+		_, err := ParseKernelVersion(in)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("kernel release %q", in)) {
+			t.Errorf("ParseKernelVersion(%q) = %v, want an error naming the release", in, err)
+		}
+	}
+}
+
+func TestKernelVersionAtLeast(t *testing.T) {
+	for _, tc := range []struct {
+		v, min KernelVersion
+		want   bool
+	}{
+		{KernelVersion{6, 18}, KernelVersion{6, 18}, true},
+		{KernelVersion{6, 18}, KernelVersion{4, 15}, true},
+		{KernelVersion{4, 14}, KernelVersion{4, 15}, false},
+		{KernelVersion{5, 0}, KernelVersion{4, 15}, true},
+		{KernelVersion{3, 99}, KernelVersion{4, 0}, false},
+		{KernelVersion{3, 10}, KernelVersion{}, true},
+	} {
+		if got := tc.v.AtLeast(tc.min); got != tc.want {
+			t.Errorf("%s.AtLeast(%s) = %v, want %v", tc.v, tc.min, got, tc.want)
 		}
 	}
 }

@@ -11,18 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Target names the namespaces of one pod, as paths to namespace files (/proc/PID/ns/net,
-// /run/netns/cni-..., a bind mount under containerd's state directory).
-type Target struct {
-	NetNS string
-	IPCNS string
-}
-
-// ForPID is the target of the namespaces process pid is in (the pod's pause process).
-func ForPID(pid int) Target {
-	return Target{NetNS: fmt.Sprintf("/proc/%d/ns/net", pid), IPCNS: fmt.Sprintf("/proc/%d/ns/ipc", pid)}
-}
-
 // Read returns the values of names inside the target's namespaces.
 func Read(t Target, names []Name) (map[Name]string, error) {
 	out := make(map[Name]string, len(names))
@@ -94,13 +82,15 @@ func writeFile(n Name, v string) error {
 func inNamespaces(t Target, names []Name, fn func() error) error {
 	var needNet, needIPC bool
 	for _, n := range names {
-		switch NamespaceOf(n) {
+		// The namespace the policy admitted n in: the same classification, or a write
+		// could land in a namespace the policy did not check.
+		switch podNamespace(n) {
 		case NetNamespace:
 			needNet = true
 		case IPCNamespace:
 			needIPC = true
 		default:
-			return fmt.Errorf("sysctl %s is not in a pod namespace", n)
+			return fmt.Errorf("sysctl %s is not in a pod's network or IPC namespace", n)
 		}
 	}
 	errc := make(chan error, 1)

@@ -8,8 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
 )
 
 // Config is the operator's sysctl policy (the sysctls section of podgate's configuration).
@@ -81,8 +80,13 @@ func (p *Policy) addUnsafe(pat, procSys string) error {
 	if strings.Contains(prefix, "*") {
 		return errors.New(`"*" is allowed only at the end`)
 	}
-	if namespaceOfPrefix(Normalize(prefix)) == NoNamespace {
+	// Classified as the kubelet classifies its own allowlist, so that podgate accepts the
+	// entries the kubelet accepts, and no other.
+	switch ns := patternNamespace(prefix); ns {
+	case NoNamespace:
 		return errors.New("not a namespaced sysctl (net.*, kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*): pods cannot set it without changing the node")
+	case UTSNamespace, UserNamespace:
+		return errors.New(unhandledNamespace(ns))
 	}
 	if !wildcard {
 		n, err := ParseName(pat)
@@ -112,7 +116,8 @@ type Pod struct {
 	HostNetwork, HostIPC bool
 }
 
-// RejectedError is a pod sysctl the policy refuses. It is a gRPC InvalidArgument.
+// RejectedError is a pod sysctl the policy refuses. It is an [errdefs.ErrInvalidArgument],
+// which the CRI boundary turns into InvalidArgument for the kubelet.
 type RejectedError struct {
 	Sysctl string
 	Reason string
@@ -120,9 +125,14 @@ type RejectedError struct {
 
 func (e *RejectedError) Error() string { return fmt.Sprintf("sysctl %q: %s", e.Sysctl, e.Reason) }
 
-// GRPCStatus makes the refusal an InvalidArgument for the kubelet.
-func (e *RejectedError) GRPCStatus() *status.Status {
-	return status.New(codes.InvalidArgument, e.Error())
+// Unwrap returns the refusal's class, errdefs.ErrInvalidArgument: the pod asked for something
+// the policy never allows, so retrying the same request cannot succeed.
+func (e *RejectedError) Unwrap() error { return errdefs.ErrInvalidArgument }
+
+// unhandledNamespace is why podgate refuses a sysctl of a namespace the kubelet knows but
+// podgate does not enter: it could neither check nor verify it there.
+func unhandledNamespace(ns Namespace) string {
+	return fmt.Sprintf("a sysctl of the %s namespace: podgate handles only network and IPC sysctls", ns)
 }
 
 // allowed checks one sysctl against the policy and returns its normalised name.
@@ -134,9 +144,11 @@ func (p *Policy) allowed(name, value string, pod Pod) (Name, error) {
 	if err != nil {
 		return reject("%v", err)
 	}
-	switch NamespaceOf(n) {
+	switch ns := podNamespace(n); ns {
 	case NoNamespace:
 		return reject("not namespaced: it would change the whole node")
+	case UTSNamespace, UserNamespace:
+		return reject("%s", unhandledNamespace(ns))
 	case NetNamespace:
 		if pod.HostNetwork {
 			return reject("the pod uses the host's network namespace")
@@ -194,7 +206,7 @@ func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]st
 	}
 	add := func(defaults map[Name]string) {
 		for _, n := range sortedKeys(defaults) {
-			if _, set := values[n]; set || (pod.HostNetwork && NamespaceOf(n) == NetNamespace) || (pod.HostIPC && NamespaceOf(n) == IPCNamespace) {
+			if _, set := values[n]; set || (pod.HostNetwork && podNamespace(n) == NetNamespace) || (pod.HostIPC && podNamespace(n) == IPCNamespace) {
 				continue
 			}
 			values[n] = defaults[n]

@@ -2,14 +2,14 @@ package sysctl
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
 )
 
 // fakeProcSys makes a small sysctl tree for allowlist checks.
@@ -19,7 +19,8 @@ func fakeProcSys(t *testing.T) string {
 	for _, f := range []string{
 		"net/core/somaxconn", "net/ipv4/tcp_keepalive_time", "net/ipv4/tcp_max_syn_backlog",
 		"net/ipv4/conf/default/rp_filter", "net/ipv4/conf/all/rp_filter", "kernel/shmmax", "kernel/msgmax",
-		"kernel/core_pattern", "fs/mqueue/msg_max",
+		"kernel/core_pattern", "fs/mqueue/msg_max", "kernel/shm_next_id", "kernel/sem_next_id",
+		"kernel/domainname", "user/max_user_namespaces",
 	} {
 		p := filepath.Join(root, f)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -55,6 +56,14 @@ func TestAllowlistPatterns(t *testing.T) {
 		{"net.nosuch*", false, "no sysctl on this node starts with"},
 		{"net.*.rp_filter", false, `"*" is allowed only at the end`},
 		{"net.ipv4..x", false, "malformed"},
+		// The kubelet refuses these in --allowed-unsafe-sysctls: its library lists no such
+		// IPC sysctl (kernel.shm_next_id is IPC, but only a "kernel.shm*" entry says so).
+		{"kernel.shm_next_id", false, "not a namespaced sysctl"},
+		{"kernel.shm_*", false, "not a namespaced sysctl"},
+		{"kernel.sem*", true, ""},
+		// The kubelet accepts these; podgate enters no UTS or user namespace to check them.
+		{"kernel.domainname", false, "podgate handles only network and IPC sysctls"},
+		{"user.*", false, "podgate handles only network and IPC sysctls"},
 	} {
 		_, err := NewPolicy(Config{AllowedUnsafe: []string{tc.pattern}}, modern, root)
 		if tc.ok && err != nil {
@@ -108,8 +117,12 @@ func TestCompleteChecksPodSysctls(t *testing.T) {
 			if !errors.As(err, &rej) || rej.Sysctl != tc.rejected || !strings.Contains(rej.Reason, tc.why) {
 				t.Fatalf("got %v, want %s rejected for %q", err, tc.rejected, tc.why)
 			}
-			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument {
-				t.Errorf("code %v, want InvalidArgument", st.Code())
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.Is(errdefs.Resolve(err), errdefs.ErrInvalidArgument) {
+				t.Errorf("%v is not an errdefs.ErrInvalidArgument", err)
+			}
+			// What the kubelet reads: the message is the refusal's own, as before errdefs.
+			if want := fmt.Sprintf("sysctl %q: %s", tc.rejected, rej.Reason); err.Error() != want {
+				t.Errorf("message %q, want %q", err, want)
 			}
 		})
 	}
@@ -213,6 +226,67 @@ func TestDefaultsAreValidatedAtStart(t *testing.T) {
 		_, err := NewPolicy(tc.cfg, modern, t.TempDir())
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%+v: got %v, want an error naming %s", tc.cfg, err, tc.field)
+		}
+	}
+}
+
+// TestPodSysctlsInPatternNamespaces: as in the kubelet, a pod's sysctl is in the namespace of
+// the allowlist entry that admits it, also when the kubelet's library does not list the name.
+func TestPodSysctlsInPatternNamespaces(t *testing.T) {
+	root := fakeProcSys(t)
+	p, err := NewPolicy(Config{AllowedUnsafe: []string{"kernel.shm*", "kernel.sem*"}}, modern, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := NewPolicy(Config{}, modern, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		policy *Policy
+		sysctl string
+		pod    Pod
+		why    string // "" = accepted
+	}{
+		{"listed by the library", p, "kernel.shmmax", Pod{}, ""},
+		{"admitted by kernel.shm*", p, "kernel.shm_next_id", Pod{}, ""},
+		{"admitted by kernel.sem*", p, "kernel.sem_next_id", Pod{}, ""},
+		{"IPC through its pattern", p, "kernel.shm_next_id", Pod{HostIPC: true}, "host's IPC"},
+		{"not allowlisted", strict, "kernel.shm_next_id", Pod{}, "not in sysctls.allowedUnsafe"},
+		{"UTS", p, "kernel.domainname", Pod{}, "podgate handles only network and IPC sysctls"},
+		{"user namespace", p, "user.max_user_namespaces", Pod{}, "podgate handles only network and IPC sysctls"},
+		{"node-wide", p, "kernel.core_pattern", Pod{}, "not namespaced"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := tc.policy.Complete(tc.pod, map[string]string{tc.sysctl: "1"})
+			switch {
+			case tc.why == "" && err != nil:
+				t.Fatalf("rejected: %v", err)
+			case tc.why != "" && (err == nil || !strings.Contains(err.Error(), tc.why)):
+				t.Fatalf("got %v, want a refusal for %q", err, tc.why)
+			}
+		})
+	}
+}
+
+func TestPodNamespace(t *testing.T) {
+	for n, want := range map[Name]Namespace{
+		"net.ipv4.tcp_keepalive_time": NetNamespace,
+		"kernel.shmmax":               IPCNamespace,
+		"kernel.shm_next_id":          IPCNamespace, // kernel.shm*
+		"kernel.msg_next_id":          IPCNamespace, // kernel.msg*
+		"kernel.sem_next_id":          IPCNamespace, // kernel.sem*
+		"fs.mqueue.msg_max":           IPCNamespace,
+		"kernel.domainname":           UTSNamespace,
+		"user.max_user_namespaces":    UserNamespace,
+		"kernel.core_pattern":         NoNamespace,
+		"kernel.auto_msgmni":          NoNamespace, // IPC in the kernel, but no kubelet entry admits it
+		"netx.foo":                    NoNamespace,
+		"fs.mqueuex":                  NoNamespace,
+	} {
+		if got := podNamespace(n); got != want {
+			t.Errorf("podNamespace(%q) = %q, want %q", n, got, want)
 		}
 	}
 }

@@ -7,6 +7,13 @@
 // whose registry is full lets the next pull of another registry start instead of blocking the
 // queue.
 //
+// What the caps count is the backend calls podgate has outstanding: a slot is taken when
+// podgate starts the call and freed when the call has returned to podgate, and not before,
+// whatever the callers do. That is the one count podgate can keep exactly. A pull cancelled at
+// the backend (its callers all gone) keeps its slot until the cancelled call returns; gRPC
+// returns it as soon as the cancellation is on its way, so the runtime may briefly still be
+// winding that pull down when the next one starts.
+//
 // Concurrent pulls of the same image reference with the same credentials and the same runtime
 // handler share one backend call (a flight) and all get its result; pulls with different
 // credentials never share one, so a pod never obtains an image its own credentials would not
@@ -18,6 +25,14 @@
 // ([Governor.PodDeleted]); a flight nobody waits for any more leaves the queue without reaching
 // the backend, and a running one is cancelled there. Credentials are only ever hashed: they
 // appear in no log line and no metric label.
+//
+// Image references are read as containerd's CRI reads them (distribution's reference package),
+// so a pull is refused, logged and keyed under the name containerd gives it.
+//
+// Errors are classified with containerd's errdefs rather than as gRPC statuses: a bad
+// reference is errdefs.ErrInvalidArgument, a deleted pod's pull errdefs.ErrAborted, a caller
+// who gave up context.Canceled or context.DeadlineExceeded. The cri package maps them to gRPC
+// codes at its boundary.
 //
 // The package knows nothing of the Kubernetes API: the agent derives each pull's [Priority] and
 // reports pod deletions.

@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -24,9 +23,14 @@ type PullFunc func(ctx context.Context) (*runtimeapi.PullImageResponse, error)
 
 // Limits are the governor's caps.
 type Limits struct {
-	// MaxParallel caps the pulls in flight to the backend on the node; 0 means unlimited.
+	// MaxParallel caps the backend calls podgate has outstanding on the node; 0 means
+	// unlimited. A pull holds its slot from the moment podgate starts its backend call until
+	// that call has returned to podgate, whatever its callers do meanwhile: a pull whose
+	// callers all left keeps its slot until its cancelled call returns. A cancelled gRPC call
+	// returns once podgate has sent the cancellation, so the runtime may still be winding the
+	// pull down when the next one starts; podgate cannot see the runtime's own work.
 	MaxParallel int
-	// PerRegistry caps the pulls in flight per registry host (normalised with
+	// PerRegistry caps the same outstanding calls per registry host (normalised with
 	// [RegistryHost]); a registry not listed is limited only by MaxParallel.
 	PerRegistry map[string]int
 }
@@ -108,8 +112,9 @@ func New(limits Limits, opts ...Option) *Governor {
 
 // Do runs fn for p when the caps and the queue allow, or joins a pull of the same image,
 // credentials and runtime handler that is already waiting or running, and returns its result.
-// It returns early, with Canceled (or DeadlineExceeded) when ctx ends and with Aborted when
-// p's pod is deleted; the backend call is cancelled only when no caller waits for it any more.
+// It returns early, with an error that is context.Canceled (or context.DeadlineExceeded) when
+// ctx ends and errdefs.ErrAborted when p's pod is deleted; the backend call is cancelled only
+// when no caller waits for it any more, and keeps its slot until it has returned.
 func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.PullImageResponse, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -214,11 +219,11 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 		"started", !started.IsZero(), "sharedWithOthers", shared)
 	switch {
 	case reason == reasonPodDeleted:
-		return status.Errorf(codes.Aborted, "pull of %s abandoned: pod %s was deleted", p.Image, p.Pod)
+		return errorf(errdefs.ErrAborted, "pull of %s abandoned: pod %s was deleted", p.Image, p.Pod)
 	case errors.Is(cause, context.DeadlineExceeded):
-		return status.Errorf(codes.DeadlineExceeded, "pull of %s: caller's deadline passed", p.Image)
+		return errorf(context.DeadlineExceeded, "pull of %s: caller's deadline passed", p.Image)
 	default:
-		return status.Errorf(codes.Canceled, "pull of %s: cancelled by the caller: %v", p.Image, cause)
+		return errorf(context.Canceled, "pull of %s: cancelled by the caller: %v", p.Image, cause)
 	}
 }
 
@@ -275,6 +280,8 @@ func (g *Governor) start(f *flight) {
 // run makes f's backend call, then frees its slots and starts what may start next.
 func (g *Governor) run(f *flight) {
 	resp, err := f.fn(f.ctx)
+	// Only now, with the call back from the backend, is the slot free: the callers may have
+	// left long ago, but until fn returns podgate still has the call outstanding.
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inFlight--
@@ -308,8 +315,8 @@ func (g *Governor) traceEvent(event string, f *flight) {
 	}
 }
 
-// PodDeleted makes the waiting pulls of the pod with this UID leave with Aborted. Call it when
-// the API server reports the pod deleted.
+// PodDeleted makes the waiting pulls of the pod with this UID leave with errdefs.ErrAborted.
+// Call it when the API server reports the pod deleted.
 func (g *Governor) PodDeleted(uid string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -248,13 +248,16 @@ func TestCriticalJoinRaisesSharedPull(t *testing.T) {
 
 func TestCancelWaiting(t *testing.T) {
 	tests := []struct {
-		name     string
-		cancel   func(g *Governor, cancelCtx context.CancelFunc)
-		wantCode codes.Code
-		reason   string
+		name    string
+		cancel  func(g *Governor, cancelCtx context.CancelFunc)
+		want    error // the error's class
+		wantMsg string
+		reason  string
 	}{
-		{"caller context", func(_ *Governor, cancel context.CancelFunc) { cancel() }, codes.Canceled, reasonCaller},
-		{"pod deleted", func(g *Governor, _ context.CancelFunc) { g.PodDeleted("uid-gone") }, codes.Aborted, reasonPodDeleted},
+		{"caller context", func(_ *Governor, cancel context.CancelFunc) { cancel() }, context.Canceled,
+			"pull of example.com/victim:latest: cancelled by the caller: context canceled", reasonCaller},
+		{"pod deleted", func(g *Governor, _ context.CancelFunc) { g.PodDeleted("uid-gone") }, errdefs.ErrAborted,
+			"pull of example.com/victim:latest abandoned: pod default/web was deleted", reasonPodDeleted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -274,8 +277,8 @@ func TestCancelWaiting(t *testing.T) {
 			tt.cancel(g, cancel)
 			// It leaves while the blocker still holds the only slot: immediately, not at its turn.
 			r := wait(t, res)
-			if status.Code(r.err) != tt.wantCode {
-				t.Errorf("Do = %v, want code %s", r.err, tt.wantCode)
+			if !errors.Is(errdefs.Resolve(r.err), tt.want) || r.err.Error() != tt.wantMsg {
+				t.Errorf("Do = %q (class %v), want %q of class %v", r.err, errdefs.Resolve(r.err), tt.wantMsg, tt.want)
 			}
 			if s := g.Stats(); s.Queued != 0 {
 				t.Errorf("queue holds %d flights after the only waiter left, want 0", s.Queued)
@@ -326,8 +329,8 @@ func TestCancelRunning(t *testing.T) {
 				tr.await(t, "joined", pb.Image)
 			}
 			g.PodDeleted("uid-a")
-			if r := wait(t, resA); status.Code(r.err) != codes.Aborted {
-				t.Errorf("deleted pod's pull = %v, want Aborted", r.err)
+			if r := wait(t, resA); !errdefs.IsAborted(r.err) {
+				t.Errorf("deleted pod's pull = %v, want errdefs.ErrAborted", r.err)
 			}
 			tr.await(t, "left", p.Image)
 			if got := c.ctx.Err() != nil; got != tt.wantBackend {
@@ -359,8 +362,8 @@ func TestFirstCallerCancelsSharedPull(t *testing.T) {
 	second := goDo(t.Context(), g, p, b.pull("must-not-be-called"))
 	tr.await(t, "joined", p.Image)
 	cancelFirst()
-	if r := wait(t, first); status.Code(r.err) != codes.Canceled {
-		t.Errorf("first caller = %v, want Canceled", r.err)
+	if r := wait(t, first); !errors.Is(r.err, context.Canceled) {
+		t.Errorf("first caller = %v, want context.Canceled", r.err)
 	}
 	tr.await(t, "left", p.Image)
 	if c.ctx.Err() != nil {
@@ -502,28 +505,86 @@ func TestPerRegistryCap(t *testing.T) {
 	}
 }
 
-func TestNewPullRegistry(t *testing.T) {
-	tests := []struct{ image, registry, name string }{
-		{"busybox", "docker.io", "index.docker.io/library/busybox:latest"},
-		{"docker.io/library/busybox:1.35", "docker.io", "index.docker.io/library/busybox:1.35"},
-		{"index.docker.io/library/busybox:1.35", "docker.io", "index.docker.io/library/busybox:1.35"},
-		{"registry.k8s.io/pause:3.10", "registry.k8s.io", "registry.k8s.io/pause:3.10"},
-		{"127.0.0.1:5000/a/b:t", "127.0.0.1:5000", "127.0.0.1:5000/a/b:t"},
+// TestNewPullReference: references are read as containerd's CRI reads them
+// (reference.ParseDockerRef): the ones it accepts, under the name it gives them, and the ones it
+// refuses.
+func TestNewPullReference(t *testing.T) {
+	const digest = "sha256:7cc4b5aefd1d0cadf8d97d4350462ba51c694ebca145b08d7d41b41acc8db5aa"
+	tests := []struct {
+		image          string
+		name, registry string // "" = refused with errdefs.ErrInvalidArgument
+	}{
+		{"busybox", "docker.io/library/busybox:latest", "docker.io"},
+		{"busybox:1.35", "docker.io/library/busybox:1.35", "docker.io"},
+		{"library/busybox:1.35", "docker.io/library/busybox:1.35", "docker.io"},
+		{"docker.io/library/busybox:1.35", "docker.io/library/busybox:1.35", "docker.io"},
+		{"docker.io/busybox", "docker.io/library/busybox:latest", "docker.io"},
+		{"index.docker.io/library/busybox:1.35", "docker.io/library/busybox:1.35", "docker.io"},
+		{"registry-1.docker.io/library/busybox:1.35", "registry-1.docker.io/library/busybox:1.35", "docker.io"},
+		{"team/app", "docker.io/team/app:latest", "docker.io"},
+		{"registry.k8s.io/pause:3.10", "registry.k8s.io/pause:3.10", "registry.k8s.io"},
+		{"127.0.0.1:5000/a/b:t", "127.0.0.1:5000/a/b:t", "127.0.0.1:5000"},
+		{"localhost/app", "localhost/app:latest", "localhost"},
+		{"[::1]:5000/app:v1", "[::1]:5000/app:v1", "[::1]:5000"},
+		// A first component in capitals can only be a host: the registry is "UPPER".
+		{"UPPER/case", "UPPER/case:latest", "upper"},
+		{"Quay.IO/org/app", "Quay.IO/org/app:latest", "quay.io"},
+		{"busybox@" + digest, "docker.io/library/busybox@" + digest, "docker.io"},
+		// Both a tag and a digest: the digest decides, the tag is dropped.
+		{"busybox:1.35@" + digest, "docker.io/library/busybox@" + digest, "docker.io"},
+
+		{"", "", ""},
+		{"Busybox", "", ""},
+		{"quay.io/Org/app", "", ""},
+		{"bad ref with spaces", "", ""},
+		{"example.com/x:tag:tag", "", ""},
+		{"example.com/x@sha256:short", "", ""},
+		{"example.com/x:", "", ""},
+		{"-lead/app", "", ""},
+		{strings.Repeat("a", 64), "", ""}, // an image ID, not a name
+		{"https://example.com/app", "", ""},
 	}
 	for _, tt := range tests {
 		p, err := NewPull(request(tt.image))
-		if err != nil || p.Registry != tt.registry || p.Image != tt.name {
-			t.Errorf("NewPull(%q) = registry %q image %q, %v; want %q %q", tt.image, p.Registry, p.Image, err, tt.registry, tt.name)
+		if tt.name == "" {
+			if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "image reference") {
+				t.Errorf("NewPull(%q) = %q, %v; want an errdefs.ErrInvalidArgument about the reference", tt.image, p.Image, err)
+			}
+			continue
+		}
+		if err != nil || p.Image != tt.name || p.Registry != tt.registry {
+			t.Errorf("NewPull(%q) = image %q registry %q, %v; want %q %q", tt.image, p.Image, p.Registry, err, tt.name, tt.registry)
 		}
 	}
-	for host, want := range map[string]string{"docker.io": "docker.io", "index.docker.io": "docker.io", "registry-1.docker.io": "docker.io", "Quay.IO": "quay.io", "127.0.0.1:5000": "127.0.0.1:5000"} {
-		if got, err := RegistryHost(host); err != nil || got != want {
+}
+
+// TestRegistryHost: configuration keys normalise to the registries of the pulls they cap.
+func TestRegistryHost(t *testing.T) {
+	for host, want := range map[string]string{
+		"docker.io":            "docker.io",
+		"index.docker.io":      "docker.io",
+		"registry-1.docker.io": "docker.io",
+		"Docker.IO":            "docker.io",
+		"Quay.IO":              "quay.io",
+		"127.0.0.1:5000":       "127.0.0.1:5000",
+		"localhost":            "localhost",
+		"localhost:5000":       "localhost:5000",
+		"[::1]:5000":           "[::1]:5000",
+		"UPPER":                "upper",
+	} {
+		got, err := RegistryHost(host)
+		if err != nil || got != want {
 			t.Errorf("RegistryHost(%q) = %q, %v; want %q", host, got, err, want)
+			continue
+		}
+		// The key is what a pull from that host is counted under.
+		if p, err := NewPull(request(host + "/app:1")); err != nil || p.Registry != got {
+			t.Errorf("a pull from %s counts under %q, %v; its key is %q", host, p.Registry, err, got)
 		}
 	}
-	for _, bad := range []string{"", "a/b", "http://x"} {
-		if _, err := RegistryHost(bad); err == nil {
-			t.Errorf("RegistryHost(%q) accepted", bad)
+	for _, bad := range []string{"", "a/b", "quay.io/org", "http://x", "myregistry", "bad host"} {
+		if got, err := RegistryHost(bad); err == nil {
+			t.Errorf("RegistryHost(%q) = %q, want an error", bad, got)
 		}
 	}
 }
@@ -609,4 +670,52 @@ func TestMetricLabelsAndWaits(t *testing.T) {
 		t.Errorf("wait histogram: %d samples, sum %vs; want 5 samples, sum 0", m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum())
 	}
 	b.idle(t)
+}
+
+// TestSlotHeldUntilBackendReturns: the caps count the backend calls podgate has outstanding. A
+// running pull whose every caller has left is cancelled, but keeps its slots until its backend
+// call has returned; only then does the next pull start.
+func TestSlotHeldUntilBackendReturns(t *testing.T) {
+	for _, limits := range []Limits{
+		{MaxParallel: 1},
+		{PerRegistry: map[string]int{"example.com": 1}},
+	} {
+		t.Run(fmt.Sprintf("%+v", limits), func(t *testing.T) {
+			g := New(limits)
+			tr := trace(g)
+			b := newFakeBackend()
+			// The first backend call notices its cancellation late: it returns only when released.
+			slow := func(ctx context.Context) (*runtimeapi.PullImageResponse, error) {
+				c := &backendCall{image: "slow", ctx: ctx, release: make(chan error, 1)}
+				b.calls <- c
+				return nil, <-c.release
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			first := goDo(ctx, g, newPull(t, "example.com/slow", PriorityNormal), slow)
+			c := b.next(t)
+			cancel()
+			if r := wait(t, first); !errors.Is(r.err, context.Canceled) {
+				t.Fatalf("caller of the slow pull = %v, want context.Canceled", r.err)
+			}
+			if c.ctx.Err() == nil {
+				t.Fatal("the abandoned pull was not cancelled at the backend")
+			}
+
+			next := newPull(t, "example.com/next", PriorityNormal)
+			res := goDo(t.Context(), g, next, b.pull(next.Image))
+			tr.await(t, "queued", next.Image)
+			// join dispatches under the governor's lock: had the slot been free, next would
+			// be running now.
+			if s := g.Stats(); s.InFlight != 1 || s.Queued != 1 {
+				t.Fatalf("governor %+v while the cancelled call is still outstanding, want it in flight and next queued", s)
+			}
+			b.idle(t)
+
+			c.release <- context.Canceled
+			b.next(t).release <- nil
+			if r := wait(t, res); r.err != nil {
+				t.Fatal(r.err)
+			}
+		})
+	}
 }

@@ -3,15 +3,17 @@ package imagepull_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/distribution/reference"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,57 +26,89 @@ import (
 )
 
 // latencyImageService is a backend image service over real gRPC. Each pull takes a random
-// latency; the service itself measures how many pulls it serves at once, per node and per
-// registry, so the caps are checked where they matter rather than by the governor's counters.
+// latency; the service itself measures how many pulls podgate has outstanding at once, per node
+// and per registry, so the caps are checked where they matter rather than by the governor's
+// counters.
+//
+// A call counts from when its handler starts until it returns or its context is cancelled: that
+// is what podgate can know of it, and what its caps bound. When podgate cancels a call, its
+// client returns at once while the handler may run on for a moment; but the cancellation goes
+// out on the connection before any call podgate makes afterwards, and the server cancels the
+// handler's context when it reads it. So a call podgate no longer has outstanding has left the
+// count before the next call podgate makes is counted.
 type latencyImageService struct {
 	runtimeapi.UnimplementedImageServiceServer
 	minLatency, maxLatency time.Duration
 
-	calls    atomic.Int64
-	inFlight atomic.Int64
-	maxNode  atomic.Int64
+	calls atomic.Int64
 
-	mu          sync.Mutex
-	regInFlight map[string]int
-	regMax      map[string]int
+	mu      sync.Mutex
+	active  map[*backendPull]struct{}
+	maxNode int
+	regMax  map[string]int
+}
+
+// backendPull is one call the backend is serving.
+type backendPull struct {
+	ctx      context.Context
+	registry string
+}
+
+func newLatencyImageService(minLatency, maxLatency time.Duration) *latencyImageService {
+	return &latencyImageService{minLatency: minLatency, maxLatency: maxLatency,
+		active: map[*backendPull]struct{}{}, regMax: map[string]int{}}
 }
 
 func (s *latencyImageService) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
 	s.calls.Add(1)
-	ref, err := name.ParseReference(req.GetImage().GetImage())
+	ref, err := reference.ParseDockerRef(req.GetImage().GetImage())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "backend: %v", err)
 	}
-	reg := imagepullRegistry(ref)
-	n := s.inFlight.Add(1)
-	for m := s.maxNode.Load(); n > m && !s.maxNode.CompareAndSwap(m, n); m = s.maxNode.Load() {
-	}
-	s.mu.Lock()
-	s.regInFlight[reg]++
-	s.regMax[reg] = max(s.regMax[reg], s.regInFlight[reg])
-	s.mu.Unlock()
-	defer func() {
-		s.inFlight.Add(-1)
-		s.mu.Lock()
-		s.regInFlight[reg]--
-		s.mu.Unlock()
-	}()
+	defer s.enter(ctx, registryOf(ref))()
 	latency := s.minLatency + rand.N(s.maxLatency-s.minLatency+1)
 	select {
 	case <-time.After(latency): // the injected latency: a pull takes time
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return &runtimeapi.PullImageResponse{ImageRef: "sha256:" + ref.Name()}, nil
+	return &runtimeapi.PullImageResponse{ImageRef: "sha256:" + ref.String()}, nil
 }
 
-// imagepullRegistry is the backend's own view of the registry host, Docker Hub normalised.
-func imagepullRegistry(ref name.Reference) string {
-	r := ref.Context().RegistryStr()
-	if r == name.DefaultRegistry {
-		return "docker.io"
+// enter counts a new call with the others still outstanding, and returns how to end it.
+func (s *latencyImageService) enter(ctx context.Context, registry string) (leave func()) {
+	p := &backendPull{ctx: ctx, registry: registry}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active[p] = struct{}{}
+	node, reg := 0, 0
+	for a := range s.active {
+		if a.ctx.Err() != nil {
+			continue // cancelled by podgate: no longer outstanding
+		}
+		node++
+		if a.registry == registry {
+			reg++
+		}
 	}
-	return r
+	s.maxNode = max(s.maxNode, node)
+	s.regMax[registry] = max(s.regMax[registry], reg)
+	return func() {
+		s.mu.Lock()
+		delete(s.active, p)
+		s.mu.Unlock()
+	}
+}
+
+func (s *latencyImageService) maxima() (int, map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxNode, maps.Clone(s.regMax)
+}
+
+// registryOf is the backend's own view of the registry host, as containerd sees it.
+func registryOf(ref reference.Named) string {
+	return strings.ToLower(reference.Domain(ref))
 }
 
 // proxy is a cri.Server with the governor in front of a backend image service, both on unix
@@ -135,8 +169,7 @@ func TestCapsUnderLoad(t *testing.T) {
 	)
 	perRegistry := map[string]int{"docker.io": 2, "quay.io": 1}
 	registries := []string{"docker.io/library", "quay.io/org", "registry.k8s.io", "127.0.0.1:5000/team"}
-	backend := &latencyImageService{minLatency: time.Millisecond, maxLatency: 4 * time.Millisecond,
-		regInFlight: map[string]int{}, regMax: map[string]int{}}
+	backend := newLatencyImageService(time.Millisecond, 4*time.Millisecond)
 	g := imagepull.New(imagepull.Limits{MaxParallel: maxParallel, PerRegistry: perRegistry})
 	sp := imagepull.SandboxPriority{Label: "podgate.dev/priority-class", Namespaces: []string{"kube-system"}}
 	p := startProxy(t, backend, g, func(_ context.Context, req *runtimeapi.PullImageRequest) imagepull.Priority {
@@ -185,16 +218,17 @@ func TestCapsUnderLoad(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	t.Logf("%d succeeded, %d gave up; backend served %d pulls, at most %d at once, per registry %v",
-		succeeded.Load(), cancelled.Load(), backend.calls.Load(), backend.maxNode.Load(), backend.regMax)
-	if m := backend.maxNode.Load(); m > maxParallel {
-		t.Errorf("backend served %d pulls at once, cap %d", m, maxParallel)
-	} else if m < maxParallel {
-		t.Errorf("backend served at most %d pulls at once: the load never reached the cap %d, the test proves nothing", m, maxParallel)
+	maxNode, regMax := backend.maxima()
+	t.Logf("%d succeeded, %d gave up; backend served %d pulls, at most %d outstanding at once, per registry %v",
+		succeeded.Load(), cancelled.Load(), backend.calls.Load(), maxNode, regMax)
+	if maxNode > maxParallel {
+		t.Errorf("podgate had %d pulls outstanding at the backend at once, cap %d", maxNode, maxParallel)
+	} else if maxNode < maxParallel {
+		t.Errorf("podgate had at most %d pulls outstanding at once: the load never reached the cap %d, the test proves nothing", maxNode, maxParallel)
 	}
 	for reg, limit := range perRegistry {
-		if m := backend.regMax[reg]; m > limit {
-			t.Errorf("backend served %d pulls from %s at once, cap %d", m, reg, limit)
+		if m := regMax[reg]; m > limit {
+			t.Errorf("podgate had %d pulls from %s outstanding at once, cap %d", m, reg, limit)
 		}
 	}
 	if c := backend.calls.Load(); c >= callers {
@@ -203,24 +237,30 @@ func TestCapsUnderLoad(t *testing.T) {
 }
 
 func mustName(image string) string {
-	ref, err := name.ParseReference(image)
+	ref, err := reference.ParseDockerRef(image)
 	if err != nil {
 		panic(err)
 	}
-	return ref.Name()
+	return ref.String()
 }
 
-// TestInvalidImageReference: a bad reference is InvalidArgument and reaches neither queue nor
-// backend.
+// TestInvalidImageReference: a reference containerd would refuse is InvalidArgument, with
+// podgate's message, and reaches neither queue nor backend.
 func TestInvalidImageReference(t *testing.T) {
-	backend := &latencyImageService{regInFlight: map[string]int{}, regMax: map[string]int{}}
+	backend := newLatencyImageService(0, 0)
 	g := imagepull.New(imagepull.Limits{MaxParallel: 1})
 	p := startProxy(t, backend, g, nil)
-	for _, image := range []string{"", "UPPER/case", "bad ref with spaces", "example.com/x:tag:tag", "example.com/x@sha256:short"} {
+	for image, want := range map[string]string{
+		"":                           "image reference is empty",
+		"Busybox":                    `image reference "Busybox": invalid reference format: repository name (library/Busybox) must be lowercase`,
+		"bad ref with spaces":        `image reference "bad ref with spaces": invalid reference format`,
+		"example.com/x:tag:tag":      `image reference "example.com/x:tag:tag": invalid reference format`,
+		"example.com/x@sha256:short": `image reference "example.com/x@sha256:short": invalid reference format`,
+	} {
 		t.Run(fmt.Sprintf("%q", image), func(t *testing.T) {
 			_, err := p.client.PullImage(t.Context(), &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: image}})
-			if status.Code(err) != codes.InvalidArgument {
-				t.Errorf("PullImage(%q) = %v, want InvalidArgument", image, err)
+			if st := status.Convert(err); st.Code() != codes.InvalidArgument || st.Message() != want {
+				t.Errorf("PullImage(%q) = %v, want InvalidArgument %q", image, err, want)
 			}
 		})
 	}
@@ -229,5 +269,55 @@ func TestInvalidImageReference(t *testing.T) {
 	}
 	if s := g.Stats(); s != (imagepull.Stats{}) {
 		t.Errorf("governor state %+v after invalid pulls, want empty", s)
+	}
+}
+
+// blockingImageService holds every pull until the test ends.
+type blockingImageService struct {
+	runtimeapi.UnimplementedImageServiceServer
+	started chan struct{}
+}
+
+func (s *blockingImageService) PullImage(ctx context.Context, _ *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	s.started <- struct{}{}
+	<-ctx.Done()
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// TestDeletedPodReachesKubeletAsAborted: the governor's errdefs.ErrAborted is Aborted at the
+// kubelet, with the governor's message.
+func TestDeletedPodReachesKubeletAsAborted(t *testing.T) {
+	backend := &blockingImageService{started: make(chan struct{}, 1)}
+	g := imagepull.New(imagepull.Limits{MaxParallel: 1})
+	queued := make(chan string, 10)
+	imagepull.SetTrace(g, func(event, image string) {
+		if event == "queued" {
+			queued <- image
+		}
+	})
+	p := startProxy(t, backend, g, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel() // ends the blocker
+	go func() {
+		_, _ = p.client.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "example.com/blocker"}})
+	}()
+	<-backend.started
+	<-queued // the blocker
+
+	res := make(chan error, 1)
+	go func() {
+		_, err := p.client.PullImage(t.Context(), &runtimeapi.PullImageRequest{
+			Image:         &runtimeapi.ImageSpec{Image: "example.com/app"},
+			SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Namespace: "default", Name: "web", Uid: "uid-web"}},
+		})
+		res <- err
+	}()
+	if image := <-queued; image != "example.com/app:latest" {
+		t.Fatalf("queued %s, want example.com/app:latest", image)
+	}
+	g.PodDeleted("uid-web")
+	const want = "pull of example.com/app:latest abandoned: pod default/web was deleted"
+	if st := status.Convert(<-res); st.Code() != codes.Aborted || st.Message() != want {
+		t.Errorf("got %v, want Aborted %q", st.Err(), want)
 	}
 }

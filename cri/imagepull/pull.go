@@ -2,12 +2,12 @@ package imagepull
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"strings"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -70,9 +70,12 @@ func PriorityOf(className string, value *int32) Priority {
 
 // Pull is one caller's image pull, as the governor sees it.
 type Pull struct {
-	// Image is the normalised image reference (e.g. index.docker.io/library/busybox:1.35).
+	// Image is the image reference as containerd's CRI normalises it: busybox is
+	// docker.io/library/busybox:latest, and a reference with both a tag and a digest keeps only
+	// the digest.
 	Image string
-	// Registry is the registry host, with Docker Hub's aliases normalised to docker.io.
+	// Registry is the registry host of Image, lower case, with Docker Hub's aliases normalised
+	// to docker.io.
 	Registry string
 	// PodUID is the UID of the pod the image is for; empty when the call names no pod.
 	PodUID string
@@ -92,27 +95,29 @@ type flightKey struct {
 	auth           [sha256.Size]byte
 }
 
-// NewPull checks a PullImage request and describes it. An empty or malformed image reference
-// is InvalidArgument. The priority is left normal: the caller sets it.
+// NewPull checks a PullImage request and describes it. The image reference is read as
+// containerd's CRI reads it (reference.ParseDockerRef), so podgate refuses exactly the references
+// containerd would; an empty or malformed one is errdefs.ErrInvalidArgument. The priority is left
+// normal: the caller sets it.
 func NewPull(req *runtimeapi.PullImageRequest) (Pull, error) {
 	image := req.GetImage().GetImage()
 	if image == "" {
-		return Pull{}, status.Error(codes.InvalidArgument, "image reference is empty")
+		return Pull{}, errorf(errdefs.ErrInvalidArgument, "image reference is empty")
 	}
-	ref, err := name.ParseReference(image)
+	ref, err := reference.ParseDockerRef(image)
 	if err != nil {
-		return Pull{}, status.Errorf(codes.InvalidArgument, "image reference %q: %v", image, err)
+		return Pull{}, errorf(errdefs.ErrInvalidArgument, "image reference %q: %v", image, err)
 	}
 	md := req.GetSandboxConfig().GetMetadata()
 	p := Pull{
-		Image:    ref.Name(),
-		Registry: normaliseRegistry(ref.Context().RegistryStr()),
+		Image:    ref.String(),
+		Registry: normaliseRegistry(reference.Domain(ref)),
 		PodUID:   md.GetUid(),
 		Pod:      klog.KRef(md.GetNamespace(), md.GetName()),
 	}
 	auth, err := hashAuth(req.GetAuth())
 	if err != nil {
-		return Pull{}, status.Errorf(codes.InvalidArgument, "auth: %v", err)
+		return Pull{}, errorf(errdefs.ErrInvalidArgument, "auth: %v", err)
 	}
 	p.key = flightKey{image: p.Image, handler: req.GetImage().GetRuntimeHandler(), auth: auth}
 	return p, nil
@@ -132,22 +137,33 @@ func hashAuth(a *runtimeapi.AuthConfig) ([sha256.Size]byte, error) {
 }
 
 // RegistryHost validates and normalises a registry host as written in configuration
-// (imagePulls.perRegistry keys): Docker Hub's aliases become docker.io, hosts are lower case.
+// (imagePulls.perRegistry keys) into the form of [Pull.Registry]: Docker Hub's aliases become
+// docker.io, hosts are lower case. A host is valid when image references starting with it name
+// it as their registry: "myregistry" is not, since "myregistry/app" is an image on Docker Hub.
 func RegistryHost(host string) (string, error) {
 	if host == "" {
-		return "", fmt.Errorf("empty registry host")
+		return "", errors.New("empty registry host")
 	}
-	r, err := name.NewRegistry(host)
+	ref, err := reference.ParseNormalizedNamed(host + "/image")
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("not a registry host: %w", err)
 	}
-	return normaliseRegistry(r.RegistryStr()), nil
+	norm := normaliseRegistry(host)
+	if d := normaliseRegistry(reference.Domain(ref)); d != norm {
+		return "", fmt.Errorf("not a registry host: an image %s/name is on %s", host, d)
+	}
+	return norm, nil
 }
 
+// normaliseRegistry makes the spellings of one registry equal. In image references
+// distribution's reference already turns index.docker.io into docker.io, but a configuration
+// key is a bare host, and registry-1.docker.io (Docker Hub's API endpoint) is Docker Hub too.
+// Hosts are case-insensitive, and a reference may spell one in capitals ("UPPER/app" is on
+// the registry "UPPER").
 func normaliseRegistry(host string) string {
 	host = strings.ToLower(host)
 	switch host {
-	case name.DefaultRegistry, "registry-1.docker.io", "docker.io":
+	case "index.docker.io", "registry-1.docker.io":
 		return "docker.io"
 	}
 	return host
