@@ -31,7 +31,7 @@ demo: rig
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
 # otherwise they skip with a message saying so.
 test: lint $(if $(IS_ROOT),rig)
-	$(GO) test -race -count=1 -timeout 20m ./...
+	$(GO) test -race -count=1 -shuffle=on -timeout 30m ./...
 
 lint: $(BIN)/golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \

@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
@@ -23,6 +24,11 @@ type Agent struct {
 	version  string
 	// pods is the node's pods from the API server; nil without a kubeconfig.
 	pods *PodLookup
+	// sandboxes is the pod registry; set by Run.
+	sandboxes *Registry
+	// rebuilt is closed once the registry has been rebuilt from the runtime.
+	rebuilt  chan struct{}
+	rebuilds *prometheus.CounterVec
 }
 
 // New creates an agent from a validated configuration. version is reported in metrics and logs.
@@ -33,66 +39,54 @@ func New(cfg *Configuration, version string) *Agent {
 		Namespace: "podgate", Name: "build_info", Help: "podgate's version; always 1.",
 	}, []string{"version"})
 	buildInfo.WithLabelValues(version).Set(1)
-	reg.MustRegister(buildInfo)
-	return &Agent{cfg: cfg, registry: reg, version: version}
+	rebuilds := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "podgate", Subsystem: "registry", Name: "rebuilds_total",
+		Help: "Attempts to rebuild the pod registry from the runtime at start-up, by result (ok, error: the runtime did not answer; podgate retries).",
+	}, []string{"result"})
+	reg.MustRegister(buildInfo, rebuilds)
+	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds}
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting CRI connections,
 // ends open streams, lets unary calls finish within the grace period, and returns nil. It
 // returns an error when start-up fails or a server fails while running.
+//
+// Start-up is ordered so that a podgate that cannot run changes nothing: the checkpoint is
+// read, the CRI socket is taken (a second podgate stops there), and only then are the node's
+// sysctls written and the other servers opened.
 func (a *Agent) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("stateDir: %w", err)
+	if err := a.openRegistry(); err != nil {
+		return err
 	}
 	if err := a.startKube(ctx); err != nil {
 		return err
 	}
-	nodeSysctls, err := a.cfg.Sysctls.NodeSysctls()
+	p, err := a.buildProxy(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := applyNodeSysctls(logger, nodeSysctls); err != nil {
-		return err
-	}
-	server, backends, err := a.buildProxy(ctx)
+	defer closeAll(p.backends)
+	services, err := a.openServices(ctx, p)
 	if err != nil {
 		return err
 	}
-	defer closeAll(backends)
-
-	l, err := cri.Listen(a.cfg.CRISocket, cri.SocketOptions{Mode: 0o660, Group: a.cfg.CRISocketGroup})
-	if err != nil {
-		return fmt.Errorf("criSocket: %w", err)
+	var running sync.WaitGroup
+	for _, s := range services {
+		running.Go(func() {
+			if err := s.serve(); err != nil {
+				cancel(fmt.Errorf("serve %s: %w", s.name, err))
+			}
+		})
 	}
-	if err := a.checkNotSelf(); err != nil {
-		l.Close()
-		return err
-	}
-	serveDone := make(chan struct{})
-	go func() {
-		defer close(serveDone)
-		if err := server.Serve(l); err != nil {
-			cancel(fmt.Errorf("serve CRI on %s: %w", a.cfg.CRISocket, err))
-		}
-	}()
-
-	var httpServer *http.Server
-	if a.cfg.MetricsEnabled() {
-		httpServer, err = a.startHTTP(ctx, cancel, server)
-		if err != nil {
-			server.Shutdown(ctx)
-			<-serveDone
-			return err
-		}
-	}
+	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
 
 	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
 		"runtimeEndpoint", a.cfg.RuntimeEndpoint, "imageEndpoint", a.cfg.ImageBackend(),
-		"metricsAddress", *a.cfg.MetricsAddress)
+		"metricsAddress", *a.cfg.MetricsAddress, "stateDir", a.cfg.StateDir)
 	// Tell systemd podgate is ready only now that the socket accepts calls, so a kubelet
 	// ordered After=podgate.service finds it.
 	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
@@ -113,46 +107,78 @@ func (a *Agent) Run(ctx context.Context) error {
 	shutdownCtx, done := context.WithTimeoutCause(context.WithoutCancel(ctx), a.cfg.ShutdownGracePeriod.Duration,
 		errors.New("shutdown grace period over"))
 	defer done()
-	server.Shutdown(shutdownCtx)
-	<-serveDone
-	if httpServer != nil {
-		if err := httpServer.Shutdown(shutdownCtx); err != nil {
-			logger.Error(err, "Stop metrics server")
+	for _, s := range services {
+		if err := s.shutdown(shutdownCtx); err != nil {
+			logger.Error(err, "Stop server", "server", s.name)
+		}
+		if s.name == criServiceName {
+			// No call comes in any more: let the verifications the last calls started end,
+			// so their results reach the registry.
+			if err := p.sysctls.wait(shutdownCtx); err != nil {
+				logger.Error(err, "Shutdown")
+			}
 		}
 	}
+	running.Wait()
 	logger.Info("Stopped")
 	return cause
 }
 
-// buildProxy connects the backends and creates the CRI server with podgate's interceptors.
-func (a *Agent) buildProxy(ctx context.Context) (*cri.Server, []*cri.Backend, error) {
+// openRegistry reads the pod registry's checkpoint from stateDir. A damaged checkpoint stops
+// start-up: podgate never starts from a silently emptied registry.
+func (a *Agent) openRegistry() error {
+	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("stateDir: %w", err)
+	}
+	cp := NewCheckpoint(a.cfg.StateDir)
+	recs, err := cp.Read()
+	if err != nil {
+		return fmt.Errorf("stateDir: %w", err)
+	}
+	a.sandboxes = NewRegistry(cp, recs)
+	return nil
+}
+
+// proxy is the CRI server and what it was built from.
+type proxy struct {
+	server   *cri.Server
+	backends []*cri.Backend
+	runtime  runtimeapi.RuntimeServiceClient
+	sysctls  *sysctlStages
+}
+
+// buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
+// podgate's other interceptors.
+func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	metrics := cri.NewMetrics(a.registry)
 	runtime, err := cri.NewBackend(ctx, "runtime", a.cfg.RuntimeEndpoint,
 		cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))
 	if err != nil {
-		return nil, nil, fmt.Errorf("runtimeEndpoint: %w", err)
+		return nil, fmt.Errorf("runtimeEndpoint: %w", err)
 	}
-	backends := []*cri.Backend{runtime}
+	p := &proxy{backends: []*cri.Backend{runtime}}
 	image := runtime
 	if a.cfg.ImageEndpoint != "" && a.cfg.ImageEndpoint != a.cfg.RuntimeEndpoint {
 		image, err = cri.NewBackend(ctx, "image", a.cfg.ImageEndpoint,
 			cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))
 		if err != nil {
-			_ = runtime.Close()
-			return nil, nil, fmt.Errorf("imageEndpoint: %w", err)
+			closeAll(p.backends)
+			return nil, fmt.Errorf("imageEndpoint: %w", err)
 		}
-		backends = append(backends, image)
+		p.backends = append(p.backends, image)
 	}
-	server := cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
-	sandboxLog{}.register(server)
-	a.registerImagePulls(server)
 	policy, err := a.cfg.Sysctls.SysctlPolicy()
 	if err != nil {
-		closeAll(backends)
-		return nil, nil, err
+		closeAll(p.backends)
+		return nil, err
 	}
-	newSysctlGuard(policy, a.cfg.Sysctls.Verify, server.RuntimeClient(), a.registry).register(server)
-	return server, backends, nil
+	p.server = cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
+	p.runtime = p.server.RuntimeClient()
+	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
+	newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, a.registry).register(p.server)
+	p.sysctls.register(p.server)
+	a.registerImagePulls(p.server)
+	return p, nil
 }
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a

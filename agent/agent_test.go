@@ -33,9 +33,15 @@ func testConfig(dir, backend string) *Configuration {
 // runAgent starts the agent and returns a function that stops it and returns Run's result.
 func runAgent(t *testing.T, cfg *Configuration) (stop func() error) {
 	t.Helper()
+	return runAgentOf(t, New(cfg, "test"))
+}
+
+// runAgentOf runs a and returns a function that stops it and returns Run's result.
+func runAgentOf(t *testing.T, a *Agent) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
-	go func() { errc <- New(cfg, "test").Run(ctx) }()
+	go func() { errc <- a.Run(ctx) }()
 	return func() error {
 		cancel()
 		select {
@@ -58,14 +64,22 @@ func criClient(t *testing.T, socket string) runtimeapi.RuntimeServiceClient {
 	return runtimeapi.NewRuntimeServiceClient(conn)
 }
 
-func TestRunServesAndStopsCleanly(t *testing.T) {
-	dir := testfs.ShortDir(t)
-	backend := filepath.Join(dir, "containerd.sock")
+// startFakeRuntime serves cri-client's fake runtime on dir/containerd.sock until the test ends
+// and returns it with the socket's path.
+func startFakeRuntime(t *testing.T, dir string) (*fake.RemoteRuntime, string) {
+	t.Helper()
+	path := filepath.Join(dir, "containerd.sock")
 	f := fake.NewFakeRemoteRuntime()
-	if err := f.Start("unix://" + backend); err != nil {
+	if err := f.Start("unix://" + path); err != nil {
 		t.Fatal(err)
 	}
-	defer f.Stop()
+	t.Cleanup(f.Stop)
+	return f, path
+}
+
+func TestRunServesAndStopsCleanly(t *testing.T) {
+	dir := testfs.ShortDir(t)
+	_, backend := startFakeRuntime(t, dir)
 	cfg := testConfig(dir, backend)
 	stop := runAgent(t, cfg)
 

@@ -30,7 +30,7 @@ const (
 )
 
 // Configuration is podgate's configuration file (apiVersion podgate.dev/v1alpha1, kind
-// AgentConfiguration). Keys are lowerCamelCase like the kubelet's; see ../shared/DESIGN.md for
+// AgentConfiguration). Keys are lowerCamelCase like the kubelet's; see the README for
 // the whole file as it grows.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`

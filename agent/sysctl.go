@@ -2,16 +2,15 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -24,24 +23,24 @@ import (
 // take milliseconds unless containerd is stuck.
 const verifyTimeout = 30 * time.Second
 
-// cleanupTimeout bounds the removal of a sandbox that failed sysctl verification: containerd
-// stops a fresh sandbox in well under a second, and the kubelet is waiting for our answer.
-const cleanupTimeout = 30 * time.Second
-
-// sysctlGuard checks and completes a pod's sysctls before RunPodSandbox is forwarded, and
-// verifies them inside the pod once containerd has created the sandbox.
+// sysctlStages are the pipeline's two sysctl stages: the check, which validates a pod's
+// sysctls and adds the node's defaults before RunPodSandbox is forwarded, and the
+// verification, which reads them back inside the pod once containerd has created it.
 //
-// With the fail policy the verification is part of RunPodSandbox, which it may fail. With
-// repair and warn it runs in the background once RunPodSandbox has answered, overlapping with
-// the kubelet's next calls (sandbox status, image checks); CreateContainer for the sandbox waits
-// for it, so no container of the pod starts before its sysctls are verified and repaired.
-type sysctlGuard struct {
-	policy  *sysctl.Policy
-	verify  string
-	runtime runtimeapi.RuntimeServiceClient
+// With verify: fail the verification is part of RunPodSandbox, which it may fail. With repair
+// and warn it runs in the background once RunPodSandbox has answered, overlapping with the
+// kubelet's next calls (sandbox status, image checks); CreateContainer for the sandbox waits for
+// it, so no container of the pod starts before its sysctls are verified and repaired.
+type sysctlStages struct {
+	policy   *sysctl.Policy
+	verify   string
+	registry *Registry
 
 	mu      sync.Mutex
 	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
+	// background counts the verifications running after their RunPodSandbox answered;
+	// shutdown waits for them, within its grace period.
+	background sync.WaitGroup
 
 	rejected      prometheus.Counter
 	defaultsAdded prometheus.Counter
@@ -49,12 +48,12 @@ type sysctlGuard struct {
 	duration      *prometheus.HistogramVec
 }
 
-func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.RuntimeServiceClient, reg prometheus.Registerer) *sysctlGuard {
-	g := &sysctlGuard{
-		policy:  policy,
-		verify:  verify,
-		runtime: runtime,
-		pending: map[string]chan struct{}{},
+func newSysctlStages(policy *sysctl.Policy, verify string, registry *Registry, reg prometheus.Registerer) *sysctlStages {
+	g := &sysctlStages{
+		policy:   policy,
+		verify:   verify,
+		registry: registry,
+		pending:  map[string]chan struct{}{},
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
 			Help: "RunPodSandbox calls refused because of a pod sysctl (name, namespace, allowlist, kernel or value).",
@@ -77,75 +76,138 @@ func newSysctlGuard(policy *sysctl.Policy, verify string, runtime runtimeapi.Run
 	return g
 }
 
-func (g *sysctlGuard) register(s *cri.Server) {
-	cri.Intercept(s, cri.RunPodSandbox, g.runPodSandbox)
+// register holds CreateContainer while its sandbox's sysctls are being verified.
+func (g *sysctlStages) register(s *cri.Server) {
 	cri.Intercept(s, cri.CreateContainer, g.createContainer)
 }
 
-func (g *sysctlGuard) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]) (*runtimeapi.RunPodSandboxResponse, error) {
-	cfg := req.GetConfig()
-	md := cfg.GetMetadata()
-	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(md.GetNamespace(), md.GetName()))
+// checkStage validates the pod's sysctls and completes them with the node's defaults. A
+// refusal is InvalidArgument, before anything reaches the runtime.
+func (g *sysctlStages) checkStage() stage {
+	return stage{name: "sysctl-check", run: g.check}
+}
+
+func (g *sysctlStages) check(ctx context.Context, sb *sandboxRun) error {
+	cfg := sb.req.GetConfig()
 	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	pod := sysctl.Pod{
-		Namespace:   md.GetNamespace(),
+		Namespace:   cfg.GetMetadata().GetNamespace(),
 		HostNetwork: nsOpts.GetNetwork() == runtimeapi.NamespaceMode_NODE,
 		HostIPC:     nsOpts.GetIpc() == runtimeapi.NamespaceMode_NODE,
 	}
+	logger := klog.FromContext(ctx)
 	start := time.Now()
-	want, added, err := g.policy.Complete(pod, cfg.GetLinux().GetSysctls())
+	asked := cfg.GetLinux().GetSysctls()
+	want, added, err := g.policy.Complete(pod, asked)
 	g.duration.WithLabelValues("check").Observe(time.Since(start).Seconds())
 	if err != nil {
 		g.rejected.Inc()
 		logger.Info("Refused pod sandbox: sysctl", "err", err)
-		return nil, err
+		return err
+	}
+	sb.rec.Sysctls = SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: SysctlsNone}
+	if len(want) > 0 {
+		sb.rec.Sysctls.Verification = SysctlsPending
 	}
 	if len(added) > 0 {
 		// A changed copy: the cri package forwards the kubelet's bytes when req is unchanged.
-		req = proto.Clone(req).(*runtimeapi.RunPodSandboxRequest)
+		req := proto.Clone(sb.req).(*runtimeapi.RunPodSandboxRequest)
 		if req.Config.Linux == nil {
 			req.Config.Linux = &runtimeapi.LinuxPodSandboxConfig{}
 		}
 		req.Config.Linux.Sysctls = want
+		sb.req = req
 		g.defaultsAdded.Add(float64(len(added)))
 		logger.V(2).Info("Added node default sysctls", "sysctls", added)
 	}
-	resp, err := next(ctx, req)
-	if err != nil || len(want) == 0 {
-		return resp, err
+	return nil
+}
+
+// verifyStage reads the sandbox's sysctls back inside the pod: now with verify: fail, whose
+// failure rolls the sandbox back; in the background otherwise.
+func (g *sysctlStages) verifyStage() stage {
+	return stage{name: "sysctl-verify", run: g.verifyRun}
+}
+
+func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
+	want := sb.rec.Sysctls.Applied
+	if len(want) == 0 {
+		return nil
 	}
-	id := resp.GetPodSandboxId()
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
 	if g.verify == VerifyFail {
-		if err := g.timedVerify(ctx, logger, id, want); err != nil {
-			return nil, err
+		res := g.timedVerify(ctx, logger, sb.rec, want)
+		res.record(&sb.rec.Sysctls)
+		if res.failure != nil {
+			logger.Info("Failing pod sandbox: sysctl verification failed", "err", res.failure)
 		}
-		return resp, nil
+		return res.failure
 	}
+	rec := sb.rec.clone()
+	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, want) })
+	return nil
+}
+
+// verifyInBackground starts the verification of a sandbox whose RunPodSandbox is answering
+// and records its result in the registry.
+func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) {
 	done := make(chan struct{})
 	g.mu.Lock()
-	g.pending[id] = done
+	g.pending[rec.ID] = done
 	g.mu.Unlock()
+	g.background.Add(1)
 	// The kubelet's call ends when we answer; the verification must not end with it.
 	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
 	go func() {
+		defer g.background.Done()
 		defer cancel()
-		_ = g.timedVerify(vctx, logger, id, want) // repair and warn never fail the sandbox
+		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
+		if _, err := g.registry.Update(rec.ID, func(r *SandboxRecord) { res.record(&r.Sysctls) }); err != nil {
+			logger.Error(err, "Record sysctl verification")
+		}
 		g.mu.Lock()
-		delete(g.pending, id)
+		delete(g.pending, rec.ID)
 		g.mu.Unlock()
 		close(done)
 	}()
-	return resp, nil
 }
 
-func (g *sysctlGuard) timedVerify(ctx context.Context, logger klog.Logger, id string, want map[string]string) error {
+// wait waits for the background verifications, until ctx ends.
+func (g *sysctlStages) wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		g.background.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sysctl verifications still running: %w", context.Cause(ctx))
+	}
+}
+
+// verifyResult is a verification's outcome: the registry's verification result and
+// mismatches, and, with verify: fail, the error that fails the sandbox.
+type verifyResult struct {
+	verification string
+	mismatches   []string
+	errText      string
+	failure      error
+}
+
+func (res verifyResult) record(r *SysctlRecord) {
+	r.Verification, r.Mismatches, r.Error = res.verification, res.mismatches, res.errText
+}
+
+func (g *sysctlStages) timedVerify(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) verifyResult {
 	start := time.Now()
 	defer func() { g.duration.WithLabelValues("verify").Observe(time.Since(start).Seconds()) }()
-	return g.verifyPod(ctx, logger, id, want)
+	return g.verifyPod(ctx, logger, rec, want)
 }
 
 // createContainer holds a container of a sandbox whose sysctls are still being verified.
-func (g *sysctlGuard) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest, next cri.Forward[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]) (*runtimeapi.CreateContainerResponse, error) {
+func (g *sysctlStages) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest, next cri.Forward[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]) (*runtimeapi.CreateContainerResponse, error) {
 	g.mu.Lock()
 	done := g.pending[req.GetPodSandboxId()]
 	g.mu.Unlock()
@@ -162,25 +224,30 @@ func (g *sysctlGuard) createContainer(ctx context.Context, req *runtimeapi.Creat
 }
 
 // verifyPod reads the sandbox's sysctls inside its namespaces and applies the verify policy.
-func (g *sysctlGuard) verifyPod(ctx context.Context, logger klog.Logger, id string, want map[string]string) error {
-	logger = logger.WithValues("podSandboxID", id)
+func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) verifyResult {
 	wantByName := make(map[sysctl.Name]string, len(want))
 	for k, v := range want {
-		n, _ := sysctl.ParseName(k) // Complete accepted every name
+		n, _ := sysctl.ParseName(k) // the check stage accepted every name
 		wantByName[n] = v
 	}
-	mismatch, target, err := g.mismatches(ctx, id, wantByName)
+	mismatch, target, err := g.mismatches(ctx, rec, wantByName)
 	if err != nil {
 		g.verified.WithLabelValues("error").Inc()
+		res := verifyResult{verification: SysctlsError, errText: err.Error()}
 		if g.verify == VerifyFail {
-			return g.removeSandbox(ctx, logger, id, fmt.Errorf("verify sysctls: %w", err))
+			res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("verify sysctls: %v", err))
+			return res
 		}
 		logger.Error(err, "Could not verify pod sysctls")
-		return nil
+		return res
 	}
 	if len(mismatch) == 0 {
 		g.verified.WithLabelValues("ok").Inc()
-		return nil
+		return verifyResult{verification: SysctlsOK}
+	}
+	res := verifyResult{mismatches: make([]string, len(mismatch))}
+	for i, m := range mismatch {
+		res.mismatches[i] = m.String()
 	}
 	switch g.verify {
 	case VerifyRepair:
@@ -190,19 +257,23 @@ func (g *sysctlGuard) verifyPod(ctx context.Context, logger klog.Logger, id stri
 		}
 		if err := sysctl.Write(target, fix); err != nil {
 			g.verified.WithLabelValues("error").Inc()
-			logger.Error(err, "Could not repair pod sysctls", "mismatches", mismatch)
-			return nil
+			logger.Error(err, "Could not repair pod sysctls", "mismatches", res.mismatches)
+			res.verification, res.errText = SysctlsError, err.Error()
+			return res
 		}
 		g.verified.WithLabelValues("repaired").Inc()
-		logger.Info("Repaired pod sysctls inside the pod", "mismatches", mismatch)
+		logger.Info("Repaired pod sysctls inside the pod", "mismatches", res.mismatches)
+		res.verification = SysctlsRepaired
 	case VerifyFail:
 		g.verified.WithLabelValues("failed").Inc()
-		return g.removeSandbox(ctx, logger, id, fmt.Errorf("sysctls do not hold in the pod: %v", mismatch))
+		res.verification = SysctlsMismatch
+		res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("sysctls do not hold in the pod: %v", mismatch))
 	default:
 		g.verified.WithLabelValues("mismatch").Inc()
-		logger.Info("Pod sysctls do not hold in the pod", "mismatches", mismatch)
+		logger.Info("Pod sysctls do not hold in the pod", "mismatches", res.mismatches)
+		res.verification = SysctlsMismatch
 	}
-	return nil
+	return res
 }
 
 type sysctlMismatch struct {
@@ -212,8 +283,8 @@ type sysctlMismatch struct {
 
 func (m sysctlMismatch) String() string { return fmt.Sprintf("%s=%q (want %q)", m.name, m.got, m.want) }
 
-func (g *sysctlGuard) mismatches(ctx context.Context, id string, want map[sysctl.Name]string) ([]sysctlMismatch, sysctl.Target, error) {
-	target, err := g.sandboxTarget(ctx, id)
+func (g *sysctlStages) mismatches(ctx context.Context, rec SandboxRecord, want map[sysctl.Name]string) ([]sysctlMismatch, sysctl.Target, error) {
+	target, err := sandboxTarget(rec)
 	if err != nil {
 		return nil, target, err
 	}
@@ -222,6 +293,9 @@ func (g *sysctlGuard) mismatches(ctx context.Context, id string, want map[sysctl
 		names = append(names, n)
 	}
 	slices.Sort(names)
+	if err := ctx.Err(); err != nil {
+		return nil, target, err
+	}
 	got, err := sysctl.Read(target, names)
 	if err != nil {
 		return nil, target, err
@@ -235,49 +309,20 @@ func (g *sysctlGuard) mismatches(ctx context.Context, id string, want map[sysctl
 	return out, target, nil
 }
 
-// sandboxTarget finds the sandbox's namespaces from containerd's verbose status: the network
-// namespace path of its runtime spec (what CNI used), else its pause process's.
-func (g *sysctlGuard) sandboxTarget(ctx context.Context, id string) (sysctl.Target, error) {
-	st, err := g.runtime.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
-	if err != nil {
-		return sysctl.Target{}, fmt.Errorf("sandbox status: %w", err)
-	}
-	var info struct {
-		Pid         int `json:"pid"`
-		RuntimeSpec struct {
-			Linux struct {
-				Namespaces []struct{ Type, Path string } `json:"namespaces"`
-			} `json:"linux"`
-		} `json:"runtimeSpec"`
-	}
-	if err := json.Unmarshal([]byte(st.GetInfo()["info"]), &info); err != nil {
-		return sysctl.Target{}, fmt.Errorf("sandbox status info: %w", err)
-	}
-	if info.Pid <= 0 {
+// sandboxTarget names the sandbox's namespaces from its record, which the forward stage read
+// from the runtime: the network namespace CNI used, and the pause process's IPC namespace.
+func sandboxTarget(rec SandboxRecord) (sysctl.Target, error) {
+	if rec.PID <= 0 {
+		if rec.Status != "" {
+			return sysctl.Target{}, errors.New(rec.Status)
+		}
 		return sysctl.Target{}, errors.New("sandbox status info has no pid")
 	}
-	target := sysctl.ForPID(info.Pid)
-	for _, ns := range info.RuntimeSpec.Linux.Namespaces {
-		if ns.Type == "network" && ns.Path != "" {
-			target.NetNS = ns.Path
-		}
+	target := sysctl.ForPID(rec.PID)
+	if rec.NetNS != "" {
+		target.NetNS = rec.NetNS
 	}
 	return target, nil
-}
-
-// removeSandbox undoes a sandbox that failed verification, so the kubelet's retry starts clean,
-// and returns the failure for the kubelet.
-func (g *sysctlGuard) removeSandbox(ctx context.Context, logger klog.Logger, id string, cause error) error {
-	// The kubelet may have given up on the call; the cleanup must still happen.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	logger.Info("Failing pod sandbox: sysctl verification failed", "err", cause)
-	if _, err := g.runtime.StopPodSandbox(cctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		logger.Error(err, "Stop sandbox after failed sysctl verification; the kubelet will remove it")
-	} else if _, err := g.runtime.RemovePodSandbox(cctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		logger.Error(err, "Remove sandbox after failed sysctl verification; the kubelet will remove it")
-	}
-	return status.Error(codes.FailedPrecondition, cause.Error())
 }
 
 // applyNodeSysctls sets the configured node sysctls where they differ, logging each change, and

@@ -11,11 +11,11 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -23,7 +23,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -33,6 +32,7 @@ import (
 type nsRuntime struct {
 	runtimeapi.UnimplementedRuntimeServiceServer
 	pid             int
+	exists          atomic.Bool
 	stopped, remove atomic.Int32
 	// atCreate is the sysctl's value in the sandbox when CreateContainer arrived.
 	atCreate atomic.Pointer[string]
@@ -49,7 +49,18 @@ func (r *nsRuntime) CreateContainer(context.Context, *runtimeapi.CreateContainer
 }
 
 func (r *nsRuntime) RunPodSandbox(context.Context, *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
+	r.exists.Store(true)
 	return &runtimeapi.RunPodSandboxResponse{PodSandboxId: "sb1"}, nil
+}
+
+// ListPodSandbox lists the sandbox while it exists: podgate's start-up rebuild of its
+// registry, which may run at any time during the test, sees the runtime as it is.
+func (r *nsRuntime) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	resp := &runtimeapi.ListPodSandboxResponse{}
+	if r.exists.Load() {
+		resp.Items = append(resp.Items, &runtimeapi.PodSandbox{Id: "sb1", State: runtimeapi.PodSandboxState_SANDBOX_READY})
+	}
+	return resp, nil
 }
 
 func (r *nsRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
@@ -57,7 +68,7 @@ func (r *nsRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandb
 		return nil, status.Error(codes.InvalidArgument, "want verbose")
 	}
 	return &runtimeapi.PodSandboxStatusResponse{
-		Status: &runtimeapi.PodSandboxStatus{Id: req.PodSandboxId},
+		Status: &runtimeapi.PodSandboxStatus{Id: req.PodSandboxId, State: runtimeapi.PodSandboxState_SANDBOX_READY},
 		Info:   map[string]string{"info": fmt.Sprintf(`{"pid": %d}`, r.pid)},
 	}, nil
 }
@@ -68,29 +79,60 @@ func (r *nsRuntime) StopPodSandbox(context.Context, *runtimeapi.StopPodSandboxRe
 }
 
 func (r *nsRuntime) RemovePodSandbox(context.Context, *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
+	r.exists.Store(false)
 	r.remove.Add(1)
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 
-// sandboxProcess starts a process in new network and IPC namespaces, as a pause container.
+// sandboxProcess starts a process born in new network and IPC namespaces, as a pause
+// container. Cloneflags put the child there at its creation: nothing of the test process, no
+// thread of it, ever enters them.
 func sandboxProcess(t *testing.T) int {
 	t.Helper()
-	cmd := exec.Command("unshare", "--net", "--ipc", "sleep", "300")
+	cmd := exec.Command("sleep", "300")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("unshare: %v", err)
+		t.Fatalf("start a process in new namespaces: %v", err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	self, _ := os.Readlink("/proc/self/ns/net")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)); err == nil && l != self {
-			return cmd.Process.Pid
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("unshared process never got its own network namespace")
-		}
-		time.Sleep(5 * time.Millisecond)
+	return cmd.Process.Pid
+}
+
+// serveRuntime serves rt as a CRI runtime on a unix socket in dir and returns its path.
+func serveRuntime(t *testing.T, dir string, rt runtimeapi.RuntimeServiceServer) string {
+	t.Helper()
+	path := filepath.Join(dir, "rt.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
 	}
+	gs := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(gs, rt)
+	go gs.Serve(l) //nolint:errcheck // ends with Stop
+	t.Cleanup(gs.Stop)
+	return path
+}
+
+// counterValue returns the value of the counter name{label=value} in reg, 0 when absent.
+func counterValue(t *testing.T, reg prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func TestSysctlVerifyPolicies(t *testing.T) {
@@ -110,12 +152,13 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 		policy    string
 		code      codes.Code
 		inPod     string // value in the sandbox afterwards; "" = the kernel's default
-		result    string
+		result    string // the verifications_total label
+		recorded  string // the registry's verification result; "" = no record
 		cleanedUp bool
 	}{
-		{VerifyRepair, codes.OK, want, "repaired", false},
-		{VerifyFail, codes.FailedPrecondition, "", "failed", true},
-		{VerifyWarn, codes.OK, "", "mismatch", false},
+		{VerifyRepair, codes.OK, want, "repaired", SysctlsRepaired, false},
+		{VerifyFail, codes.FailedPrecondition, "", "failed", "", true},
+		{VerifyWarn, codes.OK, "", "mismatch", SysctlsMismatch, false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
 			rt := &nsRuntime{pid: sandboxProcess(t)}
@@ -124,38 +167,14 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := testfs.ShortDir(t)
-			backendPath := filepath.Join(dir, "rt.sock")
-			l, err := net.Listen("unix", backendPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gs := grpc.NewServer()
-			runtimeapi.RegisterRuntimeServiceServer(gs, rt)
-			go gs.Serve(l) //nolint:errcheck // ends with Stop
-			defer gs.Stop()
-
-			backend, err := cri.NewBackend(t.Context(), "runtime", backendPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer backend.Close()
-			srv := cri.NewServer(backend, backend)
-			policy, err := sysctl.NewPolicy(sysctl.Config{}, sysctl.KernelVersion{Major: 6, Minor: 0}, sysctl.ProcSys)
-			if err != nil {
-				t.Fatal(err)
-			}
-			guard := newSysctlGuard(policy, tc.policy, srv.RuntimeClient(), prometheus.NewRegistry())
-			guard.register(srv)
-			pl, err := cri.Listen(filepath.Join(dir, "pg.sock"), cri.SocketOptions{Mode: 0o600})
-			if err != nil {
-				t.Fatal(err)
-			}
-			go srv.Serve(pl) //nolint:errcheck // returns nil after Shutdown
-			defer srv.Shutdown(context.Background())
+			cfg := testConfig(dir, serveRuntime(t, dir, rt))
+			cfg.Sysctls.Verify = tc.policy
+			a := New(cfg, "test")
+			stop := runAgentOf(t, a)
 
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			client := criClient(t, filepath.Join(dir, "pg.sock"))
+			client := criClient(t, cfg.CRISocket)
 			sbConfig := &runtimeapi.PodSandboxConfig{
 				Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u"},
 				Linux:    &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{name: want}},
@@ -192,13 +211,42 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 			if cleaned := rt.stopped.Load() == 1 && rt.remove.Load() == 1; cleaned != tc.cleanedUp {
 				t.Errorf("sandbox stopped %d, removed %d times; want cleanup=%v", rt.stopped.Load(), rt.remove.Load(), tc.cleanedUp)
 			}
-			if n := testutil.ToFloat64(guard.verified.WithLabelValues(tc.result)); n != 1 {
+			if n := counterValue(t, a.registry, "podgate_sysctl_verifications_total", "result", tc.result); n != 1 {
 				t.Errorf("verifications_total{result=%q} = %v, want 1", tc.result, n)
 			}
+			// Stopping waits for the background verification, whose result is then recorded.
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			checkRecorded(t, a.sandboxes, cfg.StateDir, "sb1", tc.recorded)
 			if now, _ := sysctl.ReadNode(name); now != host {
 				t.Errorf("host %s changed to %s", name, now)
 			}
 		})
+	}
+}
+
+// checkRecorded checks that the registry and its checkpoint hold sandbox id with this sysctl
+// verification result, or, when verification is "", that neither holds it.
+func checkRecorded(t *testing.T, reg *Registry, stateDir, id, verification string) {
+	t.Helper()
+	onDisk, err := NewCheckpoint(stateDir).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		where string
+		recs  []SandboxRecord
+	}{{"registry", reg.Sandboxes()}, {"checkpoint", onDisk}} {
+		i := slices.IndexFunc(c.recs, func(r SandboxRecord) bool { return r.ID == id })
+		switch {
+		case verification == "" && i >= 0:
+			t.Errorf("%s still holds sandbox %s: %+v", c.where, id, c.recs[i])
+		case verification != "" && i < 0:
+			t.Errorf("%s lacks sandbox %s: %+v", c.where, id, c.recs)
+		case verification != "" && c.recs[i].Sysctls.Verification != verification:
+			t.Errorf("%s: sandbox %s sysctl verification %q, want %q", c.where, id, c.recs[i].Sysctls.Verification, verification)
+		}
 	}
 }
 
@@ -211,16 +259,9 @@ func TestNodeSysctlsWrittenOnlyWhenDifferent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Run on a thread moved into a fresh network namespace, so the "node" is not the host.
-	// The thread stays locked and is dropped with its goroutine: it never returns to the pool.
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		if _, err := netns.New(); err != nil {
-			t.Error(err)
-			return
-		}
+	// The "node" is a fresh network namespace entered by one locked thread, which goes back
+	// to the test's namespace before it is unlocked: no thread stays behind in it.
+	inThrowawayNetNS(t, func() {
 		logger := klog.Background()
 		changed, err := applyNodeSysctls(logger, map[sysctl.Name]string{name: "777", "net.ipv4.tcp_fin_timeout": "33"})
 		if err != nil || !slices.Equal(changed, []sysctl.Name{"net.ipv4.tcp_fin_timeout", name}) {
@@ -233,9 +274,40 @@ func TestNodeSysctlsWrittenOnlyWhenDifferent(t *testing.T) {
 		if err != nil || !slices.Equal(changed, []sysctl.Name{"net.ipv4.tcp_fin_timeout"}) {
 			t.Errorf("second apply (lowering one value, keeping the other): changed %v, %v", changed, err)
 		}
-	}()
-	<-done
+	})
 	if v, _ := sysctl.ReadNode(name); v != host {
 		t.Errorf("host %s changed to %s", name, v)
 	}
+}
+
+// inThrowawayNetNS runs fn on a locked OS thread inside a new network namespace, then moves
+// the thread back. If it cannot move back, the thread stays locked and ends with its
+// goroutine, so no other goroutine ever runs in the throwaway namespace.
+func inThrowawayNetNS(t *testing.T, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		origin, err := netns.Get()
+		if err != nil {
+			t.Error(err)
+			runtime.UnlockOSThread()
+			return
+		}
+		defer origin.Close()
+		ns, err := netns.New()
+		if err == nil {
+			defer ns.Close()
+			fn()
+		} else {
+			t.Error(err) // the thread may or may not have left: go back all the same
+		}
+		if err := netns.Set(origin); err != nil {
+			t.Errorf("return to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
+	<-done
 }

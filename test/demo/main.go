@@ -21,6 +21,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/agent"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 )
@@ -145,6 +146,17 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		return err
 	}
 	fmt.Fprintf(out, "    container output (from its CRI log file): %s\n", logLine)
+
+	step(out, "What podgate recorded of the pod (its pod registry, kept in %s)", agent.CheckpointFile)
+	recs, err := agent.NewCheckpoint(filepath.Join(work, "state")).Read()
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		fmt.Fprintf(out, "    sandbox %.12s  pod %s/%s  origin %s  ready %v\n", rec.ID, rec.Pod.Namespace, rec.Pod.Name, rec.Origin, rec.Ready)
+		fmt.Fprintf(out, "      netns %s  pause pid %d  IPs %v\n", rec.NetNS, rec.PID, rec.IPs)
+		fmt.Fprintf(out, "      sysctls asked %v, applied %v, verified in the pod: %s\n", rec.Sysctls.Asked, rec.Sysctls.Applied, rec.Sysctls.Verification)
+	}
 
 	step(out, "Asking for a pod that sets kernel.core_pattern (a node-wide sysctl)")
 	_, err = c.Runtime.RunPodSandbox(ctx, &runtimeapi.PodSandboxConfig{

@@ -1,0 +1,136 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// CheckpointVersion is the format of the pod registry's checkpoint file. A file of another
+// version is refused, not guessed at.
+const CheckpointVersion = "podgate.dev/registry/v1"
+
+// CheckpointFile is the registry checkpoint's name in stateDir.
+const CheckpointFile = "registry.json"
+
+// Checkpoint is the pod registry's file in stateDir. It is written whole, atomically (a
+// temporary file, fsync, rename, fsync of the directory), so a crash leaves either the old or
+// the new file, and carries a checksum so that a damaged file is detected instead of read as
+// an empty registry.
+type Checkpoint struct {
+	path string
+}
+
+// checkpointFile is the file's layout. Data is kept raw so the checksum covers the very bytes
+// on disk.
+type checkpointFile struct {
+	Version  string          `json:"version"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// NewCheckpoint returns the checkpoint at dir/CheckpointFile.
+func NewCheckpoint(dir string) *Checkpoint {
+	return &Checkpoint{path: filepath.Join(dir, CheckpointFile)}
+}
+
+// Path is the checkpoint file's path.
+func (c *Checkpoint) Path() string { return c.path }
+
+// Read returns the records in the checkpoint; none when the file does not exist. A file that
+// cannot be read, is of an unknown version or fails its checksum is an error naming the file:
+// podgate does not start from a silently emptied registry.
+func (c *Checkpoint) Read() ([]SandboxRecord, error) {
+	b, err := os.ReadFile(c.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	var f checkpointFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, c.corrupt(err.Error())
+	}
+	if f.Version != CheckpointVersion {
+		return nil, c.corrupt(fmt.Sprintf("version %q, want %q", f.Version, CheckpointVersion))
+	}
+	if got := checksum(f.Data); got != f.Checksum {
+		return nil, c.corrupt(fmt.Sprintf("checksum %s, file says %s", got, f.Checksum))
+	}
+	var recs []SandboxRecord
+	if err := json.Unmarshal(f.Data, &recs); err != nil {
+		return nil, c.corrupt(err.Error())
+	}
+	return recs, nil
+}
+
+func (c *Checkpoint) corrupt(why string) error {
+	return fmt.Errorf("checkpoint %s is damaged (%s): move it away to start with a registry rebuilt from the runtime alone", c.path, why)
+}
+
+// Write replaces the checkpoint with recs.
+func (c *Checkpoint) Write(recs []SandboxRecord) error {
+	if recs == nil {
+		recs = []SandboxRecord{}
+	}
+	data, err := json.Marshal(recs)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	if err := enc.Encode(checkpointFile{Version: CheckpointVersion, Checksum: checksum(data), Data: data}); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return writeFileAtomic(c.path, buf.Bytes())
+}
+
+func checksum(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// writeFileAtomic writes data to path so that a crash leaves the old file or the new one,
+// never a mix: a temporary file in the same directory, fsync, rename, fsync of the directory.
+func writeFileAtomic(path string, data []byte) (err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = os.Remove(tmp.Name()) // the error being returned says what went wrong
+		}
+	}()
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("checkpoint: write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("checkpoint: sync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("checkpoint: sync %s: %w", dir, err)
+	}
+	return nil
+}

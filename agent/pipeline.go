@@ -1,0 +1,290 @@
+package agent
+
+// The pod-sandbox pipeline: the one place that says in which order podgate's features act on
+// a pod sandbox, and how each is undone. Read this file first.
+//
+// RunPodSandbox runs the stages in order. Each stage has a step and, when it leaves something
+// behind, an undo. When a stage fails, the stages already done are undone in reverse order and
+// the kubelet gets the failure: nothing of the sandbox is left — not in the runtime, not in the
+// registry, not in the checkpoint. A sandbox podgate must remove itself (a sysctl verification
+// that fails with verify: fail) is removed this way too, by the forward stage's undo, so every
+// stage before it learns of the removal.
+//
+// StopPodSandbox runs the stages' stop steps, last stage first, before it is forwarded (a
+// device must leave the pod's network namespace while that still exists). RemovePodSandbox
+// runs their removed steps, last stage first, once the runtime has removed the sandbox.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri"
+)
+
+// sandboxStages returns the pipeline's stages in order. This list is the order.
+func (p *sandboxPipeline) sandboxStages(sys *sysctlStages) []stage {
+	return []stage{
+		sys.checkStage(),  // sysctls: validate the pod's, add the node defaults; may refuse the pod
+		p.forwardStage(),  // containerd creates the sandbox: network namespace, CNI, pause
+		p.statusStage(),   // the sandbox's verbose status, read once: netns, pid, IPs
+		sys.verifyStage(), // sysctls: read back inside the pod; repair, warn or fail
+		p.recordStage(),   // the pod registry and its checkpoint
+	}
+}
+
+// rollbackTimeout bounds the undo of a failed RunPodSandbox: removing a fresh sandbox takes
+// containerd well under a second, and the kubelet is waiting for the answer.
+const rollbackTimeout = 30 * time.Second
+
+// stage is one step of the pod-sandbox pipeline. Only run is required.
+type stage struct {
+	name string
+	// run does the stage's work for a RunPodSandbox. When it fails it leaves nothing of its
+	// own behind: the pipeline undoes only the stages that succeeded.
+	run func(ctx context.Context, sb *sandboxRun) error
+	// undo reverses a successful run when a later stage fails.
+	undo func(ctx context.Context, sb *sandboxRun) error
+	// stop runs before StopPodSandbox is forwarded, for a sandbox the registry knows.
+	stop func(ctx context.Context, rec SandboxRecord) error
+	// removed runs once the runtime has removed the sandbox (or says it has none by that ID).
+	removed func(ctx context.Context, id string) error
+}
+
+// sandboxRun is one RunPodSandbox call on its way through the stages.
+type sandboxRun struct {
+	// req is what is forwarded. A stage that changes it replaces it with a changed copy: the
+	// CRI proxy forwards the kubelet's own bytes when req is left as it came.
+	req  *runtimeapi.RunPodSandboxRequest
+	next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]
+	resp *runtimeapi.RunPodSandboxResponse
+	// rec is the sandbox's registry record as the stages build it.
+	rec    SandboxRecord
+	logger klog.Logger
+	// answered holds work that starts once RunPodSandbox has succeeded, just before the
+	// kubelet gets the answer (a background verification).
+	answered []func()
+}
+
+// onAnswer adds fn to what runs once every stage has succeeded.
+func (sb *sandboxRun) onAnswer(fn func()) { sb.answered = append(sb.answered, fn) }
+
+// sandboxPipeline runs the stages on RunPodSandbox, StopPodSandbox and RemovePodSandbox.
+type sandboxPipeline struct {
+	stages   []stage
+	registry *Registry
+	// runtime is the backend runtime, for the forward stage's undo and for sandbox status.
+	runtime runtimeapi.RuntimeServiceClient
+
+	failures   *prometheus.CounterVec
+	undoErrors *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+}
+
+func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, r prometheus.Registerer) *sandboxPipeline {
+	p := &sandboxPipeline{
+		registry: reg,
+		runtime:  rt,
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "sandbox", Name: "stage_failures_total",
+			Help: "RunPodSandbox calls that failed, by the pipeline stage that failed (forward: the runtime refused).",
+		}, []string{"stage"}),
+		undoErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "sandbox", Name: "undo_errors_total",
+			Help: "Undo steps that failed while rolling back a failed RunPodSandbox, by stage; what they left is in the log.",
+		}, []string{"stage"}),
+	}
+	p.duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "podgate", Subsystem: "sandbox", Name: "stage_duration_seconds",
+		Help:    "Time each pipeline stage of RunPodSandbox takes, successful or not; forward is the runtime's own work (network namespace, CNI, pause), the rest is podgate's.",
+		Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"stage"})
+	p.stages = p.sandboxStages(sys)
+	sandboxes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "podgate", Subsystem: "registry", Name: "sandboxes",
+		Help: "Pod sandboxes in podgate's pod registry.",
+	}, func() float64 { return float64(reg.Len()) })
+	r.MustRegister(p.failures, p.undoErrors, p.duration, sandboxes)
+	return p
+}
+
+// register plugs the pipeline into the CRI server.
+func (p *sandboxPipeline) register(s *cri.Server) {
+	cri.Intercept(s, cri.RunPodSandbox, p.runPodSandbox)
+	cri.Intercept(s, cri.StopPodSandbox, p.stopPodSandbox)
+	cri.Intercept(s, cri.RemovePodSandbox, p.removePodSandbox)
+}
+
+func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]) (*runtimeapi.RunPodSandboxResponse, error) {
+	md := req.GetConfig().GetMetadata()
+	sb := &sandboxRun{
+		req:  req,
+		next: next,
+		rec: SandboxRecord{
+			Pod:            PodRef{UID: types.UID(md.GetUid()), Name: md.GetName(), Namespace: md.GetNamespace(), Attempt: md.GetAttempt()},
+			RuntimeHandler: req.GetRuntimeHandler(),
+			Origin:         OriginStarted,
+			CgroupParent:   req.GetConfig().GetLinux().GetCgroupParent(),
+			CreatedAt:      time.Now().UTC(),
+		},
+		logger: klog.FromContext(ctx).WithValues("pod", klog.KRef(md.GetNamespace(), md.GetName()), "podUID", md.GetUid()),
+	}
+	ctx = klog.NewContext(ctx, sb.logger)
+	start := time.Now()
+	for i, st := range p.stages {
+		stageStart := time.Now()
+		err := st.run(ctx, sb)
+		p.duration.WithLabelValues(st.name).Observe(time.Since(stageStart).Seconds())
+		if err != nil {
+			p.failures.WithLabelValues(st.name).Inc()
+			sb.logger.Info("Pod sandbox failed", "stage", st.name, "err", err, "duration", time.Since(start))
+			p.rollback(ctx, sb, i)
+			return nil, err
+		}
+	}
+	for _, fn := range sb.answered {
+		fn()
+	}
+	sb.logger.Info("Pod sandbox started", "podSandboxID", sb.rec.ID, "runtimeHandler", sb.rec.RuntimeHandler,
+		"ips", sb.rec.IPs, "duration", time.Since(start))
+	return sb.resp, nil
+}
+
+// rollback undoes the stages before failed, last first. It runs to the end whatever fails:
+// each undo is independent, and what one leaves is logged and counted.
+func (p *sandboxPipeline) rollback(ctx context.Context, sb *sandboxRun, failed int) {
+	// The kubelet may have given up on the call; the undo must still happen.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	for i := failed - 1; i >= 0; i-- {
+		st := p.stages[i]
+		if st.undo == nil {
+			continue
+		}
+		if err := st.undo(ctx, sb); err != nil {
+			p.undoErrors.WithLabelValues(st.name).Inc()
+			sb.logger.Error(err, "Undo pod sandbox stage", "stage", st.name, "podSandboxID", sb.rec.ID)
+			continue
+		}
+		sb.logger.V(2).Info("Undid pod sandbox stage", "stage", st.name, "podSandboxID", sb.rec.ID)
+	}
+}
+
+func (p *sandboxPipeline) stopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSandboxRequest, next cri.Forward[*runtimeapi.StopPodSandboxRequest, *runtimeapi.StopPodSandboxResponse]) (*runtimeapi.StopPodSandboxResponse, error) {
+	id := req.GetPodSandboxId()
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", id)
+	if rec, ok := p.registry.Sandbox(id); ok {
+		logger = logger.WithValues("pod", klog.KRef(rec.Pod.Namespace, rec.Pod.Name))
+		for i := len(p.stages) - 1; i >= 0; i-- {
+			if st := p.stages[i]; st.stop != nil {
+				if err := st.stop(ctx, rec); err != nil {
+					return nil, fmt.Errorf("stop pod sandbox %s: %s: %w", id, st.name, err)
+				}
+			}
+		}
+	}
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.registry.Update(id, func(r *SandboxRecord) { r.Ready = false }); err != nil {
+		// The runtime stopped the sandbox: the kubelet must hear so. The next write of the
+		// checkpoint carries the change.
+		logger.Error(err, "Record stopped sandbox")
+	}
+	logger.Info("Pod sandbox stopped")
+	return resp, nil
+}
+
+func (p *sandboxPipeline) removePodSandbox(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest, next cri.Forward[*runtimeapi.RemovePodSandboxRequest, *runtimeapi.RemovePodSandboxResponse]) (*runtimeapi.RemovePodSandboxResponse, error) {
+	resp, err := next(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	id := req.GetPodSandboxId()
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", id)
+	if err := p.removed(ctx, id); err != nil {
+		// The runtime removed the sandbox: the kubelet must hear so; podgate's own leftovers
+		// are in the log, and the start-up rebuild drops a record the runtime no longer has.
+		logger.Error(err, "Forget removed sandbox")
+	}
+	logger.Info("Pod sandbox removed")
+	return resp, nil
+}
+
+// removed runs every stage's removed step, last stage first, and joins their errors.
+func (p *sandboxPipeline) removed(ctx context.Context, id string) error {
+	var errs []error
+	for i := len(p.stages) - 1; i >= 0; i-- {
+		if st := p.stages[i]; st.removed != nil {
+			if err := st.removed(ctx, id); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", st.name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forwardStage hands the (possibly completed) request to the runtime. Its undo stops and
+// removes the sandbox at the runtime.
+func (p *sandboxPipeline) forwardStage() stage {
+	return stage{
+		name: "forward",
+		run: func(ctx context.Context, sb *sandboxRun) error {
+			resp, err := sb.next(ctx, sb.req)
+			if err != nil {
+				return err // the runtime cleans up a sandbox it failed to create
+			}
+			sb.resp = resp
+			sb.rec.ID = resp.GetPodSandboxId()
+			return nil
+		},
+		undo: func(ctx context.Context, sb *sandboxRun) error {
+			id := sb.rec.ID
+			if _, err := p.runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+				return fmt.Errorf("stop sandbox %s (the kubelet will remove it): %w", id, err)
+			}
+			if _, err := p.runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+				return fmt.Errorf("remove sandbox %s (the kubelet will remove it): %w", id, err)
+			}
+			sb.logger.Info("Removed pod sandbox podgate failed", "podSandboxID", id)
+			// Not recorded yet, but a start-up rebuild may have seen the sandbox meanwhile:
+			// forgetting it keeps that rebuild from adopting a sandbox that is gone.
+			return p.registry.Remove(id)
+		},
+	}
+}
+
+// statusStage reads the new sandbox's verbose status once into its record, for the stages
+// after it and the registry's readers. A status the runtime does not give is noted in the
+// record, not a failure: the sandbox runs, and what needs its namespace says it has none.
+func (p *sandboxPipeline) statusStage() stage {
+	return stage{
+		name: "status",
+		run: func(ctx context.Context, sb *sandboxRun) error {
+			if err := inspectSandbox(ctx, p.runtime, &sb.rec); err != nil {
+				sb.rec.Status = err.Error()
+				sb.logger.Error(err, "Read new pod sandbox's status", "podSandboxID", sb.rec.ID)
+			}
+			return nil
+		},
+	}
+}
+
+// recordStage adds the sandbox to the pod registry, which persists it.
+func (p *sandboxPipeline) recordStage() stage {
+	return stage{
+		name: "record",
+		run:  func(_ context.Context, sb *sandboxRun) error { return p.registry.Add(sb.rec) },
+		undo: func(_ context.Context, sb *sandboxRun) error { return p.registry.Remove(sb.rec.ID) },
+		removed: func(_ context.Context, id string) error {
+			return p.registry.Remove(id)
+		},
+	}
+}

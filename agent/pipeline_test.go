@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	apitest "k8s.io/cri-api/pkg/apis/testing"
+	"k8s.io/cri-client/pkg/fake"
+
+	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// pipelineRig is the sandbox pipeline in a CRI server in front of cri-client's fake runtime,
+// both on real unix sockets.
+type pipelineRig struct {
+	runtime  *fake.RemoteRuntime
+	pipeline *sandboxPipeline
+	registry *Registry
+	stateDir string
+	client   runtimeapi.RuntimeServiceClient
+	metrics  *prometheus.Registry
+}
+
+// newPipelineRig builds the rig; change lets a test alter the pipeline before it serves.
+func newPipelineRig(t *testing.T, change func(*sandboxPipeline)) *pipelineRig {
+	t.Helper()
+	dir := testfs.ShortDir(t)
+	r := &pipelineRig{stateDir: filepath.Join(dir, "state"), metrics: prometheus.NewRegistry()}
+	if err := os.Mkdir(r.stateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var rtPath string
+	r.runtime, rtPath = startFakeRuntime(t, dir)
+	backend, err := cri.NewBackend(t.Context(), "runtime", rtPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	srv := cri.NewServer(backend, backend)
+	cfg := DefaultConfiguration()
+	cfg.Sysctls.PodDefaults = map[string]string{"net.ipv4.tcp_keepalive_time": "600"}
+	policy, err := cfg.Sysctls.SysctlPolicy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.registry = NewRegistry(NewCheckpoint(r.stateDir), nil)
+	sys := newSysctlStages(policy, VerifyWarn, r.registry, r.metrics)
+	r.pipeline = newSandboxPipeline(r.registry, srv.RuntimeClient(), sys, r.metrics)
+	if change != nil {
+		change(r.pipeline)
+	}
+	r.pipeline.register(srv)
+	sys.register(srv)
+	l, err := cri.Listen(filepath.Join(dir, "pg.sock"), cri.SocketOptions{Mode: 0o600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l) //nolint:errcheck // returns nil after Shutdown
+	t.Cleanup(func() {
+		srv.Shutdown(context.Background())
+		// Background verifications end before the state directory goes.
+		if err := sys.wait(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	r.client = criClient(t, filepath.Join(dir, "pg.sock"))
+	return r
+}
+
+func podConfig(name string) *runtimeapi.PodSandboxConfig {
+	return &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "ns", Uid: "uid-" + name},
+	}
+}
+
+func (r *pipelineRig) run(t *testing.T, name string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	resp, err := r.client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podConfig(name)}, grpc.WaitForReady(true))
+	return resp.GetPodSandboxId(), err
+}
+
+// runtimeSandboxes is what the fake runtime holds, read past podgate.
+func (r *pipelineRig) runtimeSandboxes(t *testing.T) []*runtimeapi.PodSandbox {
+	t.Helper()
+	items, err := r.runtime.RuntimeService.ListPodSandbox(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return items
+}
+
+// checkNothingLeft checks that neither the runtime, nor the registry, nor its checkpoint
+// holds a sandbox.
+func (r *pipelineRig) checkNothingLeft(t *testing.T) {
+	t.Helper()
+	if got := r.runtimeSandboxes(t); len(got) != 0 {
+		t.Errorf("the runtime holds %d sandboxes: %v", len(got), got)
+	}
+	if got := r.registry.Sandboxes(); len(got) != 0 {
+		t.Errorf("the registry holds %v", got)
+	}
+	onDisk, err := NewCheckpoint(r.stateDir).Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk) != 0 {
+		t.Errorf("the checkpoint holds %v", onDisk)
+	}
+}
+
+func TestPipelineFailureAtEveryStageLeavesNothing(t *testing.T) {
+	stages := newPipelineRig(t, nil).pipeline.stages
+	if len(stages) < 4 {
+		t.Fatalf("pipeline has %d stages", len(stages))
+	}
+	for i, st := range stages {
+		t.Run(st.name, func(t *testing.T) {
+			r := newPipelineRig(t, func(p *sandboxPipeline) {
+				p.stages[i].run = func(context.Context, *sandboxRun) error {
+					return errdefs.ErrUnavailable.WithMessage("injected failure at " + st.name)
+				}
+			})
+			_, err := r.run(t, "p")
+			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "injected failure at "+stages[i].name {
+				t.Fatalf("RunPodSandbox: %v, want the stage's own error", err)
+			}
+			r.checkNothingLeft(t)
+			if n := counterValue(t, r.metrics, "podgate_sandbox_stage_failures_total", "stage", st.name); n != 1 {
+				t.Errorf("stage_failures_total{stage=%q} = %v, want 1", st.name, n)
+			}
+			// A stage after the forward one failed: the runtime's sandbox was removed
+			// through the forward stage's undo.
+			forwarded := slicesIndex(stages, "forward") < i
+			if called := strings.Join(r.runtime.RuntimeService.GetCalls(), ","); forwarded != strings.Contains(called, "RemovePodSandbox") {
+				t.Errorf("runtime calls %s; forwarded before the failure: %v", called, forwarded)
+			}
+		})
+	}
+}
+
+func slicesIndex(stages []stage, name string) int {
+	for i, st := range stages {
+		if st.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestPipelineCheckpointFailureRollsBack(t *testing.T) {
+	r := newPipelineRig(t, nil)
+	// A directory where the checkpoint goes: renaming the new file over it fails.
+	if err := os.Mkdir(filepath.Join(r.stateDir, CheckpointFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.run(t, "p")
+	if err == nil || !strings.Contains(err.Error(), "pod registry") {
+		t.Fatalf("RunPodSandbox: %v, want the registry's failure", err)
+	}
+	if got := r.runtimeSandboxes(t); len(got) != 0 {
+		t.Errorf("the runtime holds %v", got)
+	}
+	if got := r.registry.Sandboxes(); len(got) != 0 {
+		t.Errorf("the registry holds %v", got)
+	}
+	if n := counterValue(t, r.metrics, "podgate_sandbox_stage_failures_total", "stage", "record"); n != 1 {
+		t.Errorf("stage_failures_total{stage=record} = %v, want 1", n)
+	}
+}
+
+func TestPipelineRecordsStopsAndForgets(t *testing.T) {
+	r := newPipelineRig(t, nil)
+	id, err := r.run(t, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := r.registry.Sandbox(id)
+	if !ok {
+		t.Fatalf("sandbox %s not recorded", id)
+	}
+	if rec.Pod != (PodRef{UID: "uid-p", Name: "p", Namespace: "ns"}) || rec.Origin != OriginStarted || !rec.Ready {
+		t.Errorf("record %+v", rec)
+	}
+	if len(rec.IPs) == 0 || rec.IPs[0] != apitest.FakePodSandboxIPs[0] {
+		t.Errorf("record IPs %v, want the runtime's %v", rec.IPs, apitest.FakePodSandboxIPs)
+	}
+	// The node default was added and forwarded.
+	if rec.Sysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" || len(rec.Sysctls.Asked) != 0 {
+		t.Errorf("sysctls %+v, want the node default applied and nothing asked", rec.Sysctls)
+	}
+	ctx := t.Context()
+	if _, err := r.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := r.registry.Sandbox(id); rec.Ready {
+		t.Error("stopped sandbox still ready in the registry")
+	}
+	for range 2 { // Remove is idempotent
+		if _, err := r.client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.checkNothingLeft(t)
+}

@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// statusTimeout bounds one PodSandboxStatus call: containerd answers from memory in
+// milliseconds; more means it is stuck, and the kubelet is waiting for RunPodSandbox.
+const statusTimeout = 10 * time.Second
+
+// sandboxInfo is the part of containerd's verbose sandbox status ("info") podgate reads.
+type sandboxInfo struct {
+	PID            int                          `json:"pid"`
+	RuntimeHandler string                       `json:"runtimeHandler"`
+	Config         *runtimeapi.PodSandboxConfig `json:"config"`
+	RuntimeSpec    *specs.Spec                  `json:"runtimeSpec"`
+}
+
+// inspectSandbox reads the sandbox's verbose status, once, and fills in what the runtime
+// knows of it: readiness, IPs, network namespace, pause PID, cgroup parent. What rec already
+// holds from the pipeline (the pod, the runtime handler asked for) is kept.
+func inspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec *SandboxRecord) error {
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: rec.ID, Verbose: true})
+	if err != nil {
+		return fmt.Errorf("sandbox status: %w", err)
+	}
+	s := st.GetStatus()
+	rec.Ready = s.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY
+	rec.HostNetwork = s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE
+	rec.IPs = nil
+	if ip := s.GetNetwork().GetIp(); ip != "" {
+		rec.IPs = append(rec.IPs, ip)
+	}
+	for _, ip := range s.GetNetwork().GetAdditionalIps() {
+		rec.IPs = append(rec.IPs, ip.GetIp())
+	}
+	raw, ok := st.GetInfo()["info"]
+	if !ok {
+		return errors.New("sandbox status has no verbose info")
+	}
+	var info sandboxInfo
+	if err := json.Unmarshal([]byte(raw), &info); err != nil {
+		return fmt.Errorf("sandbox status info: %w", err)
+	}
+	rec.PID = info.PID
+	if rec.RuntimeHandler == "" {
+		rec.RuntimeHandler = info.RuntimeHandler
+	}
+	if rec.CgroupParent == "" {
+		rec.CgroupParent = info.Config.GetLinux().GetCgroupParent()
+	}
+	if rec.Origin == OriginAdopted && rec.Sysctls.Applied == nil {
+		// What the runtime was given; what the pod itself asked for is lost with the call.
+		rec.Sysctls.Applied = info.Config.GetLinux().GetSysctls()
+	}
+	rec.NetNS = ""
+	if info.RuntimeSpec != nil && info.RuntimeSpec.Linux != nil {
+		for _, ns := range info.RuntimeSpec.Linux.Namespaces {
+			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
+				rec.NetNS = ns.Path
+			}
+		}
+	}
+	if rec.NetNS == "" && !rec.HostNetwork && info.PID > 0 {
+		rec.NetNS = fmt.Sprintf("/proc/%d/ns/net", info.PID)
+	}
+	return nil
+}
+
+// runtimeRecord is a sandbox as the runtime reports it; gone when it was removed before its
+// status could be read.
+type runtimeRecord struct {
+	SandboxRecord
+	gone bool
+}
+
+// recordFromRuntime makes the record of a sandbox podgate finds in the runtime without having
+// seen it start, from ListPodSandbox's entry and its verbose status.
+func recordFromRuntime(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb *runtimeapi.PodSandbox) runtimeRecord {
+	md := sb.GetMetadata()
+	rec := SandboxRecord{
+		ID:             sb.GetId(),
+		Pod:            PodRef{UID: types.UID(md.GetUid()), Name: md.GetName(), Namespace: md.GetNamespace(), Attempt: md.GetAttempt()},
+		RuntimeHandler: sb.GetRuntimeHandler(),
+		Origin:         OriginAdopted,
+		Ready:          sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY,
+		CreatedAt:      time.Unix(0, sb.GetCreatedAt()).UTC(),
+		Sysctls:        SysctlRecord{Verification: SysctlsUnverified},
+	}
+	if err := inspectSandbox(ctx, rt, &rec); err != nil {
+		if status.Code(err) == codes.NotFound {
+			return runtimeRecord{gone: true}
+		}
+		rec.Status = err.Error()
+	}
+	return runtimeRecord{SandboxRecord: rec}
+}

@@ -1,0 +1,124 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri"
+)
+
+// criServiceName names the CRI server in the list of services.
+const criServiceName = "CRI"
+
+// service is one of the servers podgate runs (CRI; metrics and health; later PodResources).
+// Its listener is open once it is made; serve blocks until shutdown and returns nil then;
+// shutdown stops it within ctx. Run starts and stops every service the same way.
+type service struct {
+	name     string
+	serve    func() error
+	shutdown func(ctx context.Context) error
+	// close releases the listener of a service that never served.
+	close func()
+}
+
+// openServices opens every service's listener, in an order that keeps a podgate that cannot
+// run from changing the node: the CRI socket first (a second podgate stops there), then the
+// node's sysctls, then the other listeners. Run shuts the services down in the same order, so
+// the CRI socket stops taking calls first. On error, what was opened is closed.
+func (a *Agent) openServices(ctx context.Context, p *proxy) (services []service, err error) {
+	defer func() {
+		if err != nil {
+			for _, s := range services {
+				s.close()
+			}
+		}
+	}()
+	c, err := a.openCRI(p.server)
+	if err != nil {
+		return nil, err
+	}
+	services = append(services, c)
+	nodeSysctls, err := a.cfg.Sysctls.NodeSysctls()
+	if err != nil {
+		return services, err
+	}
+	if _, err := applyNodeSysctls(klog.FromContext(ctx), nodeSysctls); err != nil {
+		return services, err
+	}
+	if a.cfg.MetricsEnabled() {
+		h, err := a.openHTTP(ctx, p.server)
+		if err != nil {
+			return services, err
+		}
+		services = append(services, h)
+	}
+	return services, nil
+}
+
+// openCRI takes the CRI socket.
+func (a *Agent) openCRI(server *cri.Server) (service, error) {
+	l, err := cri.Listen(a.cfg.CRISocket, cri.SocketOptions{Mode: 0o660, Group: a.cfg.CRISocketGroup})
+	if err != nil {
+		return service{}, fmt.Errorf("criSocket: %w", err)
+	}
+	if err := a.checkNotSelf(); err != nil {
+		l.Close()
+		return service{}, err
+	}
+	return service{
+		name:  criServiceName,
+		serve: func() error { return server.Serve(l) },
+		shutdown: func(ctx context.Context) error {
+			server.Shutdown(ctx)
+			return nil
+		},
+		close: func() { l.Close() },
+	}, nil
+}
+
+// openHTTP opens the metrics address for /metrics, /healthz and /readyz.
+func (a *Agent) openHTTP(ctx context.Context, server *cri.Server) (service, error) {
+	addr := *a.cfg.MetricsAddress
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return service{}, fmt.Errorf("metricsAddress: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n")) // a client gone away is not our error
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		pctx, done := context.WithTimeout(r.Context(), probeTimeout)
+		defer done()
+		if err := server.Probe(pctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	hs := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	klog.FromContext(ctx).V(1).Info("Serving metrics and health", "address", l.Addr().String())
+	return service{
+		name: "metrics",
+		serve: func() error {
+			if err := hs.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("%s: %w", addr, err)
+			}
+			return nil
+		},
+		shutdown: hs.Shutdown,
+		close:    func() { l.Close() },
+	}, nil
+}
