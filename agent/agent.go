@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/dra"
 )
 
 // Agent is one running podgate.
@@ -59,7 +60,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	if err := a.openRegistry(); err != nil {
+	if err := a.openRegistry(logger); err != nil {
 		return err
 	}
 	if err := a.startKube(ctx); err != nil {
@@ -83,6 +84,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 	}
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
+	if p.drivers != nil {
+		running.Go(func() {
+			if err := p.drivers.Run(ctx); err != nil {
+				cancel(fmt.Errorf("dra: %w", err))
+			}
+		})
+		running.Go(func() { p.dra.run(ctx) })
+	}
 
 	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
 		"runtimeEndpoint", a.cfg.RuntimeEndpoint, "imageEndpoint", a.cfg.ImageBackend(),
@@ -120,22 +129,37 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	running.Wait()
+	a.sandboxes.Flush()
+	if p.drivers != nil {
+		if err := p.drivers.Close(); err != nil {
+			logger.Error(err, "Close DRA driver connections")
+		}
+	}
 	logger.Info("Stopped")
 	return cause
 }
 
 // openRegistry reads the pod registry's checkpoint from stateDir. A damaged checkpoint stops
 // start-up: podgate never starts from a silently emptied registry.
-func (a *Agent) openRegistry() error {
+func (a *Agent) openRegistry(logger klog.Logger) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
 	cp := NewCheckpoint(a.cfg.StateDir)
-	recs, err := cp.Read()
+	d, err := cp.ReadAll()
 	if err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	a.sandboxes = NewRegistry(cp, recs)
+	a.sandboxes = NewRegistry(cp, d)
+	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "podgate", Subsystem: "registry", Name: "checkpoint_write_errors_total",
+		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",
+	})
+	a.registry.MustRegister(writeErrors)
+	a.sandboxes.OnWriteError(func(err error) {
+		writeErrors.Inc()
+		logger.Error(err, "Write the pod registry's checkpoint")
+	})
 	return nil
 }
 
@@ -145,6 +169,9 @@ type proxy struct {
 	backends []*cri.Backend
 	runtime  runtimeapi.RuntimeServiceClient
 	sysctls  *sysctlStages
+	dra      *draStages
+	// drivers finds the node's DRA drivers; nil when DRA is off.
+	drivers *dra.Drivers
 }
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
@@ -175,10 +202,28 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.server = cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
-	newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, a.registry).register(p.server)
+	a.buildDRA(ctx, p)
+	newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry).register(p.server)
 	p.sysctls.register(p.server)
 	a.registerImagePulls(p.server)
 	return p, nil
+}
+
+// buildDRA sets up the DRA stages: on with the Kubernetes API, off (saying so once) without.
+func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
+	if a.pods == nil {
+		p.dra = draOff("no kubeconfig")
+		klog.FromContext(ctx).Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
+		return
+	}
+	p.drivers = dra.NewDrivers(
+		dra.WithPluginRegistryDir(a.cfg.DRA.PluginRegistryDir),
+		dra.WithCallTimeout(a.cfg.DRA.CallTimeout.Duration),
+		dra.WithDriverNames(a.cfg.DRA.Drivers...),
+		dra.WithRegisterer(a.registry))
+	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
+	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
+	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
 }
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a

@@ -54,7 +54,7 @@ func runAgentOf(t *testing.T, a *Agent) (stop func() error) {
 	}
 }
 
-func criClient(t *testing.T, socket string) runtimeapi.RuntimeServiceClient {
+func criClient(t testing.TB, socket string) runtimeapi.RuntimeServiceClient {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

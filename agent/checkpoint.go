@@ -27,6 +27,13 @@ type Checkpoint struct {
 	path string
 }
 
+// CheckpointData is what the checkpoint holds: the sandboxes, and the pods' DRA claims podgate
+// prepared (its obligations to unprepare them).
+type CheckpointData struct {
+	Sandboxes []SandboxRecord `json:"sandboxes"`
+	PodClaims []PodClaims     `json:"podClaims,omitempty"`
+}
+
 // checkpointFile is the file's layout. Data is kept raw so the checksum covers the very bytes
 // on disk.
 type checkpointFile struct {
@@ -43,44 +50,51 @@ func NewCheckpoint(dir string) *Checkpoint {
 // Path is the checkpoint file's path.
 func (c *Checkpoint) Path() string { return c.path }
 
-// Read returns the records in the checkpoint; none when the file does not exist. A file that
-// cannot be read, is of an unknown version or fails its checksum is an error naming the file:
-// podgate does not start from a silently emptied registry.
+// Read returns the sandbox records in the checkpoint; see ReadAll.
 func (c *Checkpoint) Read() ([]SandboxRecord, error) {
+	d, err := c.ReadAll()
+	return d.Sandboxes, err
+}
+
+// ReadAll returns what the checkpoint holds; nothing when the file does not exist. A file that
+// cannot be read, is of an unknown version or fails its checksum is an error naming the file:
+// podgate does not start from a silently emptied registry, which would lose its obligations to
+// unprepare DRA claims.
+func (c *Checkpoint) ReadAll() (CheckpointData, error) {
 	b, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return CheckpointData{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return CheckpointData{}, fmt.Errorf("checkpoint: %w", err)
 	}
 	var f checkpointFile
 	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, c.corrupt(err.Error())
+		return CheckpointData{}, c.corrupt(err.Error())
 	}
 	if f.Version != CheckpointVersion {
-		return nil, c.corrupt(fmt.Sprintf("version %q, want %q", f.Version, CheckpointVersion))
+		return CheckpointData{}, c.corrupt(fmt.Sprintf("version %q, want %q", f.Version, CheckpointVersion))
 	}
 	if got := checksum(f.Data); got != f.Checksum {
-		return nil, c.corrupt(fmt.Sprintf("checksum %s, file says %s", got, f.Checksum))
+		return CheckpointData{}, c.corrupt(fmt.Sprintf("checksum %s, file says %s", got, f.Checksum))
 	}
-	var recs []SandboxRecord
-	if err := json.Unmarshal(f.Data, &recs); err != nil {
-		return nil, c.corrupt(err.Error())
+	var d CheckpointData
+	if err := json.Unmarshal(f.Data, &d); err != nil {
+		return CheckpointData{}, c.corrupt(err.Error())
 	}
-	return recs, nil
+	return d, nil
 }
 
 func (c *Checkpoint) corrupt(why string) error {
 	return fmt.Errorf("checkpoint %s is damaged (%s): move it away to start with a registry rebuilt from the runtime alone", c.path, why)
 }
 
-// Write replaces the checkpoint with recs.
-func (c *Checkpoint) Write(recs []SandboxRecord) error {
-	if recs == nil {
-		recs = []SandboxRecord{}
+// Write replaces the checkpoint with d.
+func (c *Checkpoint) Write(d CheckpointData) error {
+	if d.Sandboxes == nil {
+		d.Sandboxes = []SandboxRecord{}
 	}
-	data, err := json.Marshal(recs)
+	data, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}

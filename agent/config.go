@@ -65,6 +65,8 @@ type Configuration struct {
 	ImagePulls ImagePulls `json:"imagePulls,omitzero"`
 	// Sysctls is the pod and node sysctl policy.
 	Sysctls Sysctls `json:"sysctls,omitzero"`
+	// DRA prepares pods' DRA claims before their sandboxes are created.
+	DRA DRA `json:"dra,omitzero"`
 }
 
 // Logging configures klog.
@@ -125,6 +127,7 @@ func (c *Configuration) SetDefaults() {
 	}
 	c.ImagePulls.setDefaults()
 	c.Sysctls.setDefaults()
+	c.DRA.setDefaults()
 }
 
 // LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
@@ -203,6 +206,9 @@ func (c *Configuration) Validate() error {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
 	}
 	if err := errors.Join(c.validateKube(), c.ImagePulls.validate()); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.DRA.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.Sysctls.validate(); err != nil {

@@ -29,13 +29,14 @@ import (
 )
 
 // sandboxStages returns the pipeline's stages in order. This list is the order.
-func (p *sandboxPipeline) sandboxStages(sys *sysctlStages) []stage {
+func (p *sandboxPipeline) sandboxStages(sys *sysctlStages, dra *draStages) []stage {
 	return []stage{
-		sys.checkStage(),  // sysctls: validate the pod's, add the node defaults; may refuse the pod
-		p.forwardStage(),  // containerd creates the sandbox: network namespace, CNI, pause
-		p.statusStage(),   // the sandbox's verbose status, read once: netns, pid, IPs
-		sys.verifyStage(), // sysctls: read back inside the pod; repair, warn or fail
-		p.recordStage(),   // the pod registry and its checkpoint
+		sys.checkStage(),   // sysctls: validate the pod's, add the node defaults; may refuse the pod
+		dra.prepareStage(), // DRA claims prepared by their drivers: the devices exist before CNI
+		p.forwardStage(),   // containerd creates the sandbox: network namespace, CNI, pause
+		p.statusStage(),    // the sandbox's verbose status, read once: netns, pid, IPs
+		sys.verifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
+		p.recordStage(),    // the pod registry and its checkpoint
 	}
 }
 
@@ -70,10 +71,15 @@ type sandboxRun struct {
 	// answered holds work that starts once RunPodSandbox has succeeded, just before the
 	// kubelet gets the answer (a background verification).
 	answered []func()
+	// ended holds what runs when the call ends, whether it succeeded or not.
+	ended []func()
 }
 
 // onAnswer adds fn to what runs once every stage has succeeded.
 func (sb *sandboxRun) onAnswer(fn func()) { sb.answered = append(sb.answered, fn) }
+
+// onEnd adds fn to what runs when the call ends, after the answer's work or the rollback.
+func (sb *sandboxRun) onEnd(fn func()) { sb.ended = append(sb.ended, fn) }
 
 // sandboxPipeline runs the stages on RunPodSandbox, StopPodSandbox and RemovePodSandbox.
 type sandboxPipeline struct {
@@ -87,7 +93,7 @@ type sandboxPipeline struct {
 	duration   *prometheus.HistogramVec
 }
 
-func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, r prometheus.Registerer) *sandboxPipeline {
+func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, dra *draStages, r prometheus.Registerer) *sandboxPipeline {
 	p := &sandboxPipeline{
 		registry: reg,
 		runtime:  rt,
@@ -105,7 +111,7 @@ func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *
 		Help:    "Time each pipeline stage of RunPodSandbox takes, successful or not; forward is the runtime's own work (network namespace, CNI, pause), the rest is podgate's.",
 		Buckets: []float64{.00001, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"stage"})
-	p.stages = p.sandboxStages(sys)
+	p.stages = p.sandboxStages(sys, dra)
 	sandboxes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "podgate", Subsystem: "registry", Name: "sandboxes",
 		Help: "Pod sandboxes in podgate's pod registry.",
@@ -136,6 +142,11 @@ func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.Run
 		logger: klog.FromContext(ctx).WithValues("pod", klog.KRef(md.GetNamespace(), md.GetName()), "podUID", md.GetUid()),
 	}
 	ctx = klog.NewContext(ctx, sb.logger)
+	defer func() {
+		for _, fn := range sb.ended {
+			fn()
+		}
+	}()
 	start := time.Now()
 	for i, st := range p.stages {
 		stageStart := time.Now()
@@ -193,11 +204,7 @@ func (p *sandboxPipeline) stopPodSandbox(ctx context.Context, req *runtimeapi.St
 	if err != nil {
 		return nil, err
 	}
-	if _, err := p.registry.Update(id, func(r *SandboxRecord) { r.Ready = false }); err != nil {
-		// The runtime stopped the sandbox: the kubelet must hear so. The next write of the
-		// checkpoint carries the change.
-		logger.Error(err, "Record stopped sandbox")
-	}
+	p.registry.Update(id, func(r *SandboxRecord) { r.Ready = false })
 	logger.Info("Pod sandbox stopped")
 	return resp, nil
 }
@@ -256,7 +263,8 @@ func (p *sandboxPipeline) forwardStage() stage {
 			sb.logger.Info("Removed pod sandbox podgate failed", "podSandboxID", id)
 			// Not recorded yet, but a start-up rebuild may have seen the sandbox meanwhile:
 			// forgetting it keeps that rebuild from adopting a sandbox that is gone.
-			return p.registry.Remove(id)
+			p.registry.Remove(id)
+			return nil
 		},
 	}
 }
@@ -282,9 +290,13 @@ func (p *sandboxPipeline) recordStage() stage {
 	return stage{
 		name: "record",
 		run:  func(_ context.Context, sb *sandboxRun) error { return p.registry.Add(sb.rec) },
-		undo: func(_ context.Context, sb *sandboxRun) error { return p.registry.Remove(sb.rec.ID) },
+		undo: func(_ context.Context, sb *sandboxRun) error {
+			p.registry.Remove(sb.rec.ID)
+			return nil
+		},
 		removed: func(_ context.Context, id string) error {
-			return p.registry.Remove(id)
+			p.registry.Remove(id)
+			return nil
 		},
 	}
 }

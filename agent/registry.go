@@ -87,6 +87,52 @@ func (r *SandboxRecord) clone() SandboxRecord {
 	return c
 }
 
+// DeviceRecord is one device a DRA driver prepared for a claim.
+type DeviceRecord struct {
+	Driver string `json:"driver"`
+	Pool   string `json:"pool"`
+	Device string `json:"device"`
+	// Requests are the claim's requests the device serves.
+	Requests     []string `json:"requests,omitempty"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// ClaimRecord is one ResourceClaim of a pod that podgate prepares.
+type ClaimRecord struct {
+	UID       types.UID `json:"uid"`
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	// PodClaimName is the pod's name for the claim (spec.resourceClaims[].name).
+	PodClaimName string `json:"podClaimName"`
+	// Drivers are the drivers podgate calls for the claim.
+	Drivers []string `json:"drivers"`
+	// Prepared: every driver prepared the claim; Devices holds what they returned.
+	Prepared bool           `json:"prepared"`
+	Devices  []DeviceRecord `json:"devices,omitempty"`
+}
+
+// PodClaims are the DRA claims podgate prepared, or began to prepare, for one pod: its
+// obligation to unprepare them once the pod is gone. They are recorded before any driver is
+// called, so a crash never loses the obligation.
+type PodClaims struct {
+	Pod    PodRef        `json:"pod"`
+	Claims []ClaimRecord `json:"claims"`
+}
+
+func (p *PodClaims) clone() PodClaims {
+	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims)}
+	for i := range c.Claims {
+		cl := &c.Claims[i]
+		cl.Drivers = slices.Clone(cl.Drivers)
+		cl.Devices = slices.Clone(cl.Devices)
+		for j := range cl.Devices {
+			cl.Devices[j].Requests = slices.Clone(cl.Devices[j].Requests)
+			cl.Devices[j].CDIDeviceIDs = slices.Clone(cl.Devices[j].CDIDeviceIDs)
+		}
+	}
+	return c
+}
+
 // The registry's readers take one of these single-method views, so a feature depends on what
 // it reads and nothing else. The PodResources service and the DRA step (in packages that do not
 // import agent) get adapters built on them.
@@ -107,6 +153,11 @@ type PodSandboxLister interface {
 	PodSandboxes(uid types.UID) []SandboxRecord
 }
 
+// PodClaimsGetter returns the DRA claims podgate prepared for a pod.
+type PodClaimsGetter interface {
+	PodClaims(uid types.UID) (PodClaims, bool)
+}
+
 // Registry is podgate's pod registry: a record per pod sandbox, written by the sandbox
 // pipeline, kept in a checkpoint in stateDir, and rebuilt from the runtime at start-up. It is
 // safe for concurrent use.
@@ -115,6 +166,7 @@ type Registry struct {
 
 	mu      sync.Mutex
 	entries map[string]*SandboxRecord
+	claims  map[types.UID]*PodClaims
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -123,23 +175,109 @@ type Registry struct {
 	// persistMu orders checkpoint writes: each write takes its snapshot under it, so a later
 	// change is never overwritten by an earlier snapshot.
 	persistMu sync.Mutex
+	// writeQueued: a background write is due and has not taken its snapshot yet; changes made
+	// meanwhile are in it. Guarded by mu.
+	writeQueued bool
+	writes      sync.WaitGroup
+	// writeFailed is told of a background write that failed.
+	writeFailed func(error)
 }
 
 var (
 	_ SandboxGetter    = (*Registry)(nil)
 	_ SandboxLister    = (*Registry)(nil)
 	_ PodSandboxLister = (*Registry)(nil)
+	_ PodClaimsGetter  = (*Registry)(nil)
 )
 
-// NewRegistry creates a registry that persists to cp (nil: memory only), holding the records
-// already in it.
-func NewRegistry(cp *Checkpoint, records []SandboxRecord) *Registry {
-	r := &Registry{checkpoint: cp, entries: map[string]*SandboxRecord{}, touched: map[string]bool{}}
-	for i := range records {
-		rec := records[i].clone()
+// NewRegistry creates a registry that persists to cp (nil: memory only), holding what it
+// already holds.
+func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
+	r := &Registry{
+		checkpoint: cp, entries: map[string]*SandboxRecord{}, claims: map[types.UID]*PodClaims{}, touched: map[string]bool{},
+		writeFailed: func(error) {},
+	}
+	for i := range d.Sandboxes {
+		rec := d.Sandboxes[i].clone()
 		r.entries[rec.ID] = &rec
 	}
+	for i := range d.PodClaims {
+		pc := d.PodClaims[i].clone()
+		r.claims[pc.Pod.UID] = &pc
+	}
 	return r
+}
+
+// PodClaims implements PodClaimsGetter.
+func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pc, ok := r.claims[uid]
+	if !ok {
+		return PodClaims{}, false
+	}
+	return pc.clone(), true
+}
+
+// AllPodClaims returns every pod's claims, ordered by pod UID.
+func (r *Registry) AllPodClaims() []PodClaims {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.allPodClaimsLocked()
+}
+
+func (r *Registry) allPodClaimsLocked() []PodClaims {
+	out := make([]PodClaims, 0, len(r.claims))
+	for _, pc := range r.claims {
+		out = append(out, pc.clone())
+	}
+	slices.SortFunc(out, func(a, b PodClaims) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
+	return out
+}
+
+// SetPodClaims records a pod's claims, replacing what was recorded, and writes the checkpoint
+// before it returns: call it before a driver is asked to prepare, so that a crash never loses
+// the obligation to unprepare. On a write error nothing changes.
+func (r *Registry) SetPodClaims(pc PodClaims) error {
+	c := pc.clone()
+	r.mu.Lock()
+	prev := r.claims[pc.Pod.UID]
+	r.claims[pc.Pod.UID] = &c
+	r.mu.Unlock()
+	if err := r.persist(); err != nil {
+		r.mu.Lock()
+		if prev != nil {
+			r.claims[pc.Pod.UID] = prev
+		} else {
+			delete(r.claims, pc.Pod.UID)
+		}
+		r.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// UpdatePodClaims records a pod's claims, replacing what was recorded; the checkpoint follows
+// in the background. For what a crash may lose: the drivers' answers (a repeated prepare is
+// harmless), not an obligation.
+func (r *Registry) UpdatePodClaims(pc PodClaims) {
+	c := pc.clone()
+	r.mu.Lock()
+	r.claims[pc.Pod.UID] = &c
+	r.mu.Unlock()
+	r.persistSoon()
+}
+
+// RemovePodClaims forgets a pod's claims once they are unprepared; the checkpoint follows in
+// the background (a crash before it repeats the unprepare, which drivers accept).
+func (r *Registry) RemovePodClaims(uid types.UID) {
+	r.mu.Lock()
+	_, ok := r.claims[uid]
+	delete(r.claims, uid)
+	r.mu.Unlock()
+	if ok {
+		r.persistSoon()
+	}
 }
 
 // Sandbox implements SandboxGetter.
@@ -193,58 +331,48 @@ func compareStrings(a, b string) int {
 	return 0
 }
 
-// Add records a sandbox and persists the registry. On a persistence error the record is not
-// kept: the caller undoes what it did for the sandbox.
+// Add records a sandbox; the checkpoint follows in the background. A sandbox record is not an
+// obligation: what a crash loses of it, the start-up rebuild finds again in the runtime (as
+// adopted), so a pod start never waits for the disk, nor fails because of it.
 func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
 	}
 	c := rec.clone()
 	r.mu.Lock()
-	prev := r.entries[rec.ID]
 	r.entries[rec.ID] = &c
 	r.touchLocked(rec.ID)
 	r.mu.Unlock()
-	if err := r.persist(); err != nil {
-		r.mu.Lock()
-		if prev != nil {
-			r.entries[rec.ID] = prev
-		} else {
-			delete(r.entries, rec.ID)
-		}
-		r.mu.Unlock()
-		return err
-	}
+	r.persistSoon()
 	return nil
 }
 
-// Update changes a sandbox's record with fn and persists the registry. It reports false when
-// the sandbox is not (or no longer) recorded.
-func (r *Registry) Update(id string, fn func(*SandboxRecord)) (bool, error) {
+// Update changes a sandbox's record with fn; the checkpoint follows in the background. It
+// reports false when the sandbox is not (or no longer) recorded.
+func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 	r.mu.Lock()
 	e, ok := r.entries[id]
 	if ok {
 		fn(e)
 	}
 	r.mu.Unlock()
-	if !ok {
-		return false, nil
+	if ok {
+		r.persistSoon()
 	}
-	return true, r.persist()
+	return ok
 }
 
-// Remove forgets a sandbox and persists the registry. Forgetting an unknown sandbox is not an
-// error: Stop and Remove are idempotent.
-func (r *Registry) Remove(id string) error {
+// Remove forgets a sandbox; the checkpoint follows in the background. Forgetting an unknown
+// sandbox is not an error: Stop and Remove are idempotent.
+func (r *Registry) Remove(id string) {
 	r.mu.Lock()
 	_, ok := r.entries[id]
 	delete(r.entries, id)
 	r.touchLocked(id)
 	r.mu.Unlock()
-	if !ok {
-		return nil
+	if ok {
+		r.persistSoon()
 	}
-	return r.persist()
 }
 
 func (r *Registry) touchLocked(id string) {
@@ -272,7 +400,7 @@ func (r *Registry) beginRebuild() (end func()) {
 // results with the runtime's view refreshed; one it did not know is added as adopted; one the
 // runtime no longer has is dropped. Sandboxes the pipeline touched since beginRebuild are left
 // as the pipeline made them. It returns how many records it added and dropped.
-func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int, err error) {
+func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 	r.mu.Lock()
 	inRuntime := make(map[string]bool, len(seen))
 	for i := range seen {
@@ -298,7 +426,8 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int, err erro
 		}
 	}
 	r.mu.Unlock()
-	return added, dropped, r.persist()
+	r.persistSoon()
+	return added, dropped
 }
 
 // refreshFromRuntime copies what the runtime reports from seen into r.
@@ -311,13 +440,58 @@ func (r *SandboxRecord) refreshFromRuntime(seen *SandboxRecord) {
 	}
 }
 
+// persist writes the checkpoint now.
 func (r *Registry) persist() error {
 	if r.checkpoint == nil {
 		return nil
 	}
 	r.persistMu.Lock()
 	defer r.persistMu.Unlock()
-	snap := r.Sandboxes()
+	return r.writeLocked()
+}
+
+// persistSoon writes the checkpoint in the background. Writes coalesce: while one is queued,
+// later changes join it; one runs at a time.
+func (r *Registry) persistSoon() {
+	if r.checkpoint == nil {
+		return
+	}
+	r.mu.Lock()
+	if r.writeQueued {
+		r.mu.Unlock()
+		return
+	}
+	r.writeQueued = true
+	r.writes.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.writes.Done()
+		r.persistMu.Lock()
+		defer r.persistMu.Unlock()
+		r.mu.Lock()
+		r.writeQueued = false // from here on, a change queues the next write
+		r.mu.Unlock()
+		if err := r.writeLocked(); err != nil {
+			r.writeFailed(err)
+		}
+	}()
+}
+
+// Flush waits for the background writes queued so far.
+func (r *Registry) Flush() { r.writes.Wait() }
+
+// OnWriteError sets what is told of a background checkpoint write that failed (a log line and a
+// metric); set it before the registry is used.
+func (r *Registry) OnWriteError(fn func(error)) { r.writeFailed = fn }
+
+// writeLocked writes a snapshot of the registry; persistMu is held.
+func (r *Registry) writeLocked() error {
+	r.mu.Lock()
+	snap := CheckpointData{
+		Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }),
+		PodClaims: r.allPodClaimsLocked(),
+	}
+	r.mu.Unlock()
 	if err := r.checkpoint.Write(snap); err != nil {
 		return fmt.Errorf("pod registry: %w", err)
 	}

@@ -65,6 +65,6 @@ func rebuildOnce(ctx context.Context, reg *Registry, rt runtimeapi.RuntimeServic
 		}
 		seen = append(seen, rec.SandboxRecord)
 	}
-	added, dropped, err = reg.reconcile(seen)
-	return len(seen), added, dropped, err
+	added, dropped = reg.reconcile(seen)
+	return len(seen), added, dropped, nil
 }

@@ -162,9 +162,7 @@ func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logge
 		defer g.background.Done()
 		defer cancel()
 		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
-		if _, err := g.registry.Update(rec.ID, func(r *SandboxRecord) { res.record(&r.Sysctls) }); err != nil {
-			logger.Error(err, "Record sysctl verification")
-		}
+		g.registry.Update(rec.ID, func(r *SandboxRecord) { res.record(&r.Sysctls) })
 		g.mu.Lock()
 		delete(g.pending, rec.ID)
 		g.mu.Unlock()

@@ -99,7 +99,7 @@ func sandboxProcess(t *testing.T) int {
 }
 
 // serveRuntime serves rt as a CRI runtime on a unix socket in dir and returns its path.
-func serveRuntime(t *testing.T, dir string, rt runtimeapi.RuntimeServiceServer) string {
+func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) string {
 	t.Helper()
 	path := filepath.Join(dir, "rt.sock")
 	l, err := net.Listen("unix", path)

@@ -148,7 +148,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	fmt.Fprintf(out, "    container output (from its CRI log file): %s\n", logLine)
 
 	step(out, "What podgate recorded of the pod (its pod registry, kept in %s)", agent.CheckpointFile)
-	recs, err := agent.NewCheckpoint(filepath.Join(work, "state")).Read()
+	recs, err := recorded(ctx, filepath.Join(work, "state"))
 	if err != nil {
 		return err
 	}
@@ -208,6 +208,27 @@ kind: AgentConfiguration
 sysctls:
   podDefaults: {net.ipv4.tcp_keepalive_time: "600"}
 `
+
+// recorded reads podgate's registry checkpoint once it holds a sandbox whose sysctls are
+// verified: podgate writes it in the background, moments after the verification.
+func recorded(ctx context.Context, stateDir string) ([]agent.SandboxRecord, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		recs, err := agent.NewCheckpoint(stateDir).Read()
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) > 0 && recs[0].Sysctls.Verification != agent.SysctlsPending {
+			return recs, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("registry checkpoint: no verified sandbox: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
 
 func indent(s string) string {
 	return "        " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n        ") + "\n"

@@ -63,6 +63,8 @@ type Rig struct {
 	Bridge string
 	// Subnet is the pod subnet of the bridge (10.77.N.0/24); the bridge holds its .1 address.
 	Subnet netip.Prefix
+
+	opts Options // for a restart of containerd
 }
 
 // InstallDir is where install.sh puts the binaries and images: $PODGATE_RIG_DIR, by default
@@ -87,9 +89,24 @@ func CheckInstalled() error {
 	return nil
 }
 
+// Options vary a rig.
+type Options struct {
+	// CNIChain are CNI plugin configurations (JSON objects) chained after the bridge plugin
+	// in the rig's network, e.g. a plugin that records what CNI ADD saw.
+	CNIChain []string
+	// CNIBinDir holds the binaries of CNIChain's plugins, beside /usr/lib/cni.
+	CNIBinDir string
+}
+
 // Start starts a rig for the test and stops it, with every pod in it, when the test ends. It
 // skips the test unless it runs as root on a machine with the rig installed.
 func Start(t testing.TB) *Rig {
+	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Rig {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd, which mounts, creates namespaces and cgroups")
@@ -98,7 +115,7 @@ func Start(t testing.TB) *Rig {
 		t.Skip(err.Error())
 	}
 	logger, ctx := ktesting.NewTestContext(t)
-	r, err := Up(ctx, "")
+	r, err := UpWith(ctx, "", o)
 	if err != nil {
 		t.Fatalf("rig: %v", err)
 	}
@@ -121,6 +138,11 @@ func Start(t testing.TB) *Rig {
 // the start fails part-way, Up stops what it started and removes dir; when up.sh refuses (a rig
 // already runs in dir, dir is too long, ...), Up leaves dir alone.
 func Up(ctx context.Context, dir string) (*Rig, error) {
+	return UpWith(ctx, dir, Options{})
+}
+
+// UpWith is Up with options.
+func UpWith(ctx context.Context, dir string, o Options) (*Rig, error) {
 	logger := klog.FromContext(ctx)
 	if err := CheckInstalled(); err != nil {
 		return nil, err
@@ -133,7 +155,7 @@ func Up(ctx context.Context, dir string) (*Rig, error) {
 		}
 		dir, madeDir = d, true
 	}
-	r, err := up(ctx, dir)
+	r, err := up(ctx, dir, o)
 	if exitErr, ok := errors.AsType[*exec.ExitError](err); ok && exitErr.ExitCode() == upRefused {
 		if madeDir {
 			if rerr := os.Remove(dir); rerr != nil {
@@ -156,9 +178,10 @@ func Up(ctx context.Context, dir string) (*Rig, error) {
 	return r, nil
 }
 
-func up(ctx context.Context, dir string) (*Rig, error) {
+func up(ctx context.Context, dir string, o Options) (*Rig, error) {
 	var out bytes.Buffer
-	if err := runScript(ctx, "up.sh", upScript, dir, &out); err != nil {
+	chain := []string{"PODGATE_RIG_CNI_CHAIN=" + strings.Join(o.CNIChain, ","), "PODGATE_RIG_CNI_BIN_DIR=" + o.CNIBinDir}
+	if err := runScript(ctx, "up.sh", upScript, dir, &out, chain...); err != nil {
 		return nil, err
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -175,6 +198,7 @@ func up(ctx context.Context, dir string) (*Rig, error) {
 		return nil, fmt.Errorf("rig.env: %w", err)
 	}
 	return &Rig{
+		opts:     o,
 		Dir:      strings.TrimPrefix(strings.TrimSuffix(endpoint, "/containerd.sock"), "unix://"),
 		Endpoint: endpoint,
 		Bridge:   env["BRIDGE"],
@@ -304,9 +328,12 @@ func Connect(t testing.TB, endpoint string) *Client {
 
 // runScript runs an embedded script as `bash -c script name dir`. The script's stderr is logged,
 // and returned in the error when it fails; stdout goes to out when it is not nil.
-func runScript(ctx context.Context, name, script, dir string, out *bytes.Buffer) error {
+func runScript(ctx context.Context, name, script, dir string, out *bytes.Buffer, env ...string) error {
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", "-c", script, name, dir)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stderr = &stderr
 	if out != nil { // a nil *bytes.Buffer in the io.Writer would not be a nil io.Writer
 		cmd.Stdout = out
@@ -368,7 +395,7 @@ func (r *Rig) StopContainerd(ctx context.Context) error {
 // RestartContainerd starts containerd again in the rig's directory after StopContainerd, with
 // the same socket, bridge and subnet.
 func (r *Rig) RestartContainerd(ctx context.Context) error {
-	if _, err := up(ctx, r.Dir); err != nil {
+	if _, err := up(ctx, r.Dir, r.opts); err != nil {
 		return fmt.Errorf("restart containerd: %w", err)
 	}
 	return nil

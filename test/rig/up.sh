@@ -16,6 +16,10 @@ set -euo pipefail
 RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
 LOG_LEVEL=${PODGATE_RIG_LOG_LEVEL:-info}
 READY_TIMEOUT=${PODGATE_RIG_READY_TIMEOUT:-30} # seconds for containerd to answer
+# A test may chain its own CNI plugins after the bridge: JSON objects, comma-separated, and the
+# directory holding their binaries.
+CNI_CHAIN=${PODGATE_RIG_CNI_CHAIN:-}
+CNI_BIN_DIR=${PODGATE_RIG_CNI_BIN_DIR:-}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 BUSYBOX_IMAGE=docker.io/library/busybox:1.35
 
@@ -123,7 +127,8 @@ cat >"$DIR/cni/net.d/10-pgrig.conflist" <<EOF
         "ranges": [[{"subnet": "$SUBNET"}]],
         "dataDir": "$DIR/cni/ipam"
       }
-    }
+    }${CNI_CHAIN:+,
+    $CNI_CHAIN}
   ]
 }
 EOF
@@ -180,7 +185,7 @@ state = '$DIR/state'
           SystemdCgroup = false
 
     [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['/usr/lib/cni']
+      bin_dirs = ['/usr/lib/cni'${CNI_BIN_DIR:+, '$CNI_BIN_DIR'}]
       conf_dir = '$DIR/cni/net.d'
       max_conf_num = 1
 
