@@ -329,8 +329,11 @@ func (d *draStages) run(ctx context.Context) {
 }
 
 // reconcile releases, once, the claims of each pod that is gone from the API server (or
-// deleted) and has no sandbox left in the runtime. A claim another pod of this node still
-// holds is only dropped from the gone pod's record: the last pod unprepares it.
+// deleted) and has no running sandbox left in the runtime: a stopped sandbox of such a pod
+// never runs again (the kubelet makes new sandboxes only for pods the API server still has,
+// undeleted), and the kubelet's garbage collection may keep it for minutes. A claim another pod
+// of this node still holds is only dropped from the gone pod's record: the last pod unprepares
+// it.
 func (d *draStages) reconcile(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	all := d.registry.AllPodClaims()
@@ -355,7 +358,7 @@ func (d *draStages) reconcile(ctx context.Context) {
 	}
 }
 
-// podGone reports whether the pod is deleted in the API server and has no sandbox left.
+// podGone reports whether the pod is deleted in the API server and has no running sandbox.
 func (d *draStages) podGone(ctx context.Context, ref PodRef) (bool, error) {
 	if d.inFlight(ref.UID) {
 		return false, nil
@@ -375,12 +378,13 @@ func (d *draStages) podGone(ctx context.Context, ref PodRef) (bool, error) {
 			return false, err
 		}
 	}
-	if len(d.registry.PodSandboxes(ref.UID)) > 0 {
+	if slices.ContainsFunc(d.registry.PodSandboxes(ref.UID), func(r SandboxRecord) bool { return r.Ready }) {
 		return false, nil
 	}
 	// Sandboxes made past podgate count too: the kubelet labels each with its pod's UID.
 	resp, err := d.runtime.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
 		LabelSelector: map[string]string{"io.kubernetes.pod.uid": string(ref.UID)},
+		State:         &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
 	}})
 	if err != nil {
 		return false, fmt.Errorf("list the pod's sandboxes: %w", err)

@@ -278,13 +278,15 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 	if calls := dr.driver.Calls(); slices.Contains(calls, "unprepare default/net") {
 		t.Fatalf("unprepared while the pod still has a sandbox: %v", calls)
 	}
+	// Stopped: a deleted pod's stopped sandbox never runs again, whenever the kubelet's
+	// garbage collection removes it.
 	if _, err := dr.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
+	dr.dra.reconcile(ctx)
 	if _, err := dr.client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
-	dr.dra.reconcile(ctx)
 	dr.dra.reconcile(ctx) // a second look finds nothing more to do
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/net", "unprepare default/net"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
