@@ -121,10 +121,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			logger.Error(err, "Stop server", "server", s.name)
 		}
 		if s.name == criServiceName {
-			// No call comes in any more: let the verifications the last calls started end,
-			// so their results reach the registry.
-			if err := p.sysctls.wait(shutdownCtx); err != nil {
-				logger.Error(err, "Shutdown")
+			// No call comes in any more: let the work the last calls started end, so that
+			// its results reach the registry.
+			for _, w := range []func(context.Context) error{p.pipeline.wait, p.sysctls.wait} {
+				if err := w(shutdownCtx); err != nil {
+					logger.Error(err, "Shutdown")
+				}
 			}
 		}
 	}
@@ -169,6 +171,7 @@ type proxy struct {
 	backends []*cri.Backend
 	runtime  runtimeapi.RuntimeServiceClient
 	sysctls  *sysctlStages
+	pipeline *sandboxPipeline
 	dra      *draStages
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
@@ -203,7 +206,8 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
 	a.buildDRA(ctx, p)
-	newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry).register(p.server)
+	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
+	p.pipeline.register(p.server)
 	p.sysctls.register(p.server)
 	a.registerImagePulls(p.server)
 	return p, nil

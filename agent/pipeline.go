@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,7 +35,7 @@ func (p *sandboxPipeline) sandboxStages(sys *sysctlStages, dra *draStages) []sta
 		sys.checkStage(),   // sysctls: validate the pod's, add the node defaults; may refuse the pod
 		dra.prepareStage(), // DRA claims prepared by their drivers: the devices exist before CNI
 		p.forwardStage(),   // containerd creates the sandbox: network namespace, CNI, pause
-		p.statusStage(),    // the sandbox's verbose status, read once: netns, pid, IPs
+		p.statusStage(),    // the sandbox's verbose status, read once (now, or after the answer)
 		sys.verifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
 		p.recordStage(),    // the pod registry and its checkpoint
 	}
@@ -73,6 +74,19 @@ type sandboxRun struct {
 	answered []func()
 	// ended holds what runs when the call ends, whether it succeeded or not.
 	ended []func()
+	// runtimeView reads the sandbox's verbose status once (later calls return the first
+	// answer): its netns, pause PID, IPs. Set by the status stage.
+	runtimeView func() SandboxRecord
+}
+
+// fromRuntime fills rec with the sandbox's status now, for a stage that needs the sandbox's
+// namespaces before RunPodSandbox answers.
+func (sb *sandboxRun) fromRuntime() {
+	if sb.runtimeView == nil {
+		return
+	}
+	v := sb.runtimeView()
+	sb.rec.fillFromRuntime(&v)
 }
 
 // onAnswer adds fn to what runs once every stage has succeeded.
@@ -91,12 +105,15 @@ type sandboxPipeline struct {
 	failures   *prometheus.CounterVec
 	undoErrors *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
+	// background holds the status reads that finish records after their answer.
+	background backgroundWork
 }
 
 func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, dra *draStages, r prometheus.Registerer) *sandboxPipeline {
 	p := &sandboxPipeline{
-		registry: reg,
-		runtime:  rt,
+		registry:   reg,
+		runtime:    rt,
+		background: backgroundWork{name: "sandbox status reads"},
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sandbox", Name: "stage_failures_total",
 			Help: "RunPodSandbox calls that failed, by the pipeline stage that failed (forward: the runtime refused).",
@@ -269,27 +286,51 @@ func (p *sandboxPipeline) forwardStage() stage {
 	}
 }
 
-// statusStage reads the new sandbox's verbose status once into its record, for the stages
-// after it and the registry's readers. A status the runtime does not give is noted in the
-// record, not a failure: the sandbox runs, and what needs its namespace says it has none.
+// statusStage arranges for the new sandbox's verbose status to be read once, for the stages
+// after it and the registry's readers: at once by a stage that needs the sandbox's namespaces
+// before the answer (verify: fail, device attach), otherwise after the answer, in the
+// background, so that a pod that needs nothing of it does not wait for it. A status the runtime
+// does not give is noted in the record, not a failure: the sandbox runs, and what needs its
+// namespace says it has none.
 func (p *sandboxPipeline) statusStage() stage {
 	return stage{
 		name: "status",
 		run: func(ctx context.Context, sb *sandboxRun) error {
-			if err := inspectSandbox(ctx, p.runtime, &sb.rec); err != nil {
-				sb.rec.Status = err.Error()
-				sb.logger.Error(err, "Read new pod sandbox's status", "podSandboxID", sb.rec.ID)
-			}
+			id, logger := sb.rec.ID, sb.logger
+			base := SandboxRecord{ID: id, RuntimeHandler: sb.rec.RuntimeHandler, CgroupParent: sb.rec.CgroupParent, Origin: sb.rec.Origin}
+			// The view may be read after the kubelet's call has ended.
+			vctx := context.WithoutCancel(ctx)
+			sb.runtimeView = sync.OnceValue(func() SandboxRecord {
+				v := base
+				if err := inspectSandbox(vctx, p.runtime, &v); err != nil {
+					v.Status = err.Error()
+					logger.Error(err, "Read new pod sandbox's status", "podSandboxID", id)
+				}
+				return v
+			})
+			view := sb.runtimeView
+			sb.onAnswer(func() {
+				p.background.Go(func() {
+					v := view()
+					p.registry.Update(id, func(r *SandboxRecord) { r.fillFromRuntime(&v) })
+				})
+			})
 			return nil
 		},
 	}
 }
 
+// wait waits for the status reads started after answers, until ctx ends.
+func (p *sandboxPipeline) wait(ctx context.Context) error { return p.background.wait(ctx) }
+
 // recordStage adds the sandbox to the pod registry, which persists it.
 func (p *sandboxPipeline) recordStage() stage {
 	return stage{
 		name: "record",
-		run:  func(_ context.Context, sb *sandboxRun) error { return p.registry.Add(sb.rec) },
+		run: func(_ context.Context, sb *sandboxRun) error {
+			sb.rec.Ready = true // the runtime just created it
+			return p.registry.Add(sb.rec)
+		},
 		undo: func(_ context.Context, sb *sandboxRun) error {
 			p.registry.Remove(sb.rec.ID)
 			return nil

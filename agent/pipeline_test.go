@@ -107,9 +107,11 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	go srv.Serve(l) //nolint:errcheck // returns nil after Shutdown
 	t.Cleanup(func() {
 		srv.Shutdown(context.Background())
-		// Background verifications end before the state directory goes.
-		if err := sys.wait(context.Background()); err != nil {
-			t.Error(err)
+		// Background work ends before the state directory goes.
+		for _, wait := range []func(context.Context) error{r.pipeline.wait, sys.wait} {
+			if err := wait(context.Background()); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 	r.client = criClient(t, filepath.Join(dir, "pg.sock"))
@@ -231,6 +233,10 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 	r := newPipelineRig(t, nil)
 	id, err := r.run(t, "p")
 	if err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox's status is read after the answer (no stage needed it before).
+	if err := r.pipeline.wait(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	rec, ok := r.registry.Sandbox(id)

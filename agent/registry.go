@@ -430,9 +430,16 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 	return added, dropped
 }
 
-// refreshFromRuntime copies what the runtime reports from seen into r.
+// refreshFromRuntime copies what the runtime reports from seen into r, readiness included.
 func (r *SandboxRecord) refreshFromRuntime(seen *SandboxRecord) {
 	r.Ready = seen.Ready
+	r.fillFromRuntime(seen)
+}
+
+// fillFromRuntime copies what the runtime reports of the sandbox's make-up from seen into r:
+// netns, pause PID, IPs, cgroup parent. Readiness is left alone: a status read while
+// RunPodSandbox answered may land after the sandbox was stopped.
+func (r *SandboxRecord) fillFromRuntime(seen *SandboxRecord) {
 	r.NetNS, r.HostNetwork, r.PID = seen.NetNS, seen.HostNetwork, seen.PID
 	r.CgroupParent, r.IPs, r.Status = seen.CgroupParent, slices.Clone(seen.IPs), seen.Status
 	if r.RuntimeHandler == "" {

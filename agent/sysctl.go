@@ -38,9 +38,8 @@ type sysctlStages struct {
 
 	mu      sync.Mutex
 	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
-	// background counts the verifications running after their RunPodSandbox answered;
-	// shutdown waits for them, within its grace period.
-	background sync.WaitGroup
+	// background holds the verifications running after their RunPodSandbox answered.
+	background backgroundWork
 
 	rejected      prometheus.Counter
 	defaultsAdded prometheus.Counter
@@ -50,10 +49,11 @@ type sysctlStages struct {
 
 func newSysctlStages(policy *sysctl.Policy, verify string, registry *Registry, reg prometheus.Registerer) *sysctlStages {
 	g := &sysctlStages{
-		policy:   policy,
-		verify:   verify,
-		registry: registry,
-		pending:  map[string]chan struct{}{},
+		policy:     policy,
+		verify:     verify,
+		registry:   registry,
+		pending:    map[string]chan struct{}{},
+		background: backgroundWork{name: "sysctl verifications"},
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
 			Help: "RunPodSandbox calls refused because of a pod sysctl (name, namespace, allowlist, kernel or value).",
@@ -136,6 +136,7 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
 	if g.verify == VerifyFail {
+		sb.fromRuntime()
 		res := g.timedVerify(ctx, logger, sb.rec, want)
 		res.record(&sb.rec.Sysctls)
 		if res.failure != nil {
@@ -143,47 +144,37 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 		}
 		return res.failure
 	}
-	rec := sb.rec.clone()
-	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, want) })
+	rec, view := sb.rec.clone(), sb.runtimeView
+	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
 	return nil
 }
 
 // verifyInBackground starts the verification of a sandbox whose RunPodSandbox is answering
-// and records its result in the registry.
-func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) {
+// and records its result in the registry. view gives the sandbox's namespaces.
+func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec SandboxRecord, view func() SandboxRecord, want map[string]string) {
 	done := make(chan struct{})
 	g.mu.Lock()
 	g.pending[rec.ID] = done
 	g.mu.Unlock()
-	g.background.Add(1)
 	// The kubelet's call ends when we answer; the verification must not end with it.
 	vctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), verifyTimeout)
-	go func() {
-		defer g.background.Done()
+	g.background.Go(func() {
 		defer cancel()
+		if view != nil {
+			v := view()
+			rec.fillFromRuntime(&v)
+		}
 		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
 		g.registry.Update(rec.ID, func(r *SandboxRecord) { res.record(&r.Sysctls) })
 		g.mu.Lock()
 		delete(g.pending, rec.ID)
 		g.mu.Unlock()
 		close(done)
-	}()
+	})
 }
 
 // wait waits for the background verifications, until ctx ends.
-func (g *sysctlStages) wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		g.background.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("sysctl verifications still running: %w", context.Cause(ctx))
-	}
-}
+func (g *sysctlStages) wait(ctx context.Context) error { return g.background.wait(ctx) }
 
 // verifyResult is a verification's outcome: the registry's verification result and
 // mismatches, and, with verify: fail, the error that fails the sandbox.
