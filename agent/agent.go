@@ -11,6 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
@@ -227,6 +228,19 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 		dra.WithRegisterer(a.registry))
 	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
 	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
+	if len(a.cfg.DRA.Attach) > 0 {
+		at := newDRAAttach(a.cfg.DRA.Attach, dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute), resolver, a.sandboxes, a.registry)
+		if a.cfg.DRA.PublishNetworkData {
+			client := a.pods.Client()
+			at.publish = func(ctx context.Context, c types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error {
+				return dra.PublishNetworkData(ctx, client, c, uid, devs)
+			}
+			at.clear = func(ctx context.Context, c types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error {
+				return dra.ClearNetworkData(ctx, client, c, uid, devs)
+			}
+		}
+		p.dra.attacher = at
+	}
 	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
 }
 

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/podgate/podgate/dra"
 )
 
 // DRA defaults.
@@ -27,6 +29,16 @@ type DRA struct {
 	Drivers []string `json:"drivers,omitempty"`
 	// CallTimeout bounds each call to a driver.
 	CallTimeout Duration `json:"callTimeout,omitempty"`
+	// Attach names the drivers whose prepared devices are host network interfaces that
+	// podgate moves into the pod once CNI has run (named, sized and addressed as the claim's
+	// opaque configuration asks), and gives back to the host when the pod stops.
+	Attach []string `json:"attach,omitempty"`
+	// InterfaceNameAttribute is the device attribute, in the drivers' ResourceSlices, that
+	// names a device's host interface; default "interfaceName" (dranet: "dra.net/ifName").
+	InterfaceNameAttribute string `json:"interfaceNameAttribute,omitempty"`
+	// PublishNetworkData writes an attached device's network data (interface name, IPs, MAC)
+	// into its claim's status.devices (needs update on resourceclaims/status).
+	PublishNetworkData bool `json:"publishNetworkData,omitempty"`
 }
 
 func (d *DRA) setDefaults() {
@@ -35,6 +47,9 @@ func (d *DRA) setDefaults() {
 	}
 	if d.CallTimeout.Duration == 0 {
 		d.CallTimeout.Duration = DefaultDRACallTimeout
+	}
+	if d.InterfaceNameAttribute == "" {
+		d.InterfaceNameAttribute = dra.DefaultInterfaceNameAttribute
 	}
 }
 
@@ -46,13 +61,25 @@ func (d *DRA) validate() error {
 	if d.CallTimeout.Duration < 0 {
 		errs = append(errs, fmt.Errorf("dra.callTimeout: %s: must not be negative", d.CallTimeout))
 	}
-	for i, name := range d.Drivers {
-		switch {
-		case name == "":
-			errs = append(errs, fmt.Errorf("dra.drivers[%d]: empty driver name", i))
-		case slices.Index(d.Drivers, name) != i:
-			errs = append(errs, fmt.Errorf("dra.drivers[%d]: %q listed twice", i, name))
+	errs = append(errs, validDriverList("dra.drivers", d.Drivers)...)
+	errs = append(errs, validDriverList("dra.attach", d.Attach)...)
+	for i, name := range d.Attach {
+		if len(d.Drivers) > 0 && name != "" && !slices.Contains(d.Drivers, name) {
+			errs = append(errs, fmt.Errorf("dra.attach[%d]: %q is not in dra.drivers, so podgate never prepares its devices", i, name))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func validDriverList(field string, names []string) []error {
+	var errs []error
+	for i, name := range names {
+		switch {
+		case name == "":
+			errs = append(errs, fmt.Errorf("%s[%d]: empty driver name", field, i))
+		case slices.Index(names, name) != i:
+			errs = append(errs, fmt.Errorf("%s[%d]: %q listed twice", field, i, name))
+		}
+	}
+	return errs
 }

@@ -43,6 +43,9 @@ type draStages struct {
 	registry *Registry
 	runtime  runtimeapi.RuntimeServiceClient
 
+	// attacher moves devices into pods; nil when no driver's devices are attached.
+	attacher *draAttach
+
 	mu sync.Mutex
 	// preparing counts the RunPodSandbox calls of a pod between its claims' recording and
 	// the sandbox's recording: the reconciler leaves such a pod alone.

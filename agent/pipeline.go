@@ -37,6 +37,7 @@ func (p *sandboxPipeline) sandboxStages(sys *sysctlStages, dra *draStages) []sta
 		p.forwardStage(),   // containerd creates the sandbox: network namespace, CNI, pause
 		p.statusStage(),    // the sandbox's verbose status, read once (now, or after the answer)
 		sys.verifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
+		dra.attachStage(),  // DRA network devices moved into the pod, where configured
 		p.recordStage(),    // the pod registry and its checkpoint
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/podgate/podgate/dra"
 )
 
 // Where a registry entry comes from.
@@ -76,6 +78,23 @@ type SandboxRecord struct {
 	// Status is why the runtime-derived fields above are missing, when they are.
 	Status  string       `json:"status,omitempty"`
 	Sysctls SysctlRecord `json:"sysctls"`
+	// Attached are the DRA network devices podgate moved into the pod, to give back when the
+	// sandbox stops.
+	Attached []AttachedDevice `json:"attached,omitempty"`
+}
+
+// AttachedDevice is a DRA device's host interface that podgate moved into a pod.
+type AttachedDevice struct {
+	ClaimNamespace string    `json:"claimNamespace"`
+	ClaimName      string    `json:"claimName"`
+	ClaimUID       types.UID `json:"claimUID"`
+	Driver         string    `json:"driver"`
+	Pool           string    `json:"pool"`
+	Device         string    `json:"device"`
+	// Interface is what giving it back needs.
+	Interface dra.Attached `json:"interface"`
+	// Published: its network data is in the claim's status.
+	Published bool `json:"published,omitempty"`
 }
 
 func (r *SandboxRecord) clone() SandboxRecord {
@@ -84,6 +103,10 @@ func (r *SandboxRecord) clone() SandboxRecord {
 	c.Sysctls.Asked = maps.Clone(r.Sysctls.Asked)
 	c.Sysctls.Applied = maps.Clone(r.Sysctls.Applied)
 	c.Sysctls.Mismatches = slices.Clone(r.Sysctls.Mismatches)
+	c.Attached = slices.Clone(r.Attached)
+	for i := range c.Attached {
+		c.Attached[i].Interface.Addresses = slices.Clone(r.Attached[i].Interface.Addresses)
+	}
 	return c
 }
 

@@ -171,3 +171,28 @@ func (r *ClaimResolver) Forget(namespace, name string) {
 	defer r.mu.Unlock()
 	delete(r.cache, types.NamespacedName{Namespace: namespace, Name: name})
 }
+
+// Claim returns the claim namespace/name as last read, or reads it. For steps after the
+// prepare, which read the claim's configuration: it cannot change while the claim is reserved.
+func (r *ClaimResolver) Claim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	r.mu.Lock()
+	cached := r.cache[key]
+	r.mu.Unlock()
+	if cached != nil {
+		return cached, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, claimFetchTimeout)
+	defer cancel()
+	claim, err := r.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("claim %s/%s: not found", namespace, name))
+	case err != nil:
+		return nil, fmt.Errorf("claim %s/%s: %w: %w", namespace, name, errdefs.ErrUnavailable, err)
+	}
+	r.mu.Lock()
+	r.cache[key] = claim
+	r.mu.Unlock()
+	return claim, nil
+}

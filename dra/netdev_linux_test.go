@@ -1,0 +1,474 @@
+package dra
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"k8s.io/klog/v2/ktesting"
+)
+
+// The tests below create network namespaces with `ip netns add`: one stands for the host, one
+// for the pod. They touch no other namespace, and podgate's code reaches both through netlink
+// handles, so no thread of the test process enters them for longer than a socket's creation.
+
+func requireNetAdmin(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates network namespaces and moves interfaces between them (CI runs as root)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip to create network namespaces")
+	}
+}
+
+var netnsCount atomic.Int64
+
+// testNetns creates a network namespace, deleted when the test ends, and returns its path.
+func testNetns(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("pgtest-%d-%d", os.Getpid(), netnsCount.Add(1))
+	ipCmd(t, "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	return filepath.Join("/run/netns", name)
+}
+
+// ipCmd runs ip with args and fails the test when it fails.
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// inNetns runs ip with args in the namespace at path.
+func inNetns(t *testing.T, path string, args ...string) {
+	t.Helper()
+	ipCmd(t, append([]string{"-n", filepath.Base(path)}, args...)...)
+}
+
+// handleAt returns a netlink handle in the namespace at path.
+func handleAt(t *testing.T, path string) *netlink.Handle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// linkState is what the tests compare of an interface.
+type linkState struct {
+	Name  string
+	MTU   int
+	Up    bool
+	Alias string
+	Addrs []string // global addresses, sorted
+}
+
+// stateOf returns the state of the interface name in h's namespace; ok is false when there is
+// none.
+func stateOf(t *testing.T, h *netlink.Handle, name string) (linkState, bool) {
+	t.Helper()
+	link, err := h.LinkByName(name)
+	if isLinkNotFound(err) {
+		return linkState{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := linkState{Name: name, MTU: link.Attrs().MTU, Up: link.Attrs().Flags&net.FlagUp != 0, Alias: link.Attrs().Alias}
+	for _, a := range addrs {
+		if !a.IP.IsLinkLocalUnicast() {
+			s.Addrs = append(s.Addrs, a.IPNet.String())
+		}
+	}
+	slices.Sort(s.Addrs)
+	return s, true
+}
+
+// hostLink makes a veth pair in the host namespace, name and name+"p", with an alias; up says
+// whether name is up.
+func hostLink(t *testing.T, host, name string, up bool) linkState {
+	t.Helper()
+	inNetns(t, host, "link", "add", name, "mtu", "1500", "type", "veth", "peer", "name", name+"p")
+	inNetns(t, host, "link", "set", name, "alias", "uplink to rack 7")
+	want := linkState{Name: name, MTU: 1500, Alias: "uplink to rack 7"}
+	if up {
+		inNetns(t, host, "link", "set", name, "up")
+		want.Up = true
+	}
+	return want
+}
+
+// checkThreadsHome fails the test, when it and its subtests are done, if a thread of the test
+// process is then in another network namespace than the process. (While parallel subtests
+// run, a locked thread may be in a test namespace for the creation of a netlink socket.)
+func checkThreadsHome(t *testing.T) {
+	t.Cleanup(func() { threadsHome(t) })
+}
+
+func threadsHome(t *testing.T) {
+	home, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		ns, err := os.Readlink(filepath.Join("/proc/self/task", task.Name(), "ns/net"))
+		if err == nil && ns != home {
+			t.Errorf("thread %s is in network namespace %s, the process in %s", task.Name(), ns, home)
+		}
+	}
+}
+
+func TestAttachDetach(t *testing.T) {
+	requireNetAdmin(t)
+	checkThreadsHome(t)
+	tests := []struct {
+		name     string
+		cfg      InterfaceConfig
+		hostUp   bool
+		podTaken bool // the pod has an interface named like the host's
+		wantPod  linkState
+	}{
+		{
+			name:    "rename, MTU and addresses",
+			cfg:     InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24", "2001:db8::10/64"}},
+			wantPod: linkState{Name: "net1", MTU: 1400, Up: true, Addrs: []string{"192.0.2.10/24", "2001:db8::10/64"}},
+		},
+		{
+			name:    "keep the host's name and MTU",
+			cfg:     InterfaceConfig{},
+			wantPod: linkState{Name: "pgeth0", MTU: 1500, Up: true},
+		},
+		{
+			name:    "host interface up",
+			cfg:     InterfaceConfig{Name: "net1"},
+			hostUp:  true,
+			wantPod: linkState{Name: "net1", MTU: 1500, Up: true},
+		},
+		{
+			name:     "host name taken in the pod",
+			cfg:      InterfaceConfig{Name: "net1", Addresses: []string{"198.51.100.7/32"}},
+			podTaken: true,
+			wantPod:  linkState{Name: "net1", MTU: 1500, Up: true, Addrs: []string{"198.51.100.7/32"}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, ctx := ktesting.NewTestContext(t)
+			host, pod := testNetns(t), testNetns(t)
+			wantHost := hostLink(t, host, "pgeth0", tc.hostUp)
+			if tc.podTaken {
+				inNetns(t, pod, "link", "add", "pgeth0", "type", "veth", "peer", "name", "pgeth0p")
+			}
+			hostH, podH := handleAt(t, host), handleAt(t, pod)
+			m := linkMover{hostNetns: host}
+
+			a, err := m.attach(ctx, "pgeth0", pod, tc.cfg)
+			if err != nil {
+				t.Fatalf("Attach: %v", err)
+			}
+			wantPod := tc.wantPod
+			wantPod.Alias = markOf(Attached{HostName: "pgeth0", MTU: 1500, Up: tc.hostUp, Alias: wantHost.Alias}).alias()
+			if got, _ := stateOf(t, podH, wantPod.Name); !equalState(got, wantPod) {
+				t.Errorf("in the pod: %+v, want %+v", got, wantPod)
+			}
+			if _, ok := stateOf(t, hostH, "pgeth0"); ok {
+				t.Error("pgeth0 still on the host")
+			}
+			wantA := Attached{HostName: "pgeth0", PodName: wantPod.Name, MTU: 1500, Up: tc.hostUp, Alias: wantHost.Alias, Addresses: tc.cfg.Addresses}
+			wantA.HardwareAddr = a.HardwareAddr
+			if _, err := net.ParseMAC(a.HardwareAddr); err != nil || !equalAttached(a, wantA) {
+				t.Errorf("Attach = %+v, want %+v with a MAC", a, wantA)
+			}
+
+			again, err := m.attach(ctx, "pgeth0", pod, tc.cfg)
+			if err != nil || !equalAttached(again, a) {
+				t.Errorf("Attach again = %+v, %v; want %+v, nil", again, err, a)
+			}
+
+			// The checkpoint keeps a as JSON.
+			var restored Attached
+			if b, err := json.Marshal(a); err != nil || json.Unmarshal(b, &restored) != nil {
+				t.Fatalf("JSON round trip of %+v: %v", a, err)
+			}
+			for i := range 2 {
+				if err := m.detach(ctx, restored, pod); err != nil {
+					t.Fatalf("Detach %d: %v", i+1, err)
+				}
+				if got, ok := stateOf(t, hostH, "pgeth0"); !ok || !equalState(got, wantHost) {
+					t.Errorf("on the host after Detach %d: %+v (found %t), want %+v", i+1, got, ok, wantHost)
+				}
+				if got, ok := stateOf(t, podH, wantPod.Name); ok {
+					t.Errorf("still in the pod after Detach %d: %+v", i+1, got)
+				}
+			}
+		})
+	}
+}
+
+func TestAttachFailureLeavesHostUnchanged(t *testing.T) {
+	requireNetAdmin(t)
+	checkThreadsHome(t)
+	tests := []struct {
+		name     string
+		hostIf   string
+		cfg      InterfaceConfig
+		setupPod func(t *testing.T, pod string)
+		podPath  func(host, pod string) string
+		class    error
+	}{
+		{
+			name:   "name taken in the pod",
+			hostIf: "pgeth0",
+			cfg:    InterfaceConfig{Name: "net1"},
+			setupPod: func(t *testing.T, pod string) {
+				inNetns(t, pod, "link", "add", "net1", "type", "veth", "peer", "name", "net1p")
+			},
+			class: errdefs.ErrAlreadyExists,
+		},
+		{
+			// The kernel refuses the address after the move, rename and MTU.
+			name:   "address refused in the pod",
+			hostIf: "pgeth0",
+			cfg:    InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24", "2001:db8::10/64"}},
+			setupPod: func(t *testing.T, pod string) {
+				cmd := exec.Command("ip", "netns", "exec", filepath.Base(pod), "sysctl", "-qw",
+					"net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("disable IPv6 in the pod: %v: %s", err, out)
+				}
+			},
+		},
+		{
+			name:   "no such host interface",
+			hostIf: "pgnone0",
+			class:  errdefs.ErrFailedPrecondition,
+		},
+		{
+			name:    "no such pod namespace",
+			hostIf:  "pgeth0",
+			podPath: func(_, pod string) string { return pod + "-gone" },
+			class:   errdefs.ErrFailedPrecondition,
+		},
+		{
+			name:    "pod namespace is the host's",
+			hostIf:  "pgeth0",
+			podPath: func(host, _ string) string { return host },
+			class:   errdefs.ErrInvalidArgument,
+		},
+		{
+			name:   "invalid name",
+			hostIf: "pgeth0",
+			cfg:    InterfaceConfig{Name: "lo"},
+			class:  errdefs.ErrInvalidArgument,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, ctx := ktesting.NewTestContext(t)
+			host, pod := testNetns(t), testNetns(t)
+			wantHost := hostLink(t, host, "pgeth0", true)
+			if tc.setupPod != nil {
+				tc.setupPod(t, pod)
+			}
+			podPath := pod
+			if tc.podPath != nil {
+				podPath = tc.podPath(host, pod)
+			}
+			hostH, podH := handleAt(t, host), handleAt(t, pod)
+			linksBefore := linkNames(t, podH)
+
+			_, err := linkMover{hostNetns: host}.attach(ctx, tc.hostIf, podPath, tc.cfg)
+			if err == nil {
+				t.Fatal("Attach succeeded")
+			}
+			if tc.class != nil && !errors.Is(err, tc.class) {
+				t.Errorf("Attach: %v, want class %v", err, tc.class)
+			}
+			t.Logf("Attach: %v", err)
+			if got, ok := stateOf(t, hostH, "pgeth0"); !ok || !equalState(got, wantHost) {
+				t.Errorf("on the host: %+v (found %t), want %+v", got, ok, wantHost)
+			}
+			if got := linkNames(t, podH); !slices.Equal(got, linksBefore) {
+				t.Errorf("pod interfaces %v, before %v", got, linksBefore)
+			}
+		})
+	}
+}
+
+// TestAttachResumes covers an Attach that stopped part-way (podgate crashed): a later Attach
+// finds the interface by its mark, and Detach gives it back whole.
+func TestAttachResumes(t *testing.T) {
+	requireNetAdmin(t)
+	checkThreadsHome(t)
+	mark := markOf(Attached{HostName: "pgeth0", MTU: 1500, Up: true, Alias: "uplink to rack 7"}).alias()
+	tests := []struct {
+		name        string
+		interrupted func(t *testing.T, host, pod string)
+	}{
+		{"after the mark", func(t *testing.T, host, _ string) {
+			inNetns(t, host, "link", "set", "pgeth0", "alias", mark)
+		}},
+		{"after the move", func(t *testing.T, host, pod string) {
+			inNetns(t, host, "link", "set", "pgeth0", "alias", mark)
+			inNetns(t, host, "link", "set", "pgeth0", "netns", filepath.Base(pod))
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, ctx := ktesting.NewTestContext(t)
+			host, pod := testNetns(t), testNetns(t)
+			wantHost := hostLink(t, host, "pgeth0", true)
+			tc.interrupted(t, host, pod)
+			hostH, podH := handleAt(t, host), handleAt(t, pod)
+			m := linkMover{hostNetns: host}
+
+			cfg := InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}}
+			a, err := m.attach(ctx, "pgeth0", pod, cfg)
+			if err != nil {
+				t.Fatalf("Attach: %v", err)
+			}
+			wantPod := linkState{Name: "net1", MTU: 1400, Up: true, Alias: mark, Addrs: cfg.Addresses}
+			if got, _ := stateOf(t, podH, "net1"); !equalState(got, wantPod) {
+				t.Errorf("in the pod: %+v, want %+v", got, wantPod)
+			}
+			if err := m.detach(ctx, a, pod); err != nil {
+				t.Fatalf("Detach: %v", err)
+			}
+			if got, ok := stateOf(t, hostH, "pgeth0"); !ok || !equalState(got, wantHost) {
+				t.Errorf("on the host: %+v (found %t), want %+v", got, ok, wantHost)
+			}
+		})
+	}
+}
+
+// TestDetachPodNetnsGone covers Detach once the pod's namespace is gone: a veth end is
+// destroyed with it; a physical interface comes back to the host under its pod name (made
+// here by hand), and Detach restores it.
+func TestDetachPodNetnsGone(t *testing.T) {
+	requireNetAdmin(t)
+	checkThreadsHome(t)
+	for _, returned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("returned=%t", returned), func(t *testing.T) {
+			t.Parallel()
+			_, ctx := ktesting.NewTestContext(t)
+			host, pod := testNetns(t), testNetns(t)
+			wantHost := hostLink(t, host, "pgeth0", false)
+			hostH := handleAt(t, host)
+			m := linkMover{hostNetns: host}
+			a, err := m.attach(ctx, "pgeth0", pod, InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}})
+			if err != nil {
+				t.Fatalf("Attach: %v", err)
+			}
+			if returned {
+				inNetns(t, pod, "link", "set", "net1", "netns", filepath.Base(host))
+			}
+			ipCmd(t, "netns", "del", filepath.Base(pod))
+
+			if err := m.detach(ctx, a, pod); err != nil {
+				t.Fatalf("Detach: %v", err)
+			}
+			got, ok := stateOf(t, hostH, "pgeth0")
+			switch {
+			case returned && (!ok || !equalState(got, wantHost)):
+				t.Errorf("on the host: %+v (found %t), want %+v", got, ok, wantHost)
+			case !returned && ok:
+				t.Errorf("destroyed veth end on the host: %+v", got)
+			}
+		})
+	}
+}
+
+func linkNames(t *testing.T, h *netlink.Handle) []string {
+	t.Helper()
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range links {
+		names = append(names, l.Attrs().Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func equalState(a, b linkState) bool {
+	return a.Name == b.Name && a.MTU == b.MTU && a.Up == b.Up && a.Alias == b.Alias && slices.Equal(a.Addrs, b.Addrs)
+}
+
+func equalAttached(a, b Attached) bool {
+	return a.HostName == b.HostName && a.PodName == b.PodName && a.MTU == b.MTU && a.Up == b.Up &&
+		a.Alias == b.Alias && a.HardwareAddr == b.HardwareAddr && slices.Equal(a.Addresses, b.Addresses)
+}
+
+func TestAttachMarkRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		mark linkMark
+		want linkMark
+	}{
+		{"plain", linkMark{Name: "eth5", MTU: 9000, Up: true}, linkMark{Name: "eth5", MTU: 9000, Up: true}},
+		{"alias", linkMark{Name: "eth5", MTU: 1500, Alias: "to rack 7"}, linkMark{Name: "eth5", MTU: 1500, Alias: "to rack 7"}},
+		{"alias too long", linkMark{Name: "eth5", MTU: 1500, Alias: strings.Repeat("x", 250)}, linkMark{Name: "eth5", MTU: 1500}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			alias := tc.mark.alias()
+			if len(alias) > maxAliasLen {
+				t.Errorf("alias of %d bytes", len(alias))
+			}
+			if got, ok := parseLinkMark(alias); !ok || got != tc.want {
+				t.Errorf("parseLinkMark(%q) = %+v, %t; want %+v", alias, got, ok, tc.want)
+			}
+		})
+	}
+	for _, alias := range []string{"", "uplink", "podgate:", "podgate:{", `podgate:{"mtu":1}`} {
+		if m, ok := parseLinkMark(alias); ok {
+			t.Errorf("parseLinkMark(%q) = %+v, want no mark", alias, m)
+		}
+	}
+}
+
+func TestDetachWithoutNames(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	for _, a := range []Attached{{}, {HostName: "eth5"}, {PodName: "net1"}} {
+		if err := Detach(ctx, a, "/run/netns/none"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Detach(%+v): %v, want an invalid argument", a, err)
+		}
+	}
+}

@@ -1,0 +1,23 @@
+//go:build !linux
+
+package dra
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+
+	"github.com/containerd/errdefs"
+)
+
+// errNetdevNeedsLinux is what attaching and detaching return off Linux: they move interfaces
+// between Linux network namespaces.
+var errNetdevNeedsLinux = errdefs.ErrNotImplemented.WithMessage(fmt.Sprintf("network devices need Linux, this is %s", runtime.GOOS))
+
+// Attach moves a host network interface into a pod's network namespace. Off Linux it fails.
+func Attach(context.Context, string, string, InterfaceConfig) (Attached, error) {
+	return Attached{}, errNetdevNeedsLinux
+}
+
+// Detach gives back an interface that Attach moved into a pod. Off Linux it fails.
+func Detach(context.Context, Attached, string) error { return errNetdevNeedsLinux }
