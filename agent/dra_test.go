@@ -131,6 +131,17 @@ func (dr *draRig) runPod(t *testing.T, pod *corev1.Pod) (string, error) {
 	return resp.GetPodSandboxId(), err
 }
 
+// removeSandbox stops and removes a sandbox through podgate, as the kubelet does.
+func (dr *draRig) removeSandbox(t *testing.T, id string) {
+	t.Helper()
+	if _, err := dr.client.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dr.client.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
@@ -159,12 +170,7 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	}
 
 	// The kubelet re-creates the pod's sandbox: nothing is asked again.
-	if _, err := dr.client.StopPodSandbox(t.Context(), &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := dr.client.RemovePodSandbox(t.Context(), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-		t.Fatal(err)
-	}
+	dr.removeSandbox(t, id)
 	if _, err := dr.runPod(t, pod); err != nil {
 		t.Fatal(err)
 	}
@@ -323,12 +329,7 @@ func TestDRASharedClaimUnpreparedByTheLastPod(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := dr.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := dr.client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
-			t.Fatal(err)
-		}
+		dr.removeSandbox(t, id)
 	}
 	if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p1.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -382,20 +383,9 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	for _, call := range []func() error{
-		func() error {
-			_, err := dr.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
-			return err
-		},
-		func() error {
-			_, err := dr.client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id})
-			return err
-		},
-		func() error { return dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}) },
-	} {
-		if err := call(); err != nil {
-			t.Fatal(err)
-		}
+	dr.removeSandbox(t, id)
+	if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, pod.UID)
 	dr.driver.SetHook(func(context.Context, string) error { return errors.New("device busy") })

@@ -15,8 +15,9 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/podgate/podgate/test/testnet"
 )
 
 // The tests below create network namespaces with `ip netns add`: one stands for the host, one
@@ -65,17 +66,7 @@ func inNetns(t *testing.T, path string, args ...string) {
 // handleAt returns a netlink handle in the namespace at path.
 func handleAt(t *testing.T, path string) *netlink.Handle {
 	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return h
+	return testnet.HandleAt(t, path)
 }
 
 // linkState is what the tests compare of an interface.

@@ -10,14 +10,13 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/podgate/podgate/test/cni/record"
+	"github.com/podgate/podgate/test/testnet"
 )
 
 // pluginPath is the recorder binary built once by TestMain, as containerd would find it in a CNI
@@ -231,30 +230,10 @@ func lastEntry(t *testing.T, path string) record.Entry {
 	return entries[len(entries)-1]
 }
 
-var netnsSeq atomic.Int64
-
 // newNetns creates a named network namespace for the test and returns its name and a netlink
 // handle inside it. Both go away when the test ends.
 func newNetns(t *testing.T) (string, *netlink.Handle) {
 	t.Helper()
-	name := fmt.Sprintf("pgrec-%d-%d", os.Getpid(), netnsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return name, h
+	ns := testnet.New(t, "pgrec")
+	return ns.Name, ns.Handle
 }

@@ -10,11 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +28,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/podgate/podgate/test/testnet"
 )
 
 const (
@@ -485,33 +485,12 @@ func shortTempDir(t *testing.T) string {
 	return dir
 }
 
-var netnsSeq atomic.Int64
-
 // newNetns creates a named network namespace for the test and returns its path and a netlink
 // handle inside it. Both go away when the test ends.
 func newNetns(t *testing.T) (string, *netlink.Handle) {
 	t.Helper()
-	name := fmt.Sprintf("pgdrv-%d-%d", os.Getpid(), netnsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	path := filepath.Join("/run/netns", name)
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return path, h
+	ns := testnet.New(t, "pgdrv")
+	return ns.Path, ns.Handle
 }
 
 func hostLinks(t *testing.T) *netlink.Handle {
