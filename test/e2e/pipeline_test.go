@@ -55,20 +55,15 @@ func readCheckpoint(t *testing.T, p *harness.Podgate) []agent.SandboxRecord {
 }
 
 // waitCheckpoint waits until the checkpoint of a running podgate, which follows its registry
-// in the background, satisfies ok; it fails the test after a minute, showing the last one.
+// in the background, satisfies ok; it fails the test after a minute.
 func waitCheckpoint(t *testing.T, p *harness.Podgate, ok func([]agent.SandboxRecord) bool) []agent.SandboxRecord {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		recs := readCheckpoint(t, p)
-		if ok(recs) {
-			return recs
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("checkpoint never became as expected: %+v", recs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var recs []agent.SandboxRecord
+	waitWithin(t, time.Minute, "the checkpoint as expected", func() bool {
+		recs = readCheckpoint(t, p)
+		return ok(recs)
+	})
+	return recs
 }
 
 func TestVerifyFailRemovesSandboxThroughThePipeline(t *testing.T) {
@@ -127,19 +122,10 @@ sysctls:
 // waitMetric polls podgate's metrics until they contain line, or fails after a minute.
 func waitMetric(t *testing.T, p *harness.Podgate, line string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	for {
-		m, err := p.Metrics(ctx)
-		if err == nil && strings.Contains(m, line) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("metrics never showed %q (last error %v)", line, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	waitWithin(t, time.Minute, "metrics showing "+line, func() bool {
+		m, err := p.Metrics(t.Context())
+		return err == nil && strings.Contains(m, line)
+	})
 }
 
 func TestRegistryRebuiltAfterPodgateRestart(t *testing.T) {

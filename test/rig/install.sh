@@ -5,6 +5,8 @@
 #   runc v1.5.x with seccomp                            (built; Debian's 1.1.5 fails under containerd 2.x)
 #   CNI plugins                                         (Debian containernetworking-plugins, /usr/lib/cni)
 #   a pause image and a busybox image                   (built locally: no registry is reachable)
+#   etcd, kube-apiserver and kubelet                    (built by test/cluster/build.sh, for the
+#                                                        single-node Kubernetes of test/cluster)
 #
 # Everything lands in $PODGATE_RIG_DIR (default /var/lib/podgate-rig). Idempotent: what is
 # already there at the wanted version is reused. Needs root (apt-get).
@@ -66,5 +68,9 @@ if [ "$(cat "$RIG_DIR/images/.version" 2>/dev/null)" != "$img_src_sum" ] || [ ! 
 	(cd "$REPO" && go run ./test/rig/mkimages -out "$RIG_DIR/images" -busybox /bin/busybox)
 	echo "$img_src_sum" >"$RIG_DIR/images/.version"
 fi
+
+# The single-node Kubernetes of test/cluster (about 5 minutes on 2 cores the first time; reused
+# after that). PODGATE_RIG_DIR is passed on: build.sh puts the binaries in $RIG_DIR/cluster/bin.
+PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh"
 
 log "ready in $RIG_DIR: $("$RIG_DIR/bin/containerd" --version | awk '{print $3}'), runc $("$RIG_DIR/bin/runc" --version | awk 'NR==1{print $3}')"

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# build.sh: build the binaries of test/cluster's single-node Kubernetes from the Go module proxy:
+#
+#   etcd            go.etcd.io/etcd/server/v3 $ETCD_VERSION     (wrapper module etcd/)
+#   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver $K8S_VERSION  (wrapper module k8s/)
+#   kubelet         k8s.io/kubernetes/cmd/kubelet $K8S_VERSION
+#
+# into $PODGATE_RIG_DIR/cluster/bin (default /var/lib/podgate-rig/cluster/bin). Idempotent: a
+# binary whose build information names the wanted module version and the stamp of the wrapper's
+# go.mod/go.sum and build settings is reused (see stamp). test/rig/install.sh runs it; it needs no
+# root itself. A first build takes about 12 CPU-minutes: 6-7 minutes on two cores.
+# The versions live in the wrapper modules' go.mod files (update.sh regenerates them); the ones
+# below only tell build.sh what a correct binary contains.
+set -euo pipefail
+
+K8S_VERSION=v1.36.3
+ETCD_VERSION=v3.6.8
+RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
+BIN=$RIG_DIR/cluster/bin
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PATH=/usr/local/go/bin:$PATH
+# The wrappers' go.sum is authoritative: never let a build edit it. -buildvcs=false keeps the
+# podgate checkout's git state out of the binaries (the wrappers live inside it). No -trimpath:
+# with it Go leaves -ldflags out of the build information, and the stamp below lives there.
+export GOFLAGS="-mod=readonly -buildvcs=false"
+
+log() { printf 'cluster: %s\n' "$*" >&2; }
+
+# stamp WRAPPER RECIPE: a hash of the wrapper's go.mod and go.sum and of the build settings below.
+# It goes to the linker as a -X flag for a variable that does not exist, which the linker ignores
+# but `go version -m` lists among the build settings: each binary records what it was built
+# from, and an edit of the wrapper or of its recipe triggers a rebuild.
+stamp() { { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$2"; } | sha256sum | cut -c1-16; }
+
+# built BIN MODULE VERSION STAMP: true when BIN was built from MODULE at VERSION by the wrapper
+# whose dependency stamp is STAMP. `go version -m` reads the build information Go records in
+# every binary, so no separate stamp file can go stale or outlive an interrupted build.
+built() {
+	local info
+	[ -x "$BIN/$1" ] || return 1
+	info=$(go version -m "$BIN/$1" 2>/dev/null) || return 1
+	awk -v m="$2" -v v="$3" '$1 == "mod" && $2 == m && $3 == v { found = 1 } END { exit !found }' <<<"$info" &&
+		grep -qF "podgate-cluster-stamp=$4" <<<"$info"
+}
+
+mkdir -p "$BIN"
+
+# build WRAPPER LDFLAGS NAME PACKAGE...: build the main packages into BIN, as NAME when there is
+# one package, under their own names when NAME is empty. One `go build` for several
+# packages compiles their shared dependencies once and links in parallel. The binaries are
+# built in a temporary directory and moved into BIN at the end, so an interrupted build never
+# leaves a binary that looks complete.
+build() {
+	local wrapper=$1 ldflags=$2 name=$3 tmp
+	shift 3
+	tmp=$(mktemp -d "$BIN/.build-XXXXXX")
+	trap "rm -rf '$tmp'" EXIT
+	(cd "$HERE/$wrapper" && go build -ldflags "$ldflags" -o "$tmp/$name" "$@")
+	mv -f "$tmp"/* "$BIN/"
+	rm -rf "$tmp"
+	trap - EXIT
+}
+
+# etcd is built static, as etcd's own release build does.
+etcd_recipe="CGO_ENABLED=0 -s -w"
+etcd_stamp=$(stamp etcd "$etcd_recipe")
+if ! built etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$etcd_stamp"; then
+	log "building etcd $ETCD_VERSION (about 1 minute)"
+	start=$SECONDS
+	CGO_ENABLED=0 build etcd "-s -w -X main.podgate-cluster-stamp=$etcd_stamp" etcd go.etcd.io/etcd/server/v3
+	log "built etcd in $((SECONDS - start))s"
+fi
+
+# What kubernetes' own build (hack/lib/version.sh) stamps in: the apiserver and kubelet report
+# this version (Node status, /version) instead of v0.0.0-master. Both are built in one go build
+# with cgo on, as kubernetes builds the kubelet; kubernetes builds kube-apiserver static, but a
+# second build with CGO_ENABLED=0 would compile nearly every shared package again (net and all
+# that imports it depend on the setting) for no gain in a test.
+minor=${K8S_VERSION#v1.}
+minor=${minor%%.*}
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	k8s_ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+k8s_stamp=$(stamp k8s "CGO_ENABLED=1 $k8s_ldflags")
+if ! built kube-apiserver k8s.io/kubernetes "$K8S_VERSION" "$k8s_stamp" || ! built kubelet k8s.io/kubernetes "$K8S_VERSION" "$k8s_stamp"; then
+	log "building kube-apiserver and kubelet $K8S_VERSION (about 5 minutes on 2 cores)"
+	start=$SECONDS
+	CGO_ENABLED=1 build k8s "$k8s_ldflags -X main.podgate-cluster-stamp=$k8s_stamp" "" \
+		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet
+	log "built kube-apiserver and kubelet in $((SECONDS - start))s"
+fi
+
+log "ready in $BIN: etcd $ETCD_VERSION, kube-apiserver and kubelet $K8S_VERSION"

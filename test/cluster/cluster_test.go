@@ -1,0 +1,339 @@
+package cluster_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/podgate/podgate/test/cluster"
+	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// podgateBin is the podgate binary built once for the package's tests.
+var podgateBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	flag.Parse()
+	// Without root or the binaries every test skips: do not spend a minute building podgate.
+	if os.Geteuid() != 0 || cluster.CheckInstalled() != nil || rig.CheckInstalled() != nil {
+		return m.Run()
+	}
+	dir, err := os.MkdirTemp("", "podgate-cluster-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// As in test/e2e: podgate runs with the race detector under the tests.
+	if podgateBin, err = harness.Build(ctx, dir, "-race"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// node is a rig's containerd, podgate in front of it and a cluster whose kubelet talks to podgate.
+type node struct {
+	rig     *rig.Rig
+	podgate *harness.Podgate
+	cluster *cluster.Cluster
+	// containerd talks to containerd directly, bypassing podgate and the kubelet.
+	containerd *rig.Client
+}
+
+// startNode starts the whole stack in the order the DRA tests need: the API server first, so
+// that podgate gets its kubeconfig, then podgate, then the kubelet on podgate's socket.
+func startNode(t *testing.T) *node {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
+	}
+	if err := cluster.CheckInstalled(); err != nil {
+		t.Skip(err.Error())
+	}
+	r := rig.Start(t)
+	pgDir := testfs.ShortDir(t)
+	// podgate starts after the API server (it needs the kubeconfig) but must stop after the
+	// cluster, whose Down has the kubelet stop the pods through it: its cleanup is registered
+	// before cluster.Start, and cleanups run last-in first-out. The check that the cluster left
+	// no cgroups runs there too, after Down.
+	var (
+		c *cluster.Cluster
+		p *harness.Podgate
+	)
+	t.Cleanup(func() {
+		if c != nil {
+			checkCgroupsGone(t, c.CgroupRoot())
+		}
+		if p == nil {
+			return
+		}
+		code, err := p.Stop(30 * time.Second)
+		if err != nil || code != 0 {
+			t.Errorf("podgate stop: exit %d, %v", code, err)
+		}
+		if t.Failed() {
+			t.Logf("podgate log:\n%s", p.Log)
+		}
+	})
+	start := time.Now()
+	c = cluster.Start(t, cluster.Options{
+		CRIEndpoint:  "unix://" + pgDir + "/cri.sock", // where harness.Start puts it
+		DeferKubelet: true,
+	})
+	controlPlane := time.Since(start)
+	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
+	config := filepath.Join(pgDir, "config.yaml")
+	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n", c.PluginRegistryDir()), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err = harness.Start(t.Context(), podgateBin, harness.Options{
+		Dir:             pgDir,
+		RuntimeEndpoint: r.Endpoint,
+		Args:            []string{"--config", config, "--kubeconfig", c.Kubeconfig(), "--node-name", c.NodeName()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Endpoint != "unix://"+pgDir+"/cri.sock" {
+		t.Fatalf("podgate serves %s, the kubelet was configured with unix://%s/cri.sock", p.Endpoint, pgDir)
+	}
+	kstart := time.Now()
+	_, ctx := ktesting.NewTestContext(t)
+	if err := c.StartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster up: control plane %s, kubelet ready %s, total %s",
+		controlPlane.Round(time.Millisecond), time.Since(kstart).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	return &node{rig: r, podgate: p, cluster: c, containerd: rig.Connect(t, r.Endpoint)}
+}
+
+// TestPodThroughPodgate runs a pod on a real kubelet whose runtime is podgate: the pod is
+// Running, containerd has its sandbox, podgate's pipeline started it, and deleting the pod
+// removes the sandbox from containerd.
+func TestPodThroughPodgate(t *testing.T) {
+	n := startNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	client := n.cluster.Client()
+
+	pod := testPod("sleeper", n.cluster.NodeName())
+	start := time.Now()
+	if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	running := waitPod(t, n.cluster, pod.Namespace, pod.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	t.Logf("pod running after %s", time.Since(start).Round(time.Millisecond))
+
+	sb := findSandbox(t, n.containerd, string(running.UID))
+	if sb == nil {
+		t.Fatalf("no sandbox of pod %s (uid %s) in containerd", pod.Name, running.UID)
+	}
+	if sb.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("sandbox %s state %s, want ready", sb.Id, sb.State)
+	}
+	want := fmt.Sprintf(`"Pod sandbox started" pod="%s/%s"`, pod.Namespace, pod.Name)
+	if log := n.podgate.Log.String(); !strings.Contains(log, want) || !strings.Contains(log, sb.Id) {
+		t.Errorf("podgate log lacks %s with sandbox %s:\n%s", want, sb.Id, log)
+	}
+
+	start = time.Now()
+	if err := client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, *metav1.NewDeleteOptions(0)); err != nil {
+		t.Fatalf("delete pod: %v", err)
+	}
+	// The kubelet stops the sandbox at once, and removes it in its container garbage
+	// collection, which runs once a minute from its start (ContainerGCPeriod, not configurable).
+	waitFor(t, time.Minute, fmt.Sprintf("sandbox %s stopped", sb.Id), func() (bool, error) {
+		sb := findSandbox(t, n.containerd, string(running.UID))
+		return sb == nil || sb.State == runtimeapi.PodSandboxState_SANDBOX_NOTREADY, nil
+	})
+	t.Logf("sandbox stopped %s after the delete", time.Since(start).Round(time.Millisecond))
+	waitFor(t, 2*time.Minute, fmt.Sprintf("sandbox %s gone from containerd", sb.Id), func() (bool, error) {
+		return findSandbox(t, n.containerd, string(running.UID)) == nil, nil
+	})
+	t.Logf("sandbox removed %s after the delete", time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(n.podgate.Log.String(), `"Pod sandbox removed" podSandboxID="`+sb.Id) {
+		t.Errorf("podgate log lacks the removal of sandbox %s", sb.Id)
+	}
+	if _, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pod still in the API after its deletion: %v", err)
+	}
+}
+
+// TestKubeletRestart stops the kubelet under a running pod (one with a service-account token,
+// in a namespace made with CreateNamespace) and starts it again: the pod keeps
+// running in containerd meanwhile, the Node goes Ready=Unknown and back to Ready, and the new
+// kubelet adopts the pod's sandbox instead of starting another. The pod is left for the
+// cluster's Down, which has the kubelet stop it through podgate.
+func TestKubeletRestart(t *testing.T) {
+	n := startNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	client := n.cluster.Client()
+
+	// In a namespace of its own, with the service-account token mounted: CreateNamespace gives
+	// the namespace what the controller-manager would.
+	if _, err := n.cluster.CreateNamespace(ctx, "restart"); err != nil {
+		t.Fatal(err)
+	}
+	pod := testPod("survivor", n.cluster.NodeName())
+	pod.Namespace = "restart"
+	pod.Spec.AutomountServiceAccountToken = nil
+	if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod: %v", err)
+	}
+	running := waitPod(t, n.cluster, pod.Namespace, pod.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
+	if len(running.Spec.Volumes) == 0 || running.Spec.Volumes[0].Projected == nil {
+		t.Errorf("pod volumes %v, want the projected service-account token", running.Spec.Volumes)
+	}
+	before := findSandbox(t, n.containerd, string(running.UID))
+	if before == nil {
+		t.Fatalf("no sandbox of pod %s in containerd", pod.Name)
+	}
+
+	if err := n.cluster.StopKubelet(ctx); err != nil {
+		t.Fatalf("stop kubelet: %v", err)
+	}
+	if n.cluster.KubeletRunning() {
+		t.Error("KubeletRunning after StopKubelet")
+	}
+	node, err := client.CoreV1().Nodes().Get(ctx, n.cluster.NodeName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get node: %v", err)
+	}
+	if got := readyStatus(node); got != corev1.ConditionUnknown {
+		t.Errorf("node Ready=%s with the kubelet stopped, want Unknown", got)
+	}
+	if sb := findSandbox(t, n.containerd, string(running.UID)); sb == nil || sb.State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("sandbox with the kubelet stopped: %v, want %s still ready", sb, before.Id)
+	}
+
+	start := time.Now()
+	if err := n.cluster.StartKubelet(ctx); err != nil {
+		t.Fatalf("start kubelet: %v", err)
+	}
+	t.Logf("kubelet ready again after %s", time.Since(start).Round(time.Millisecond))
+	// The new kubelet's first sync of the pod happens after the node is Ready; give it time to
+	// make (wrongly) a second sandbox before checking there is none.
+	waitPod(t, n.cluster, pod.Namespace, pod.Name, func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].Ready
+	})
+	sbs, err := n.containerd.Runtime.ListPodSandbox(ctx, nil)
+	if err != nil {
+		t.Fatalf("list sandboxes: %v", err)
+	}
+	if len(sbs) != 1 || sbs[0].Id != before.Id || sbs[0].State != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Errorf("sandboxes after the kubelet restart: %v, want only %s, ready", sbs, before.Id)
+	}
+}
+
+func readyStatus(node *corev1.Node) corev1.ConditionStatus {
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status
+		}
+	}
+	return ""
+}
+
+// checkCgroupsGone fails the test when the cgroup root of a stopped cluster is left in a
+// cgroup hierarchy.
+func checkCgroupsGone(t *testing.T, root string) {
+	t.Helper()
+	if root == "" {
+		return
+	}
+	dirs, err := filepath.Glob("/sys/fs/cgroup/*" + root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) > 0 {
+		t.Errorf("cgroups left after the cluster stopped: %v", dirs)
+	}
+}
+
+// testPod is a busybox pod bound to node: no scheduler runs, and the image is the rig's local one.
+func testPod(name, node string) *corev1.Pod {
+	no := false
+	var grace int64
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
+		Spec: corev1.PodSpec{
+			NodeName: node,
+			// The projected token volume would work (Up publishes kube-root-ca.crt) but costs a
+			// TokenRequest and a mount per pod that this test does not need.
+			AutomountServiceAccountToken:  &no,
+			TerminationGracePeriodSeconds: &grace,
+			Containers: []corev1.Container{{
+				Name:            "main",
+				Image:           rig.BusyboxImage,
+				ImagePullPolicy: corev1.PullNever, // imported by the rig; no registry is reachable
+				Command:         []string{"sleep", "3600"},
+			}},
+		},
+	}
+}
+
+// waitPod waits until the pod satisfies done and returns it.
+func waitPod(t *testing.T, c *cluster.Cluster, ns, name string, done func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	waitFor(t, 2*time.Minute, "pod "+ns+"/"+name, func() (bool, error) {
+		p, err := c.Client().CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pod = p
+		return done(p), nil
+	})
+	return pod
+}
+
+// findSandbox returns containerd's sandbox of the pod with uid, or nil.
+func findSandbox(t *testing.T, c *rig.Client, uid string) *runtimeapi.PodSandbox {
+	t.Helper()
+	sbs, err := c.Runtime.ListPodSandbox(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("list sandboxes in containerd: %v", err)
+	}
+	for _, sb := range sbs {
+		if sb.GetMetadata().GetUid() == uid {
+			return sb
+		}
+	}
+	return nil
+}
+
+// waitFor polls cond until it is true; it fails the test after timeout with the last error.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: timed out after %s (last error: %v)", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
