@@ -201,7 +201,11 @@ type Registry struct {
 	// writeQueued: a background write is due and has not taken its snapshot yet; changes made
 	// meanwhile are in it. Guarded by mu.
 	writeQueued bool
-	writes      sync.WaitGroup
+	// writes counts the background writes queued or running, guarded by mu; written is
+	// broadcast when one ends. (A WaitGroup would not do: Flush may wait while a change
+	// queues a write.)
+	writes  int
+	written *sync.Cond
 	// writeFailed is told of a background write that failed.
 	writeFailed func(error)
 }
@@ -220,6 +224,7 @@ func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, claims: map[types.UID]*PodClaims{}, touched: map[string]bool{},
 		writeFailed: func(error) {},
 	}
+	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {
 		rec := d.Sandboxes[i].clone()
 		r.entries[rec.ID] = &rec
@@ -492,27 +497,45 @@ func (r *Registry) persistSoon() {
 		return
 	}
 	r.writeQueued = true
-	r.writes.Add(1)
+	r.writes++
 	r.mu.Unlock()
 	go func() {
-		defer r.writes.Done()
+		defer func() {
+			r.mu.Lock()
+			r.writes--
+			r.written.Broadcast()
+			r.mu.Unlock()
+		}()
 		r.persistMu.Lock()
 		defer r.persistMu.Unlock()
 		r.mu.Lock()
 		r.writeQueued = false // from here on, a change queues the next write
 		r.mu.Unlock()
 		if err := r.writeLocked(); err != nil {
-			r.writeFailed(err)
+			r.mu.Lock()
+			report := r.writeFailed
+			r.mu.Unlock()
+			report(err)
 		}
 	}()
 }
 
-// Flush waits for the background writes queued so far.
-func (r *Registry) Flush() { r.writes.Wait() }
+// Flush waits until no background write is queued or running.
+func (r *Registry) Flush() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.writes > 0 {
+		r.written.Wait()
+	}
+}
 
 // OnWriteError sets what is told of a background checkpoint write that failed (a log line and a
-// metric); set it before the registry is used.
-func (r *Registry) OnWriteError(fn func(error)) { r.writeFailed = fn }
+// metric).
+func (r *Registry) OnWriteError(fn func(error)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writeFailed = fn
+}
 
 // writeLocked writes a snapshot of the registry; persistMu is held.
 func (r *Registry) writeLocked() error {
