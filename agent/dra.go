@@ -19,9 +19,15 @@ import (
 )
 
 // draReconcilePeriod is how often podgate looks for prepared claims whose pod is gone, beside
-// the looks that pod deletions and sandbox removals trigger. It is also the retry period of an
-// unprepare that failed.
+// the looks that pod deletions and sandbox removals trigger.
 const draReconcilePeriod = 10 * time.Second
+
+// An unprepare that failed is tried again after a backoff that doubles from
+// draRetryInitial to draRetryMax: a driver that is down for long is not called every period.
+const (
+	draRetryInitial = 10 * time.Second
+	draRetryMax     = 5 * time.Minute
+)
 
 // configSourceAnnotation is the kubelet's pod annotation saying where a pod comes from; pods
 // not from the API server (static pods: "file", "http") cannot use DRA claims.
@@ -50,7 +56,10 @@ type draStages struct {
 	// preparing counts the RunPodSandbox calls of a pod between its claims' recording and
 	// the sandbox's recording: the reconciler leaves such a pod alone.
 	preparing map[types.UID]int
-	poke      chan struct{}
+	// retry holds, per pod whose release failed, when to try again and the backoff.
+	retry map[types.UID]releaseRetry
+	now   func() time.Time
+	poke  chan struct{}
 
 	unprepared *prometheus.CounterVec
 }
@@ -59,6 +68,8 @@ func newDRAStages(pods *PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolv
 	d := &draStages{
 		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt,
 		preparing: map[types.UID]int{},
+		retry:     map[types.UID]releaseRetry{},
+		now:       time.Now,
 		poke:      make(chan struct{}, 1),
 		unprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "claims_released_total",
@@ -349,16 +360,45 @@ func (d *draStages) reconcile(ctx context.Context) {
 			logger.V(1).Info("Cannot tell yet whether a pod with prepared claims is gone", "pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "err", err)
 			continue
 		}
-		if !gone {
+		if !gone || !d.due(pc.Pod.UID) {
 			continue
 		}
 		if err := d.release(ctx, pc, all); err != nil {
-			logger.Error(err, "Release claims of a gone pod; retrying later", "pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name))
+			after := d.failed(pc.Pod.UID)
+			logger.Error(err, "Release claims of a gone pod", "pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "retryIn", after)
 			continue
 		}
+		d.mu.Lock()
+		delete(d.retry, pc.Pod.UID)
+		d.mu.Unlock()
 		// Released: the claims it shared are now the remaining holders' to unprepare.
 		all = slices.DeleteFunc(all, func(o PodClaims) bool { return o.Pod.UID == pc.Pod.UID })
 	}
+}
+
+// releaseRetry is when a failed release of a pod's claims is tried again.
+type releaseRetry struct {
+	next    time.Time
+	backoff time.Duration
+}
+
+// due reports whether the pod's release may be tried now.
+func (d *draStages) due(uid types.UID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.retry[uid]
+	return !ok || !d.now().Before(r.next)
+}
+
+// failed records a failed release and returns when it is tried again.
+func (d *draStages) failed(uid types.UID) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.retry[uid]
+	r.backoff = min(max(2*r.backoff, draRetryInitial), draRetryMax)
+	r.next = d.now().Add(r.backoff)
+	d.retry[uid] = r
+	return r.backoff
 }
 
 // podGone reports whether the pod is deleted in the API server and has no running sandbox.

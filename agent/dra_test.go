@@ -388,12 +388,20 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, pod.UID)
+	now := time.Now()
+	dr.dra.now = func() time.Time { return now }
 	dr.driver.SetHook(func(context.Context, string) error { return errors.New("device busy") })
 	dr.dra.reconcile(ctx)
 	if _, ok := dr.registry.PodClaims(pod.UID); !ok {
 		t.Fatal("obligation dropped although the unprepare failed")
 	}
 	dr.driver.SetHook(nil)
+	// Within the backoff nothing is tried; after it, the release is.
+	dr.dra.reconcile(ctx)
+	if n := strings.Count(strings.Join(dr.driver.Calls(), ","), "unprepare"); n != 1 {
+		t.Fatalf("%d unprepare calls within the backoff, want 1 (the failed one)", n)
+	}
+	now = now.Add(draRetryInitial)
 	dr.dra.reconcile(ctx)
 	if _, ok := dr.registry.PodClaims(pod.UID); ok {
 		t.Error("obligation kept after a successful retry")
