@@ -3,8 +3,13 @@
 //	podgate [--config FILE] [--cri-socket PATH] [--runtime-endpoint EP] [--image-endpoint EP]
 //	        [--metrics-address ADDR] [--state-dir DIR] [--kubeconfig FILE] [--node-name NAME]
 //	        [--log-format text|json] [-v N]
-//	podgate version
+//	podgate version           (also: podgate --version)
 //	podgate check-config FILE
+//	podgate completion bash|zsh|fish|powershell
+//	podgate help [COMMAND]
+//
+// Exit status: 0 success or help; 2 usage error or invalid configuration; 1 runtime failure
+// (check-config: 1 when the file is invalid).
 package main
 
 import (
@@ -19,6 +24,7 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent"
@@ -32,26 +38,53 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "version":
-			fmt.Fprintf(stdout, "podgate %s\n", version)
-			return 0
-		case "check-config":
-			return checkConfig(args[1:], stdout, stderr)
-		}
+	return execute(newCommand(stdout, stderr, func(cfg *agent.Configuration) error {
+		return serve(cfg, stderr)
+	}), args, stderr)
+}
+
+// exitError ends podgate with its own exit status; a failure without one is a usage error (2).
+// A nil err means the failure has already been reported.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
 	}
-	cfg, err := configure(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	return e.err.Error()
+}
+
+func (e *exitError) Unwrap() error { return e.err }
+
+// execute runs the command line and turns its outcome into podgate's exit status.
+func execute(root *cobra.Command, args []string, stderr io.Writer) int {
+	if args == nil {
+		args = []string{} // cobra reads os.Args when given nil
+	}
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
 		return 0
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "podgate:", err)
-		return 2
+	var exit *exitError
+	if errors.As(err, &exit) {
+		if exit.err != nil {
+			fmt.Fprintln(stderr, "podgate:", exit.err)
+		}
+		return exit.code
 	}
+	// Unknown commands and flags, missing or extra arguments: cobra and pflag say which.
+	fmt.Fprintf(stderr, "podgate: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+	return 2
+}
+
+// serve runs the agent until SIGTERM or SIGINT.
+func serve(cfg *agent.Configuration, stderr io.Writer) error {
 	if err := setupLogging(cfg.Logging, stderr); err != nil {
-		fmt.Fprintln(stderr, "podgate:", err)
-		return 2
+		return &exitError{code: 2, err: err}
 	}
 	defer klog.Flush()
 
@@ -60,84 +93,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx = klog.NewContext(ctx, klog.Background())
 	if err := agent.New(cfg, version).Run(ctx); err != nil {
 		klog.Background().Error(err, "podgate failed")
-		return 1
+		return &exitError{code: 1}
 	}
-	return 0
-}
-
-// configure reads the config file (if --config is given), then applies the flags that were set
-// on the command line, which win over the file.
-func configure(args []string, stderr io.Writer) (*agent.Configuration, error) {
-	fs := flag.NewFlagSet("podgate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		configFile      = fs.String("config", "", "configuration file (apiVersion podgate.dev/v1alpha1, kind AgentConfiguration)")
-		criSocket       = fs.String("cri-socket", agent.DefaultCRISocket, "unix socket podgate serves CRI on")
-		runtimeEndpoint = fs.String("runtime-endpoint", agent.DefaultRuntimeEndpoint, "backend runtime CRI endpoint (containerd)")
-		imageEndpoint   = fs.String("image-endpoint", "", "backend image service endpoint (default: the runtime endpoint)")
-		metricsAddress  = fs.String("metrics-address", agent.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
-		stateDir        = fs.String("state-dir", agent.DefaultStateDir, "directory for podgate's state")
-		kubeconfig      = fs.String("kubeconfig", "", "kubeconfig file for the Kubernetes API (empty: no API access)")
-		nodeName        = fs.String("node-name", "", "this node's name in the Kubernetes API (default: the host name)")
-		logFormat       = fs.String("log-format", "text", "log format: text or json")
-		verbosity       = fs.Int("v", 0, "log verbosity")
-	)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q (commands: version, check-config FILE)", fs.Arg(0))
-	}
-	cfg := agent.DefaultConfiguration()
-	if *configFile != "" {
-		var err error
-		if cfg, err = agent.LoadFile(*configFile); err != nil {
-			return nil, err
-		}
-	}
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "cri-socket":
-			cfg.CRISocket = *criSocket
-		case "runtime-endpoint":
-			cfg.RuntimeEndpoint = *runtimeEndpoint
-		case "image-endpoint":
-			cfg.ImageEndpoint = *imageEndpoint
-		case "metrics-address":
-			cfg.MetricsAddress = metricsAddress
-		case "state-dir":
-			cfg.StateDir = *stateDir
-		case "kubeconfig":
-			cfg.Kubeconfig = *kubeconfig
-		case "node-name":
-			cfg.NodeName = *nodeName
-		case "log-format":
-			cfg.Logging.Format = *logFormat
-		case "v":
-			cfg.Logging.Verbosity = *verbosity
-		}
-	})
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid configuration:\n%w", err)
-	}
-	return cfg, nil
-}
-
-func checkConfig(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: podgate check-config FILE")
-		return 2
-	}
-	cfg, err := agent.LoadFile(args[0])
-	if err == nil {
-		err = cfg.Validate()
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: invalid:\n%v\n", args[0], err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "%s: ok\n", args[0])
-	return 0
+	return nil
 }
 
 // setupLogging configures klog: its own text format, or JSON lines through log/slog.

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/podgate/podgate/agent"
+)
+
+// newCommand builds podgate's command line, in the Kubernetes components' style (cobra + pflag):
+// the root command runs the agent through serve; version, check-config, completion and help are
+// subcommands.
+func newCommand(stdout, stderr io.Writer, serve func(*agent.Configuration) error) *cobra.Command {
+	var o options
+	root := &cobra.Command{
+		Use:   "podgate",
+		Short: "podgate is a CRI proxy between the kubelet and containerd",
+		Long: `podgate is a node agent that sits between the kubelet and containerd: the kubelet's
+containerRuntimeEndpoint points at podgate's CRI socket, and podgate forwards every CRI call
+to containerd, stepping in on a few (image pulls, pod sysctls, DRA devices).
+
+Settings come from the configuration file (--config), then from the flags given on the
+command line, which win over the file.`,
+		Version: version,
+		// No Args: cobra's default for a root command with subcommands rejects any positional
+		// argument as an unknown command and suggests the nearest one.
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := o.configuration(cmd.Flags())
+			if err != nil {
+				return &exitError{code: 2, err: err}
+			}
+			return serve(cfg)
+		},
+		// execute reports errors once, with the exit status; a usage error does not dump the
+		// whole help.
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("podgate {{.Version}}\n")
+	o.addFlags(root.Flags())
+	root.AddCommand(newVersionCommand(), newCheckConfigCommand())
+	return root
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print podgate's version (same as --version)",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "podgate %s\n", version)
+		},
+	}
+}
+
+func newCheckConfigCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check-config FILE",
+		Short: "Validate a configuration file and exit",
+		Long: `Validate a configuration file (apiVersion podgate.dev/v1alpha1, kind AgentConfiguration)
+and exit: 0 when it is valid, 1 when it is not, 2 on a usage error.`,
+		Example: "  podgate check-config /etc/podgate/config.yaml",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return fmt.Errorf("want one FILE, got %d arguments\nusage: %s FILE", len(args), cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return checkConfig(args[0], cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+}
+
+// checkConfig loads and validates file, reporting the verdict; an invalid file is exit status 1.
+func checkConfig(file string, stdout, stderr io.Writer) error {
+	cfg, err := agent.LoadFile(file)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: invalid:\n%v\n", file, err)
+		return &exitError{code: 1}
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", file)
+	return nil
+}
+
+// options holds the root command's flags; each overrides its configuration-file key.
+type options struct {
+	configFile      string
+	criSocket       string
+	runtimeEndpoint string
+	imageEndpoint   string
+	metricsAddress  string
+	stateDir        string
+	kubeconfig      string
+	nodeName        string
+	logFormat       string
+	verbosity       int
+}
+
+func (o *options) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.configFile, "config", "", "configuration file (apiVersion podgate.dev/v1alpha1, kind AgentConfiguration)")
+	fs.StringVar(&o.criSocket, "cri-socket", agent.DefaultCRISocket, "unix socket podgate serves CRI on")
+	fs.StringVar(&o.runtimeEndpoint, "runtime-endpoint", agent.DefaultRuntimeEndpoint, "backend runtime CRI endpoint (containerd)")
+	fs.StringVar(&o.imageEndpoint, "image-endpoint", "", "backend image service endpoint (default: the runtime endpoint)")
+	fs.StringVar(&o.metricsAddress, "metrics-address", agent.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
+	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for podgate's state")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (empty: no API access)")
+	fs.StringVar(&o.nodeName, "node-name", "", "this node's name in the Kubernetes API (default: the host name)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	// -v N and --v N, as in the kubelet.
+	fs.IntVarP(&o.verbosity, "v", "v", 0, "log verbosity")
+}
+
+// configuration reads the config file (if --config is given), then applies the flags that were
+// set on the command line, which win over the file.
+func (o *options) configuration(fs *pflag.FlagSet) (*agent.Configuration, error) {
+	cfg := agent.DefaultConfiguration()
+	if o.configFile != "" {
+		var err error
+		if cfg, err = agent.LoadFile(o.configFile); err != nil {
+			return nil, err
+		}
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		switch f.Name {
+		case "cri-socket":
+			cfg.CRISocket = o.criSocket
+		case "runtime-endpoint":
+			cfg.RuntimeEndpoint = o.runtimeEndpoint
+		case "image-endpoint":
+			cfg.ImageEndpoint = o.imageEndpoint
+		case "metrics-address":
+			cfg.MetricsAddress = &o.metricsAddress
+		case "state-dir":
+			cfg.StateDir = o.stateDir
+		case "kubeconfig":
+			cfg.Kubeconfig = o.kubeconfig
+		case "node-name":
+			cfg.NodeName = o.nodeName
+		case "log-format":
+			cfg.Logging.Format = o.logFormat
+		case "v":
+			cfg.Logging.Verbosity = o.verbosity
+		}
+	})
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return cfg, nil
+}
