@@ -24,7 +24,12 @@ type Sysctls struct {
 	// NamespaceDefaults are per Kubernetes namespace and win over PodDefaults.
 	NamespaceDefaults map[string]map[string]string `json:"namespaceDefaults,omitempty"`
 	// AllowedUnsafe are sysctl names, or prefixes ending in "*", that pods may set beyond the
-	// kubelet's safe set (keep them in step with the kubelet's allowedUnsafeSysctls).
+	// kubelet's safe set. Unset or empty (the default), podgate trusts the kubelet, which has
+	// already admitted each pod against its own allowedUnsafeSysctls: any namespaced sysctl is
+	// accepted, and only what could never work or would change the node is refused. Set, podgate
+	// enforces this list as well, for nodes where other CRI clients than the kubelet run pods;
+	// keep it then in step with the kubelet's allowedUnsafeSysctls. podDefaults and
+	// namespaceDefaults must be safe or in this list either way.
 	AllowedUnsafe []string `json:"allowedUnsafe,omitempty"`
 	// Verify is repair (default), fail or warn.
 	Verify string `json:"verify,omitempty"`

@@ -5,11 +5,13 @@
 // names are normalised and classified by namespace with the kubelet's own functions
 // (k8s.io/component-helpers/node/util/sysctl), malformed names are refused before they can become
 // paths (the kubelet's functions do not validate), each name must belong to a namespace the pod
-// owns (network or IPC), must be on the kubelet's safe list (with the kernel version that
-// namespaced it) or match an operator's unsafe pattern, and known sysctls get their value format
-// checked. Node defaults are then added for sysctls the pod does not set. After containerd
-// answers, the values are read back inside the pod's namespaces and repaired, failed or reported
-// according to policy.
+// owns (network or IPC), and a safe one must be namespaced by the running kernel (the version
+// is on the kubelet's safe list). An unsafe sysctl was admitted by the kubelet against its own
+// allowedUnsafeSysctls and is trusted, unless the operator lists unsafe patterns: then it must
+// match one. Known sysctls get their value format checked. Node defaults, which no kubelet
+// admitted, must be safe or match a pattern; they are added for sysctls the pod does not set.
+// After containerd answers, the values are read back inside the pod's namespaces and repaired,
+// failed or reported according to policy.
 //
 // A sysctl name maps to a file under /proc/sys. Every name accepted here maps to a path inside
 // that tree: see [Name.Path].

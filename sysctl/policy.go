@@ -19,26 +19,32 @@ type Config struct {
 	// PodDefaults.
 	NamespaceDefaults map[string]map[string]string
 	// AllowedUnsafe are names, or prefixes ending in "*", that pods may set beyond the safe set.
+	// Empty, the policy trusts the caller's (the kubelet's) admission of a pod's unsafe
+	// namespaced sysctls; set, it enforces this list too. Node defaults must be safe or in it
+	// either way.
 	AllowedUnsafe []string
 }
 
 // Policy decides which sysctls a pod may set and completes them with node defaults.
 type Policy struct {
-	kernel       KernelVersion
-	unsafeExact  map[Name]bool
-	unsafePrefix []string
-	podDefaults  map[Name]string
-	nsDefaults   map[string]map[Name]string
+	kernel KernelVersion
+	// enforceUnsafe: the operator set an allowlist, so pods' unsafe sysctls must match it too.
+	enforceUnsafe bool
+	unsafeExact   map[Name]bool
+	unsafePrefix  []string
+	podDefaults   map[Name]string
+	nsDefaults    map[string]map[Name]string
 }
 
 // NewPolicy validates the operator's configuration against the running kernel (kernel) and the
 // node's sysctl tree (procSys, normally /proc/sys). Every error names the configuration field.
 func NewPolicy(cfg Config, kernel KernelVersion, procSys string) (*Policy, error) {
 	p := &Policy{
-		kernel:      kernel,
-		unsafeExact: map[Name]bool{},
-		podDefaults: map[Name]string{},
-		nsDefaults:  map[string]map[Name]string{},
+		kernel:        kernel,
+		enforceUnsafe: len(cfg.AllowedUnsafe) > 0,
+		unsafeExact:   map[Name]bool{},
+		podDefaults:   map[Name]string{},
+		nsDefaults:    map[string]map[Name]string{},
 	}
 	var errs []error
 	for i, pat := range cfg.AllowedUnsafe {
@@ -46,11 +52,12 @@ func NewPolicy(cfg Config, kernel KernelVersion, procSys string) (*Policy, error
 			errs = append(errs, fmt.Errorf("sysctls.allowedUnsafe[%d] %q: %w", i, pat, err))
 		}
 	}
-	// Defaults are checked like a pod's own sysctls, for an ordinary pod.
+	// Defaults are checked like a pod's own sysctls, for an ordinary pod, but always against
+	// the allowlist: no kubelet admitted them, they are podgate's own.
 	check := func(field string, in map[string]string) map[Name]string {
 		out := map[Name]string{}
 		for _, k := range sortedKeys(in) {
-			n, err := p.allowed(k, in[k], Pod{})
+			n, err := p.allowed(k, in[k], Pod{}, true)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", field, err))
 				continue
@@ -135,8 +142,11 @@ func unhandledNamespace(ns Namespace) string {
 	return fmt.Sprintf("a sysctl of the %s namespace: podgate handles only network and IPC sysctls", ns)
 }
 
-// allowed checks one sysctl against the policy and returns its normalised name.
-func (p *Policy) allowed(name, value string, pod Pod) (Name, error) {
+// allowed checks one sysctl against the policy and returns its normalised name. An unsafe
+// sysctl must match the allowlist only when enforceUnsafe; otherwise the caller admitted it
+// (the kubelet checks its own allowedUnsafeSysctls), and a namespaced sysctl of a namespace the
+// pod owns cannot reach the node.
+func (p *Policy) allowed(name, value string, pod Pod, enforceUnsafe bool) (Name, error) {
 	reject := func(format string, args ...any) (Name, error) {
 		return "", &RejectedError{Sysctl: name, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -162,7 +172,7 @@ func (p *Policy) allowed(name, value string, pod Pod) (Name, error) {
 		if !p.kernel.AtLeast(minKernel) {
 			return reject("namespaced only from kernel %s, this node runs %s", minKernel, p.kernel)
 		}
-	} else if !p.unsafeAllowed(n) {
+	} else if enforceUnsafe && !p.unsafeAllowed(n) {
 		return reject("unsafe and not in sysctls.allowedUnsafe")
 	}
 	if err := CheckValue(n, value); err != nil {
@@ -186,12 +196,13 @@ func (p *Policy) unsafeAllowed(n Name) bool {
 // Complete checks a pod's sysctls and returns them with the node's defaults added for what the
 // pod does not set (its own values win; net.* defaults skip host-network pods, IPC ones
 // host-IPC pods). added lists the defaults it added. The pod's own keys are kept as written.
-// The first refused sysctl is returned as a *RejectedError.
+// A pod's unsafe sysctls must match the allowlist only when the configuration has one. The
+// first refused sysctl is returned as a *RejectedError.
 func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]string, added []Name, err error) {
 	values := make(map[Name]string, len(sysctls))
 	spelling := make(map[Name]string, len(sysctls))
 	for _, k := range sortedKeys(sysctls) {
-		n, err := p.allowed(k, sysctls[k], pod)
+		n, err := p.allowed(k, sysctls[k], pod, p.enforceUnsafe)
 		if err != nil {
 			return nil, nil, err
 		}

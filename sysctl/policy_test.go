@@ -75,6 +75,7 @@ func TestAllowlistPatterns(t *testing.T) {
 	}
 }
 
+// TestCompleteChecksPodSysctls runs with an allowlist set, so podgate enforces it.
 func TestCompleteChecksPodSysctls(t *testing.T) {
 	root := fakeProcSys(t)
 	p, err := NewPolicy(Config{AllowedUnsafe: []string{"net.core.somaxconn", "net.ipv4.conf.*", "kernel.msg*"}}, modern, root)
@@ -125,6 +126,79 @@ func TestCompleteChecksPodSysctls(t *testing.T) {
 				t.Errorf("message %q, want %q", err, want)
 			}
 		})
+	}
+}
+
+// TestUnsafeSysctlModes: without an allowlist podgate trusts the kubelet's admission of
+// namespaced unsafe sysctls; with one it enforces it. Every other refusal holds in both modes.
+func TestUnsafeSysctlModes(t *testing.T) {
+	root := fakeProcSys(t)
+	trusting, err := NewPolicy(Config{}, modern, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enforcing, err := NewPolicy(Config{AllowedUnsafe: []string{"net.core.somaxconn"}}, modern, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		policy  *Policy
+		sysctls map[string]string
+		pod     Pod
+		why     string // "" = accepted
+	}{
+		// The CRI validation suite's "should support unsafe sysctls".
+		{"trusting: kernel.msgmax", trusting, map[string]string{"kernel.msgmax": "10000"}, Pod{}, ""},
+		{"trusting: fs.mqueue.msg_max", trusting, map[string]string{"fs.mqueue.msg_max": "100"}, Pod{}, ""},
+		{"trusting: net.core.somaxconn", trusting, map[string]string{"net.core.somaxconn": "4096"}, Pod{}, ""},
+		{"trusting: IPC admitted through a kubelet pattern", trusting, map[string]string{"kernel.shm_next_id": "1"}, Pod{}, ""},
+		{"trusting: safe", trusting, map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Pod{}, ""},
+		{"trusting: node-wide", trusting, map[string]string{"kernel.core_pattern": "|/bin/evil"}, Pod{}, "not namespaced: it would change the whole node"},
+		{"trusting: net.* on host network", trusting, map[string]string{"net.core.somaxconn": "4096"}, Pod{HostNetwork: true}, "the pod uses the host's network namespace"},
+		{"trusting: IPC on host IPC", trusting, map[string]string{"fs.mqueue.msg_max": "100"}, Pod{HostIPC: true}, "the pod uses the host's IPC namespace"},
+		{"trusting: malformed", trusting, map[string]string{"net/ipv4/../../kernel/core_pattern": "x"}, Pod{}, "malformed"},
+		{"trusting: bad value", trusting, map[string]string{"kernel.msgmax": "1\n2"}, Pod{}, "printable"},
+		{"trusting: UTS", trusting, map[string]string{"kernel.domainname": "x"}, Pod{}, "podgate handles only network and IPC sysctls"},
+		{"trusting: user namespace", trusting, map[string]string{"user.max_user_namespaces": "1"}, Pod{}, "podgate handles only network and IPC sysctls"},
+		{"enforcing: listed", enforcing, map[string]string{"net.core.somaxconn": "4096"}, Pod{}, ""},
+		{"enforcing: safe", enforcing, map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Pod{}, ""},
+		{"enforcing: kernel.msgmax unlisted", enforcing, map[string]string{"kernel.msgmax": "10000"}, Pod{}, "unsafe and not in sysctls.allowedUnsafe"},
+		{"enforcing: fs.mqueue.msg_max unlisted", enforcing, map[string]string{"fs.mqueue.msg_max": "100"}, Pod{}, "unsafe and not in sysctls.allowedUnsafe"},
+		{"enforcing: net unlisted", enforcing, map[string]string{"net.ipv4.tcp_max_syn_backlog": "64"}, Pod{}, "unsafe and not in sysctls.allowedUnsafe"},
+		{"enforcing: node-wide", enforcing, map[string]string{"kernel.core_pattern": "core"}, Pod{}, "not namespaced: it would change the whole node"},
+		{"enforcing: net.* on host network", enforcing, map[string]string{"net.core.somaxconn": "4096"}, Pod{HostNetwork: true}, "the pod uses the host's network namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := tc.policy.Complete(tc.pod, tc.sysctls)
+			if tc.why == "" {
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				return
+			}
+			var rej *RejectedError
+			if !errors.As(err, &rej) || !strings.Contains(rej.Reason, tc.why) {
+				t.Fatalf("got %v, want a refusal for %q", err, tc.why)
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("%v is not an errdefs.ErrInvalidArgument", err)
+			}
+		})
+	}
+}
+
+// TestTrustingKeepsKernelGates: trusting the kubelet's admission of unsafe sysctls does not
+// extend to a safe sysctl the running kernel does not namespace; the kubelet does not know the
+// node's kernel.
+func TestTrustingKeepsKernelGates(t *testing.T) {
+	p, err := NewPolicy(Config{}, KernelVersion{4, 4}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = p.Complete(Pod{}, map[string]string{"net.ipv4.tcp_keepalive_time": "600"})
+	if err == nil || !strings.Contains(err.Error(), "namespaced only from kernel 4.5") {
+		t.Errorf("got %v, want a refusal naming kernel 4.5", err)
 	}
 }
 
@@ -220,13 +294,21 @@ func TestDefaultsAreValidatedAtStart(t *testing.T) {
 	}{
 		{Config{PodDefaults: map[string]string{"kernel.core_pattern": "core"}}, "sysctls.podDefaults"},
 		{Config{PodDefaults: map[string]string{"net.ipv4.tcp_keepalive_time": "forever"}}, "sysctls.podDefaults"},
+		// Defaults are podgate's own: no kubelet admitted them, so an empty allowlist does not
+		// let an unsafe one through.
 		{Config{NamespaceDefaults: map[string]map[string]string{"web": {"net.core.somaxconn": "1"}}}, "sysctls.namespaceDefaults.web"},
+		{Config{PodDefaults: map[string]string{"kernel.msgmax": "1"}}, "not in sysctls.allowedUnsafe"},
 		{Config{NamespaceDefaults: map[string]map[string]string{"": {}}}, "empty namespace"},
 	} {
 		_, err := NewPolicy(tc.cfg, modern, t.TempDir())
 		if err == nil || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("%+v: got %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
+	}
+	// An unsafe default is accepted once it is in the allowlist.
+	cfg := Config{PodDefaults: map[string]string{"kernel.msgmax": "1"}, AllowedUnsafe: []string{"kernel.msgmax"}}
+	if _, err := NewPolicy(cfg, modern, fakeProcSys(t)); err != nil {
+		t.Errorf("%+v: %v", cfg, err)
 	}
 }
 
@@ -238,7 +320,7 @@ func TestPodSysctlsInPatternNamespaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	strict, err := NewPolicy(Config{}, modern, root)
+	strict, err := NewPolicy(Config{AllowedUnsafe: []string{"kernel.sem*"}}, modern, root)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +336,7 @@ func TestPodSysctlsInPatternNamespaces(t *testing.T) {
 		{"admitted by kernel.sem*", p, "kernel.sem_next_id", Pod{}, ""},
 		{"IPC through its pattern", p, "kernel.shm_next_id", Pod{HostIPC: true}, "host's IPC"},
 		{"not allowlisted", strict, "kernel.shm_next_id", Pod{}, "not in sysctls.allowedUnsafe"},
+		{"IPC through its pattern, not allowlisted", strict, "kernel.shm_next_id", Pod{HostIPC: true}, "host's IPC"},
 		{"UTS", p, "kernel.domainname", Pod{}, "podgate handles only network and IPC sysctls"},
 		{"user namespace", p, "user.max_user_namespaces", Pod{}, "podgate handles only network and IPC sysctls"},
 		{"node-wide", p, "kernel.core_pattern", Pod{}, "not namespaced"},
