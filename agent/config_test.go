@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -102,5 +104,84 @@ func TestValidateReportsEveryBadField(t *testing.T) {
 func TestParseBadDuration(t *testing.T) {
 	if _, err := Parse([]byte(header + "shutdownGracePeriod: soon\n")); err == nil {
 		t.Fatal("shutdownGracePeriod: soon accepted")
+	}
+}
+
+func TestParseErrorsNamePathAndLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc string
+		want      []string // each must be in the error
+	}{
+		{
+			name: "unknown nested key",
+			doc:  "criSocket: /run/podgate/cri.sock\nlogging:\n  format: json\nimagePulls:\n  maxParalel: 3\n",
+			want: []string{`imagePulls.maxParalel: unknown field "maxParalel" (line 7)`},
+		},
+		{name: "wrong case at top level", doc: "crisocket: /run/podgate/cri.sock\n", want: []string{`crisocket: unknown field "crisocket" (line 3)`}},
+		{name: "wrong case nested", doc: "imagePulls: {maxparallel: 3}\n", want: []string{`imagePulls.maxparallel: unknown field "maxparallel" (line 3)`}},
+		{name: "wrong case kind", doc: "Kind: AgentConfiguration\n", want: []string{`Kind: unknown field "Kind" (line 3)`}},
+		{
+			name: "every unknown key",
+			doc:  "stateDr: /x\nsysctls:\n  nodes: {}\n",
+			want: []string{`stateDr: unknown field "stateDr" (line 3)`, `sysctls.nodes: unknown field "nodes" (line 5)`},
+		},
+		{name: "string for an int", doc: "imagePulls:\n  maxParallel: lots\n", want: []string{"imagePulls.maxParallel: cannot decode string into int32 (line 4)"}},
+		{name: "list item of the wrong type", doc: "dra:\n  drivers:\n  - a.example.com\n  - [b]\n", want: []string{"dra.drivers[1]: cannot decode array into string (line 6)"}},
+		{name: "scalar for a section", doc: "\nlogging: loud\n", want: []string{"logging: cannot decode string into agent.Logging (line 4)"}},
+		{name: "bad duration", doc: "dra:\n  callTimeout: soon\n", want: []string{`dra.callTimeout: time: invalid duration "soon" (line 4)`}},
+		{name: "duplicate key", doc: "stateDir: /a\nstateDir: /b\n", want: []string{`stateDir: duplicate key "stateDir" (line 4, first at line 3)`}},
+		{
+			name: "duplicate nested key",
+			doc:  "imagePulls:\n  perRegistry:\n    docker.io: 1\n    docker.io: 2\n",
+			want: []string{`imagePulls.perRegistry.docker.io: duplicate key "docker.io" (line 6, first at line 5)`},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(header + tc.doc))
+			if err == nil {
+				t.Fatalf("accepted, want %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			for _, noise := range []string{"JSON", "json:", "unmarshal"} {
+				if strings.Contains(err.Error(), noise) {
+					t.Errorf("error %q speaks of %q, not of the file", err, noise)
+				}
+			}
+		})
+	}
+}
+
+func TestParseKeepsValuesAsWritten(t *testing.T) {
+	c, err := Parse([]byte(header + "nodeName: \"2024-01-02\"\nkubeconfig: 2024-01-02\nimagePulls: {maxParallel: 2, perRegistry: {\"docker.io\": 1}}\nlogging:\n  verbosity: 4\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeName != "2024-01-02" || c.Kubeconfig != "2024-01-02" || *c.ImagePulls.MaxParallel != 2 || c.ImagePulls.PerRegistry["docker.io"] != 1 || c.Logging.Verbosity != 4 {
+		t.Errorf("values not read as written: %+v", c)
+	}
+	if _, err := Parse(nil); err == nil || !strings.Contains(err.Error(), "apiVersion/kind") {
+		t.Errorf("empty document: got %v, want an apiVersion/kind error", err)
+	}
+	if _, err := Parse([]byte(header + "criSocket: [unclosed\n")); err == nil || !strings.Contains(err.Error(), "line ") {
+		t.Errorf("YAML syntax error: got %v, want its line", err)
+	}
+}
+
+func TestLoadFileNamesTheFileOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(header+"imagePulls:\n  maxParalel: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadFile(path)
+	want := path + `: imagePulls.maxParalel: unknown field "maxParalel" (line 4)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("got %v, want %q", err, want)
+	}
+	if n := strings.Count(err.Error(), path); n != 1 {
+		t.Errorf("%q names the file %d times, want once", err, n)
 	}
 }
