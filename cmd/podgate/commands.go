@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
 
 	"github.com/podgate/podgate/agent"
 )
@@ -43,7 +44,7 @@ command line, which win over the file.`,
 	root.SetErr(stderr)
 	root.SetVersionTemplate("podgate {{.Version}}\n")
 	o.addFlags(root.Flags())
-	root.AddCommand(newVersionCommand(), newCheckConfigCommand())
+	root.AddCommand(newVersionCommand(), newCheckConfigCommand(), newConfigCommand())
 	return root
 }
 
@@ -75,6 +76,41 @@ and exit: 0 when it is valid, 1 when it is not, 2 on a usage error.`,
 			return checkConfig(args[0], cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
+}
+
+func newConfigCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Show podgate's configuration",
+		Args:  cobra.NoArgs,
+		// Without a subcommand, config only prints its help.
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "defaults",
+		Short: "Print the default configuration as YAML",
+		Long: `Print the configuration podgate runs with when no file is given, as a configuration file
+(YAML, generated from the code): a starting point for /etc/podgate/config.yaml.`,
+		Example: "  podgate config defaults > /etc/podgate/config.yaml",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out, err := defaultsYAML()
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
+		},
+	})
+	return cmd
+}
+
+// defaultsYAML is agent.DefaultConfiguration() as a configuration file.
+func defaultsYAML() ([]byte, error) {
+	out, err := yaml.Marshal(agent.DefaultConfiguration())
+	if err != nil {
+		return nil, fmt.Errorf("marshal the default configuration: %w", err)
+	}
+	return out, nil
 }
 
 // checkConfig loads and validates file, reporting the verdict; an invalid file is exit status 1.

@@ -5,6 +5,7 @@
 //	        [--log-format text|json] [-v N]
 //	podgate version           (also: podgate --version)
 //	podgate check-config FILE
+//	podgate config defaults   (the default configuration file)
 //	podgate completion bash|zsh|fish|powershell
 //	podgate help [COMMAND]
 //
