@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/user"
+	"strconv"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Check runs Validate and then resolves what start-up resolves without the running node: the
+// CRI socket's group, the kubeconfig file and the checkpoint in stateDir. Validate already
+// parses the endpoints and checks the sysctl names against this kernel. Every error is
+// reported, each prefixed with its key, so that a configuration Check accepts is one podgate
+// can start with, as far as the file alone can tell.
+func (c *Configuration) Check() error {
+	return errors.Join(
+		c.Validate(),
+		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
+		prefixed("kubeconfig", checkKubeconfig(c.Kubeconfig)),
+		prefixed("stateDir", checkStateDir(c.StateDir)),
+	)
+}
+
+func prefixed(key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", key, err)
+}
+
+// checkGroup resolves a group name or numeric id as the CRI socket's owner. Unlike
+// cri.Listen, which hands a numeric id to chown as it is, a gid no group has is refused: a
+// socket owned by nobody's group admits no kubelet but root's.
+func checkGroup(g string) error {
+	if g == "" {
+		return nil
+	}
+	var err error
+	if _, atoiErr := strconv.Atoi(g); atoiErr == nil {
+		_, err = user.LookupGroupId(g)
+	} else {
+		_, err = user.LookupGroup(g)
+	}
+	var unknownName user.UnknownGroupError
+	var unknownID user.UnknownGroupIdError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &unknownName), errors.As(err, &unknownID):
+		return fmt.Errorf("group %q: not found", g)
+	default:
+		return fmt.Errorf("group %q: %w", g, err)
+	}
+}
+
+// checkKubeconfig loads the kubeconfig file and builds the client start-up builds (which reads
+// the certificate files the kubeconfig names), without contacting the API server.
+func checkKubeconfig(path string) error {
+	if path == "" {
+		return nil
+	}
+	if _, err := clientcmd.LoadFromFile(path); err != nil {
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			return err // names the file already
+		}
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := kubernetes.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// checkStateDir checks what start-up's openRegistry would trip on: stateDir being something
+// else than a directory, or a checkpoint that does not read. A stateDir that does not exist yet
+// is fine: podgate creates it.
+func checkStateDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%q: not a directory", dir)
+	}
+	_, err = NewCheckpoint(dir).ReadAll()
+	return err
+}
