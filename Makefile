@@ -3,6 +3,7 @@
 #   make demo    a real containerd with podgate in front, a pod started through it (root)
 #   make test    lint + all tests with -race; the end-to-end tests run when root
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
+#   make clean-rig  remove the rig (/var/lib/podgate-rig); Debian packages stay
 
 SHELL   := /bin/bash
 GO      ?= go
@@ -14,7 +15,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test lint rig bench clean
+.PHONY: all build demo test lint rig bench clean clean-rig
 
 all: build
 
@@ -53,3 +54,9 @@ bench: $(BIN)/benchstat
 
 clean:
 	rm -rf $(BIN) bench.txt
+
+# clean-rig: remove what `make rig` built (containerd, runc, images, cluster binaries, crictl).
+# The Debian packages test/rig/install.sh installed stay: other software may use them.
+RIG_DIR := $(or $(PODGATE_RIG_DIR),/var/lib/podgate-rig)
+clean-rig:
+	rm -rf $(RIG_DIR)

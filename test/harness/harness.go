@@ -25,20 +25,34 @@ import (
 const readyTimeout = 30 * time.Second
 
 // Build compiles ./cmd/podgate of the module containing this package into dir, with extra go
-// build flags (the e2e tests add -race).
+// build flags (the e2e tests add -race). Like `make build`, it stamps the binary with
+// `git describe --tags --always --dirty`, or "dev" outside a git checkout.
 func Build(ctx context.Context, dir string, flags ...string) (string, error) {
 	bin := filepath.Join(dir, "podgate")
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	args := append(append([]string{"build"}, flags...), "-o", bin, "./cmd/podgate")
+	ldflags := "-X main.version=" + describe(ctx, root)
+	args := append(append([]string{"build", "-ldflags", ldflags}, flags...), "-o", bin, "./cmd/podgate")
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build podgate: %w\n%s", err, out)
 	}
 	return bin, nil
+}
+
+// describe is the Makefile's VERSION: `git describe --tags --always --dirty` in dir, or "dev"
+// when dir is not a git checkout (or git is missing).
+func describe(ctx context.Context, dir string) string {
+	cmd := exec.CommandContext(ctx, "git", "describe", "--tags", "--always", "--dirty")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if v := strings.TrimSpace(string(out)); err == nil && v != "" {
+		return v
+	}
+	return "dev"
 }
 
 func moduleRoot() (string, error) {

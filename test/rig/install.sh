@@ -7,6 +7,7 @@
 #   a pause image and a busybox image                   (built locally: no registry is reachable)
 #   etcd, kube-apiserver and kubelet                    (built by test/cluster/build.sh, for the
 #                                                        single-node Kubernetes of test/cluster)
+#   crictl v1.36.x                                      (built; README "Debugging", test/e2e)
 #
 # Everything lands in $PODGATE_RIG_DIR (default /var/lib/podgate-rig). Idempotent: what is
 # already there at the wanted version is reused. Needs root (apt-get).
@@ -15,6 +16,7 @@ set -euo pipefail
 RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
+CRICTL_VERSION=${CRICTL_VERSION:-v1.36.0}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 export PATH=/usr/local/go/bin:$PATH
@@ -61,6 +63,17 @@ if ! built_at runc "$RUNC_VERSION"; then
 	CGO_ENABLED=1 GOBIN="$RIG_DIR/bin" go install -tags seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
 fi
 
+if ! built_at crictl "$CRICTL_VERSION"; then
+	log "building crictl $CRICTL_VERSION"
+	# `go install pkg@version` also reads the module's version list (for deprecation notices),
+	# which some module proxies refuse. `go mod download` writes that list into the module
+	# cache, which then serves as the first proxy; everything else falls through to GOPROXY.
+	# (Run outside any module, so that no go.mod or go.sum is touched.)
+	(cd / && go mod download "sigs.k8s.io/cri-tools@$CRICTL_VERSION")
+	GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)" GOBIN="$RIG_DIR/bin" \
+		go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+fi
+
 # Images are rebuilt when the builder's source changes.
 img_src_sum=$(cat "$HERE/mkimages/"*.go | sha256sum | cut -c1-16)
 if [ "$(cat "$RIG_DIR/images/.version" 2>/dev/null)" != "$img_src_sum" ] || [ ! -s "$RIG_DIR/images/pause.tar" ] || [ ! -s "$RIG_DIR/images/busybox.tar" ]; then
@@ -73,4 +86,4 @@ fi
 # after that). PODGATE_RIG_DIR is passed on: build.sh puts the binaries in $RIG_DIR/cluster/bin.
 PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh"
 
-log "ready in $RIG_DIR: $("$RIG_DIR/bin/containerd" --version | awk '{print $3}'), runc $("$RIG_DIR/bin/runc" --version | awk 'NR==1{print $3}')"
+log "ready in $RIG_DIR: $("$RIG_DIR/bin/containerd" --version | awk '{print $3}'), runc $("$RIG_DIR/bin/runc" --version | awk 'NR==1{print $3}'), crictl $CRICTL_VERSION"
