@@ -110,52 +110,6 @@ func (r *SandboxRecord) clone() SandboxRecord {
 	return c
 }
 
-// DeviceRecord is one device a DRA driver prepared for a claim.
-type DeviceRecord struct {
-	Driver string `json:"driver"`
-	Pool   string `json:"pool"`
-	Device string `json:"device"`
-	// Requests are the claim's requests the device serves.
-	Requests     []string `json:"requests,omitempty"`
-	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
-}
-
-// ClaimRecord is one ResourceClaim of a pod that podgate prepares.
-type ClaimRecord struct {
-	UID       types.UID `json:"uid"`
-	Namespace string    `json:"namespace"`
-	Name      string    `json:"name"`
-	// PodClaimName is the pod's name for the claim (spec.resourceClaims[].name).
-	PodClaimName string `json:"podClaimName"`
-	// Drivers are the drivers podgate calls for the claim.
-	Drivers []string `json:"drivers"`
-	// Prepared: every driver prepared the claim; Devices holds what they returned.
-	Prepared bool           `json:"prepared"`
-	Devices  []DeviceRecord `json:"devices,omitempty"`
-}
-
-// PodClaims are the DRA claims podgate prepared, or began to prepare, for one pod: its
-// obligation to unprepare them once the pod is gone. They are recorded before any driver is
-// called, so a crash never loses the obligation.
-type PodClaims struct {
-	Pod    PodRef        `json:"pod"`
-	Claims []ClaimRecord `json:"claims"`
-}
-
-func (p *PodClaims) clone() PodClaims {
-	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims)}
-	for i := range c.Claims {
-		cl := &c.Claims[i]
-		cl.Drivers = slices.Clone(cl.Drivers)
-		cl.Devices = slices.Clone(cl.Devices)
-		for j := range cl.Devices {
-			cl.Devices[j].Requests = slices.Clone(cl.Devices[j].Requests)
-			cl.Devices[j].CDIDeviceIDs = slices.Clone(cl.Devices[j].CDIDeviceIDs)
-		}
-	}
-	return c
-}
-
 // The registry's readers take one of these single-method views, so a feature depends on what
 // it reads and nothing else. The PodResources service and the DRA step (in packages that do not
 // import agent) get adapters built on them.
@@ -174,11 +128,6 @@ type SandboxLister interface {
 // the kubelet replaces a dead sandbox).
 type PodSandboxLister interface {
 	PodSandboxes(uid types.UID) []SandboxRecord
-}
-
-// PodClaimsGetter returns the DRA claims podgate prepared for a pod.
-type PodClaimsGetter interface {
-	PodClaims(uid types.UID) (PodClaims, bool)
 }
 
 // Registry is podgate's pod registry: a record per pod sandbox, written by the sandbox
@@ -234,78 +183,6 @@ func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 		r.claims[pc.Pod.UID] = &pc
 	}
 	return r
-}
-
-// PodClaims implements PodClaimsGetter.
-func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	pc, ok := r.claims[uid]
-	if !ok {
-		return PodClaims{}, false
-	}
-	return pc.clone(), true
-}
-
-// AllPodClaims returns every pod's claims, ordered by pod UID.
-func (r *Registry) AllPodClaims() []PodClaims {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.allPodClaimsLocked()
-}
-
-func (r *Registry) allPodClaimsLocked() []PodClaims {
-	out := make([]PodClaims, 0, len(r.claims))
-	for _, pc := range r.claims {
-		out = append(out, pc.clone())
-	}
-	slices.SortFunc(out, func(a, b PodClaims) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
-	return out
-}
-
-// SetPodClaims records a pod's claims, replacing what was recorded, and writes the checkpoint
-// before it returns: call it before a driver is asked to prepare, so that a crash never loses
-// the obligation to unprepare. On a write error nothing changes.
-func (r *Registry) SetPodClaims(pc PodClaims) error {
-	c := pc.clone()
-	r.mu.Lock()
-	prev := r.claims[pc.Pod.UID]
-	r.claims[pc.Pod.UID] = &c
-	r.mu.Unlock()
-	if err := r.persist(); err != nil {
-		r.mu.Lock()
-		if prev != nil {
-			r.claims[pc.Pod.UID] = prev
-		} else {
-			delete(r.claims, pc.Pod.UID)
-		}
-		r.mu.Unlock()
-		return err
-	}
-	return nil
-}
-
-// UpdatePodClaims records a pod's claims, replacing what was recorded; the checkpoint follows
-// in the background. For what a crash may lose: the drivers' answers (a repeated prepare is
-// harmless), not an obligation.
-func (r *Registry) UpdatePodClaims(pc PodClaims) {
-	c := pc.clone()
-	r.mu.Lock()
-	r.claims[pc.Pod.UID] = &c
-	r.mu.Unlock()
-	r.persistSoon()
-}
-
-// RemovePodClaims forgets a pod's claims once they are unprepared; the checkpoint follows in
-// the background (a crash before it repeats the unprepare, which drivers accept).
-func (r *Registry) RemovePodClaims(uid types.UID) {
-	r.mu.Lock()
-	_, ok := r.claims[uid]
-	delete(r.claims, uid)
-	r.mu.Unlock()
-	if ok {
-		r.persistSoon()
-	}
 }
 
 // Sandbox implements SandboxGetter.
