@@ -3,8 +3,6 @@
 package cluster_test
 
 import (
-	"context"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,29 +26,9 @@ import (
 var podgateBin string
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
-}
-
-func runMain(m *testing.M) int {
-	flag.Parse()
 	// Without root or the binaries every test skips: do not spend a minute building podgate.
-	if os.Geteuid() != 0 || cluster.CheckInstalled() != nil || rig.CheckInstalled() != nil {
-		return m.Run()
-	}
-	dir, err := os.MkdirTemp("", "podgate-cluster-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	// As in test/e2e: podgate runs with the race detector under the tests.
-	if podgateBin, err = harness.Build(ctx, dir, "-race"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	build := os.Geteuid() == 0 && cluster.CheckInstalled() == nil && rig.CheckInstalled() == nil
+	os.Exit(harness.RunTests(m, &podgateBin, build))
 }
 
 // node is a rig's containerd, podgate in front of it and a cluster whose kubelet talks to podgate.

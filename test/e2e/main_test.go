@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"context"
-	"flag"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -17,29 +14,7 @@ import (
 var podgateBin string
 
 func TestMain(m *testing.M) {
-	os.Exit(runMain(m))
-}
-
-func runMain(m *testing.M) int {
-	flag.Parse()
-	dir, err := os.MkdirTemp("", "podgate-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	// Tests run podgate with the race detector; benchmarks measure it as it ships.
-	var flags []string
-	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
-		flags = append(flags, "-race")
-	}
-	if podgateBin, err = harness.Build(ctx, dir, flags...); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	os.Exit(harness.RunTests(m, &podgateBin, true))
 }
 
 // node is a real containerd with podgate in front of it.
