@@ -45,8 +45,8 @@ func TestRig(t *testing.T) {
 	if _, err := os.Stat(r.Dir); !os.IsNotExist(err) {
 		t.Errorf("%s still exists after cleanup (stat: %v)", r.Dir, err)
 	}
-	if _, err := os.Stat(filepath.Join("/sys/class/net", r.Bridge)); !os.IsNotExist(err) {
-		t.Errorf("bridge %s still exists after cleanup (stat: %v)", r.Bridge, err)
+	if owned := linksAliased(t, r.Dir); len(owned) > 0 { // not by name: see TestDownAfterCrash
+		t.Errorf("links owned by %s still exist after cleanup: %v", r.Dir, owned)
 	}
 }
 
@@ -315,11 +315,36 @@ func TestDownAfterCrash(t *testing.T) {
 	if m := mountsUnder(t, r.Dir); len(m) > 0 {
 		t.Errorf("mounts under %s left after Down: %v", r.Dir, m)
 	}
-	for _, p := range []string{r.Dir, shimSocket, filepath.Join("/sys/class/net", r.Bridge)} {
+	for _, p := range []string{r.Dir, shimSocket} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s still exists after Down (stat: %v)", p, err)
 		}
 	}
+	// The name pgrigN may already belong to another package's rig started meanwhile; what must be
+	// gone is the bridge this rig owned, which carries r.Dir as its alias.
+	if owned := linksAliased(t, r.Dir); len(owned) > 0 {
+		t.Errorf("links owned by %s still exist after Down: %v", r.Dir, owned)
+	}
+}
+
+// linksAliased lists the network links whose alias is alias.
+func linksAliased(t *testing.T, alias string) []string {
+	t.Helper()
+	paths, err := filepath.Glob("/sys/class/net/*/ifalias")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var links []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // the link went away while we looked
+		}
+		if strings.TrimSpace(string(b)) == alias {
+			links = append(links, filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return links
 }
 
 // waitExited polls the container's status until it has exited, for at most timeout.
