@@ -3,6 +3,8 @@
 #   make demo    a real containerd with podgate in front, a pod started through it (root)
 #   make test    lint + all tests with -race; the end-to-end tests run when root
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
+#   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
+#   make verify-generate  generate, then fail if the committed generated code differs
 #   make clean-rig  remove the rig (/var/lib/podgate-rig); Debian packages stay
 
 SHELL   := /bin/bash
@@ -11,11 +13,15 @@ BIN     := $(CURDIR)/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 GOLANGCI_LINT_VERSION := v2.15.0
 BENCHSTAT_VERSION     := v0.0.0-20260908200009-22c9c6c9d4da
+BUF_VERSION           := v1.75.0
+# protoc-gen-go is the version of google.golang.org/protobuf in go.mod: keep them together.
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test lint rig bench clean clean-rig
+.PHONY: all build demo test lint rig bench generate verify-generate clean clean-rig
 
 all: build
 
@@ -51,6 +57,30 @@ $(BIN)/benchstat:
 bench: $(BIN)/benchstat
 	$(GO) test -run '^$$' -bench . -count 6 ./cri ./cri/imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt
+
+# generate: the Go code of the .proto files (buf.yaml, buf.gen.yaml), next to each .proto.
+# $(BIN) comes first in PATH so buf runs the pinned plugins, not whatever else is installed.
+PROTO_TOOLS := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+generate: $(PROTO_TOOLS)
+	PATH="$(BIN):$$PATH" $(BIN)/buf lint
+	PATH="$(BIN):$$PATH" $(BIN)/buf generate
+
+# verify-generate: for CI, the committed generated code must be what `make generate` makes.
+verify-generate: generate
+	@changed=$$(git status --porcelain -- podresources/api); \
+	if [ -n "$$changed" ]; then \
+		echo "podresources/api differs from the commit after make generate (generated code out of date, or uncommitted changes): run 'make generate' and commit the result:"; \
+		echo "$$changed"; git --no-pager diff --stat -- podresources/api; exit 1; \
+	fi
+
+$(BIN)/buf:
+	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(BIN)/protoc-gen-go:
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(BIN)/protoc-gen-go-grpc:
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
 clean:
 	rm -rf $(BIN) bench.txt

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
 )
 
@@ -176,6 +177,7 @@ type proxy struct {
 	dra      *draStages
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
+	pulls   *imagepull.Governor
 }
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
@@ -210,7 +212,7 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
 	p.pipeline.register(p.server)
 	p.sysctls.register(p.server)
-	a.registerImagePulls(p.server)
+	p.pulls = a.registerImagePulls(p.server)
 	return p, nil
 }
 
@@ -228,8 +230,9 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 		dra.WithRegisterer(a.registry))
 	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
 	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
+	p.dra.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
 	if len(a.cfg.DRA.Attach) > 0 {
-		at := newDRAAttach(a.cfg.DRA.Attach, dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute), resolver, a.sandboxes, a.registry)
+		at := newDRAAttach(a.cfg.DRA.Attach, p.dra.hostIfs, resolver, a.sandboxes, a.registry)
 		if a.cfg.DRA.PublishNetworkData {
 			client := a.pods.Client()
 			at.publish = func(ctx context.Context, c types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error {

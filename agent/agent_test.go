@@ -26,6 +26,9 @@ func testConfig(dir, backend string) *Configuration {
 	c.RuntimeEndpoint = "unix://" + backend
 	off := ""
 	c.MetricsAddress = &off
+	pr := filepath.Join(dir, "run", "pr.sock")
+	c.PodResources.Socket = &pr
+	c.PodResources.KubeletSocket = &off
 	c.StateDir = filepath.Join(dir, "state")
 	return c
 }

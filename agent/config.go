@@ -65,6 +65,8 @@ type Configuration struct {
 	Sysctls Sysctls `json:"sysctls,omitzero"`
 	// DRA prepares pods' DRA claims before their sandboxes are created.
 	DRA DRA `json:"dra,omitzero"`
+	// PodResources is podgate's PodResources gRPC service.
+	PodResources PodResources `json:"podResources,omitzero"`
 }
 
 // Logging configures klog.
@@ -126,6 +128,7 @@ func (c *Configuration) SetDefaults() {
 	c.ImagePulls.setDefaults()
 	c.Sysctls.setDefaults()
 	c.DRA.setDefaults()
+	c.PodResources.setDefaults()
 }
 
 // LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
@@ -212,6 +215,9 @@ func (c *Configuration) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.Sysctls.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.PodResources.validate(c.CRISocket); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

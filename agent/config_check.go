@@ -21,6 +21,7 @@ func (c *Configuration) Check() error {
 	return errors.Join(
 		c.Validate(),
 		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
+		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
 		prefixed("kubeconfig", checkKubeconfig(c.Kubeconfig)),
 		prefixed("stateDir", checkStateDir(c.StateDir)),
 	)

@@ -51,6 +51,8 @@ type draStages struct {
 
 	// attacher moves devices into pods; nil when no driver's devices are attached.
 	attacher *draAttach
+	// hostIfs finds the host interface of a network device, for its network data.
+	hostIfs *dra.HostInterfaces
 
 	mu sync.Mutex
 	// preparing counts the RunPodSandbox calls of a pod between its claims' recording and
@@ -145,6 +147,7 @@ func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.P
 		}
 	}
 	rec, todo := d.obligation(ref, claims)
+	rec.Containers = specContainers(pod)
 	if len(todo) == 0 {
 		// Prepared for an earlier sandbox of the pod, or for another pod sharing the claims.
 		if cur, ok := d.registry.PodClaims(ref.UID); ok && sameJSONClaims(cur, rec) {
@@ -157,12 +160,19 @@ func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.P
 		return err
 	}
 	results, err := d.callDrivers(ctx, todo)
+	var fresh []ClaimRecord
 	for i := range rec.Claims {
 		c := &rec.Claims[i]
 		if devs, ok := results[c.UID]; ok && !c.Prepared {
 			c.Prepared, c.Devices = true, devs
 			klog.FromContext(ctx).Info("Prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "drivers", c.Drivers, "devices", deviceNames(devs))
+			fresh = append(fresh, *c)
 		}
+	}
+	d.describeNetwork(ctx, fresh)
+	for _, c := range fresh {
+		i := slices.IndexFunc(rec.Claims, func(r ClaimRecord) bool { return r.UID == c.UID })
+		rec.Claims[i] = c
 	}
 	d.registry.UpdatePodClaims(rec)
 	if err != nil {

@@ -13,12 +13,13 @@ import (
 
 // registerImagePulls plugs the image pull governor into PullImage. It is always on: without
 // caps it still shares concurrent pulls of one image and drops pulls whose pod is gone.
-func (a *Agent) registerImagePulls(server *cri.Server) {
+func (a *Agent) registerImagePulls(server *cri.Server) *imagepull.Governor {
 	g := imagepull.New(a.cfg.ImagePulls.limits(), imagepull.WithRegisterer(a.registry))
 	if a.pods != nil {
 		a.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
 	}
 	g.Register(server, pullPriority(a.pods, a.cfg.ImagePulls.sandboxPriority()))
+	return g
 }
 
 // pullPriority takes a pull's priority from its pod in the API server when podgate knows the

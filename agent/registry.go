@@ -143,6 +143,9 @@ type Registry struct {
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
 	rebuilding int
+	// revision counts the changes; onChange is told of each (OnPodChange).
+	revision uint64
+	onChange PodChangeFunc
 
 	// persistMu orders checkpoint writes: each write takes its snapshot under it, so a later
 	// change is never overwritten by an earlier snapshot.
@@ -245,8 +248,15 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	}
 	c := rec.clone()
 	r.mu.Lock()
+	if old, ok := r.entries[rec.ID]; ok && old.Pod.UID != rec.Pod.UID {
+		before := r.beforeLocked(old.Pod.UID)
+		delete(r.entries, rec.ID)
+		r.changedLocked(old.Pod.UID, before)
+	}
+	before := r.beforeLocked(rec.Pod.UID)
 	r.entries[rec.ID] = &c
 	r.touchLocked(rec.ID)
+	r.changedLocked(rec.Pod.UID, before)
 	r.mu.Unlock()
 	r.persistSoon()
 	return nil
@@ -258,7 +268,11 @@ func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 	r.mu.Lock()
 	e, ok := r.entries[id]
 	if ok {
+		uid := e.Pod.UID
+		before := r.beforeLocked(uid)
 		fn(e)
+		e.Pod.UID = uid // a sandbox never moves to another pod
+		r.changedLocked(uid, before)
 	}
 	r.mu.Unlock()
 	if ok {
@@ -271,8 +285,12 @@ func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 // sandbox is not an error: Stop and Remove are idempotent.
 func (r *Registry) Remove(id string) {
 	r.mu.Lock()
-	_, ok := r.entries[id]
-	delete(r.entries, id)
+	e, ok := r.entries[id]
+	if ok {
+		before := r.beforeLocked(e.Pod.UID)
+		delete(r.entries, id)
+		r.changedLocked(e.Pod.UID, before)
+	}
 	r.touchLocked(id)
 	r.mu.Unlock()
 	if ok {
@@ -307,6 +325,19 @@ func (r *Registry) beginRebuild() (end func()) {
 // as the pipeline made them. It returns how many records it added and dropped.
 func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 	r.mu.Lock()
+	// The pods it changes, with their states before, to tell the change function after.
+	befores := map[types.UID]*PodState{}
+	noteBefore := func(uid types.UID) {
+		if _, ok := befores[uid]; !ok {
+			befores[uid] = r.beforeLocked(uid)
+		}
+	}
+	for _, e := range r.entries {
+		noteBefore(e.Pod.UID)
+	}
+	for i := range seen {
+		noteBefore(seen[i].Pod.UID)
+	}
 	inRuntime := make(map[string]bool, len(seen))
 	for i := range seen {
 		rec := seen[i]
@@ -329,6 +360,11 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 			delete(r.entries, id)
 			dropped++
 		}
+	}
+	uids := slices.Collect(maps.Keys(befores))
+	slices.Sort(uids)
+	for _, uid := range uids {
+		r.changedLocked(uid, befores[uid])
 	}
 	r.mu.Unlock()
 	r.persistSoon()

@@ -14,6 +14,26 @@ type DeviceRecord struct {
 	// Requests are the claim's requests the device serves.
 	Requests     []string `json:"requests,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// Network is the device's network interface, when it is one: what a CNI plugin needs to
+	// move it into the pod. Nil for other devices.
+	Network *DeviceNetworkRecord `json:"network,omitempty"`
+}
+
+// DeviceNetworkRecord is a prepared network device's interface: its host name (from the
+// driver's ResourceSlice) and what the claim's configuration asks of it in the pod.
+type DeviceNetworkRecord struct {
+	HostInterface string `json:"hostInterface,omitempty"`
+	// InterfaceName, MTU and Addresses are the claim's configuration (dra.InterfaceConfig).
+	InterfaceName string   `json:"interfaceName,omitempty"`
+	MTU           int      `json:"mtu,omitempty"`
+	Addresses     []string `json:"addresses,omitempty"`
+}
+
+// ContainerClaims names a container of the pod and the pod's claims it uses
+// (resources.claims), as the pod's spec had them when the claims were prepared.
+type ContainerClaims struct {
+	Name   string   `json:"name"`
+	Claims []string `json:"claims,omitempty"`
 }
 
 // ClaimRecord is one ResourceClaim of a pod that podgate prepares.
@@ -36,10 +56,16 @@ type ClaimRecord struct {
 type PodClaims struct {
 	Pod    PodRef        `json:"pod"`
 	Claims []ClaimRecord `json:"claims"`
+	// Containers are the pod's containers (restartable init containers first), so that the
+	// PodResources service lists each claim under the right ones.
+	Containers []ContainerClaims `json:"containers,omitempty"`
 }
 
 func (p *PodClaims) clone() PodClaims {
-	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims)}
+	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: slices.Clone(p.Containers)}
+	for i := range c.Containers {
+		c.Containers[i].Claims = slices.Clone(c.Containers[i].Claims)
+	}
 	for i := range c.Claims {
 		cl := &c.Claims[i]
 		cl.Drivers = slices.Clone(cl.Drivers)
@@ -47,6 +73,11 @@ func (p *PodClaims) clone() PodClaims {
 		for j := range cl.Devices {
 			cl.Devices[j].Requests = slices.Clone(cl.Devices[j].Requests)
 			cl.Devices[j].CDIDeviceIDs = slices.Clone(cl.Devices[j].CDIDeviceIDs)
+			if n := cl.Devices[j].Network; n != nil {
+				nc := *n
+				nc.Addresses = slices.Clone(n.Addresses)
+				cl.Devices[j].Network = &nc
+			}
 		}
 	}
 	return c
@@ -90,16 +121,20 @@ func (r *Registry) allPodClaimsLocked() []PodClaims {
 func (r *Registry) SetPodClaims(pc PodClaims) error {
 	c := pc.clone()
 	r.mu.Lock()
+	before := r.beforeLocked(pc.Pod.UID)
 	prev := r.claims[pc.Pod.UID]
 	r.claims[pc.Pod.UID] = &c
+	r.changedLocked(pc.Pod.UID, before)
 	r.mu.Unlock()
 	if err := r.persist(); err != nil {
 		r.mu.Lock()
+		before := r.beforeLocked(pc.Pod.UID)
 		if prev != nil {
 			r.claims[pc.Pod.UID] = prev
 		} else {
 			delete(r.claims, pc.Pod.UID)
 		}
+		r.changedLocked(pc.Pod.UID, before)
 		r.mu.Unlock()
 		return err
 	}
@@ -112,7 +147,9 @@ func (r *Registry) SetPodClaims(pc PodClaims) error {
 func (r *Registry) UpdatePodClaims(pc PodClaims) {
 	c := pc.clone()
 	r.mu.Lock()
+	before := r.beforeLocked(pc.Pod.UID)
 	r.claims[pc.Pod.UID] = &c
+	r.changedLocked(pc.Pod.UID, before)
 	r.mu.Unlock()
 	r.persistSoon()
 }
@@ -122,7 +159,11 @@ func (r *Registry) UpdatePodClaims(pc PodClaims) {
 func (r *Registry) RemovePodClaims(uid types.UID) {
 	r.mu.Lock()
 	_, ok := r.claims[uid]
-	delete(r.claims, uid)
+	if ok {
+		before := r.beforeLocked(uid)
+		delete(r.claims, uid)
+		r.changedLocked(uid, before)
+	}
 	r.mu.Unlock()
 	if ok {
 		r.persistSoon()

@@ -52,6 +52,13 @@ func (a *Agent) openServices(ctx context.Context, p *proxy) (services []service,
 	if _, err := applyNodeSysctls(klog.FromContext(ctx), nodeSysctls); err != nil {
 		return services, err
 	}
+	if a.cfg.PodResources.Enabled() {
+		pr, err := a.openPodResources(ctx, p)
+		if err != nil {
+			return services, err
+		}
+		services = append(services, pr)
+	}
 	if a.cfg.MetricsEnabled() {
 		h, err := a.openHTTP(ctx, p.server)
 		if err != nil {

@@ -68,7 +68,7 @@ func removeStale(path string) error {
 		return err
 	}
 	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%s exists and is not a socket; remove it or choose another criSocket", path)
+		return fmt.Errorf("%s exists and is not a socket; remove it or choose another path", path)
 	}
 	c, err := net.DialTimeout("unix", path, time.Second)
 	if err == nil {

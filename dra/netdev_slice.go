@@ -185,6 +185,27 @@ func (h *HostInterfaces) Name(ctx context.Context, driver, pool, device string) 
 	return interfaceAttribute(devices, driver, pool, device, h.attribute)
 }
 
+// Describe returns the host interface of a device, for its network data; ok is false when the
+// device has none (a device of a driver that is not a network driver). Unlike Name, it takes
+// the remembered slices' word for a device they show without the attribute, so that describing
+// the devices of other drivers costs one LIST per driver and cache period, not one per device.
+func (h *HostInterfaces) Describe(ctx context.Context, driver, pool, device string) (name string, ok bool, err error) {
+	h.mu.Lock()
+	cached, cok := h.byDriver[driver]
+	h.mu.Unlock()
+	if cok && h.now().Sub(cached.listed) < h.ttl {
+		if _, known := cached.devices[poolDevice{pool, device}]; known {
+			name, err := interfaceAttribute(cached.devices, driver, pool, device, h.attribute)
+			return name, err == nil, nil
+		}
+	}
+	name, err = h.Name(ctx, driver, pool, device)
+	if errdefs.IsFailedPrecondition(err) {
+		return "", false, nil
+	}
+	return name, err == nil, err
+}
+
 // Forget drops what h remembers of driver's slices, so that the next lookup lists them: call it
 // when the host interface of one of its devices was not where the slices said.
 func (h *HostInterfaces) Forget(driver string) {

@@ -152,3 +152,39 @@ func TestHostInterfacesCache(t *testing.T) {
 		t.Errorf("Name(nic9) = %v after %d lists; want a failed precondition after 5", err, lists)
 	}
 }
+
+// TestHostInterfacesDescribe: a device the slices show without the attribute has no network
+// data, without a LIST per device; a network device has its host interface; an API error is
+// an error.
+func TestHostInterfacesDescribe(t *testing.T) {
+	client := fake.NewClientset(netSlice("a", netDriver, "node-a", "node-a", 1, "interfaceName", map[string]string{"nic0": "eth5", "gpu0": ""}))
+	var lists int
+	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return false, nil, nil
+	})
+	h := NewHostInterfaces(client, "node-a", "")
+	for i, tt := range []struct {
+		device    string
+		wantName  string
+		wantOK    bool
+		wantLists int
+	}{
+		{"gpu0", "", false, 1},
+		{"gpu0", "", false, 1}, // the remembered slices answer
+		{"nic0", "eth5", true, 1},
+		{"nic9", "", false, 2}, // not in the slices: listed again, then not a network device
+	} {
+		name, ok, err := h.Describe(t.Context(), netDriver, "node-a", tt.device)
+		if err != nil || name != tt.wantName || ok != tt.wantOK || lists != tt.wantLists {
+			t.Errorf("%d: Describe(%s) = %q, %v, %v after %d lists; want %q, %v, nil after %d", i, tt.device, name, ok, err, lists, tt.wantName, tt.wantOK, tt.wantLists)
+		}
+	}
+	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("API server down")
+	})
+	h.Forget(netDriver)
+	if _, ok, err := h.Describe(t.Context(), netDriver, "node-a", "nic0"); err == nil || ok {
+		t.Errorf("Describe with the API down = %v, %v; want an error", ok, err)
+	}
+}

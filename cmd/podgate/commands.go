@@ -140,6 +140,7 @@ type options struct {
 	runtimeEndpoint string
 	imageEndpoint   string
 	metricsAddress  string
+	podResources    string
 	stateDir        string
 	kubeconfig      string
 	nodeName        string
@@ -153,6 +154,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.runtimeEndpoint, "runtime-endpoint", agent.DefaultRuntimeEndpoint, "backend runtime CRI endpoint (containerd)")
 	fs.StringVar(&o.imageEndpoint, "image-endpoint", "", "backend image service endpoint (default: the runtime endpoint)")
 	fs.StringVar(&o.metricsAddress, "metrics-address", agent.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
+	fs.StringVar(&o.podResources, "podresources-socket", agent.DefaultPodResourcesSocket, `unix socket podgate serves PodResources on ("" disables)`)
 	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for podgate's state")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (empty: no API access)")
 	fs.StringVar(&o.nodeName, "node-name", "", "this node's name in the Kubernetes API (default: the host name)")
@@ -181,6 +183,8 @@ func (o *options) configuration(fs *pflag.FlagSet) (*agent.Configuration, error)
 			cfg.ImageEndpoint = o.imageEndpoint
 		case "metrics-address":
 			cfg.MetricsAddress = &o.metricsAddress
+		case "podresources-socket":
+			cfg.PodResources.Socket = &o.podResources
 		case "state-dir":
 			cfg.StateDir = o.stateDir
 		case "kubeconfig":

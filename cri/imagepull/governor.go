@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,7 +89,9 @@ type flight struct {
 
 // waiter is one caller of Do.
 type waiter struct {
-	cancel context.CancelCauseFunc
+	cancel  context.CancelCauseFunc
+	arrived time.Time
+	flight  *flight // set under Governor.mu when the caller joins
 }
 
 // New creates a governor with the given caps.
@@ -119,11 +123,12 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	arrived := g.now()
-	w := &waiter{cancel: cancel}
+	w := &waiter{cancel: cancel, arrived: arrived}
 
 	g.mu.Lock()
 	g.addWaiter(p.PodUID, w)
 	f, leader := g.join(ctx, p, fn)
+	w.flight = f
 	g.mu.Unlock()
 	defer g.removeWaiter(p.PodUID, w)
 
@@ -347,6 +352,39 @@ func (g *Governor) removeWaiter(uid string, w *waiter) {
 	if len(g.pods[uid]) == 0 {
 		delete(g.pods, uid)
 	}
+}
+
+// PodPull is one pull a pod's caller waits for.
+type PodPull struct {
+	Image string
+	// Started: the backend pull runs; otherwise it waits in the queue.
+	Started bool
+	// Since is when the caller asked.
+	Since time.Time
+}
+
+// PodPulls returns the pulls the callers for the pod with this UID wait for, oldest first.
+func (g *Governor) PodPulls(uid string) []PodPull {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ws := g.pods[uid]
+	if len(ws) == 0 {
+		return nil
+	}
+	out := make([]PodPull, 0, len(ws))
+	for w := range ws {
+		if w.flight == nil {
+			continue
+		}
+		out = append(out, PodPull{Image: w.flight.image, Started: !w.flight.started.IsZero(), Since: w.arrived})
+	}
+	slices.SortFunc(out, func(a, b PodPull) int {
+		if c := a.Since.Compare(b.Since); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Image, b.Image)
+	})
+	return out
 }
 
 // Stats is a snapshot of the governor's state, for tests and debugging.

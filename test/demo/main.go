@@ -8,7 +8,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,10 +22,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent"
+	prv1alpha1 "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 )
@@ -160,6 +166,13 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		fmt.Fprintf(out, "      sysctls asked %v, applied %v, verified in the pod: %s\n", rec.Sysctls.Asked, rec.Sysctls.Applied, rec.Sysctls.Verification)
 	}
 
+	step(out, "Asking podgate's PodResources socket for the pod, as a meta-CNI plugin would (%s)", pg.PodResourcesSocket)
+	pr, err := podResources(ctx, pg.PodResourcesSocket, "demo", "hello")
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(out, indent(pr))
+
 	step(out, "Asking for a pod that sets kernel.core_pattern (a node-wide sysctl)")
 	// The refusal is the point here: the client's own error log of it (cri-client logs every
 	// failed RunPodSandbox through the context's logger) is dropped for this one call, podgate's
@@ -234,6 +247,29 @@ func recorded(ctx context.Context, stateDir string) ([]agent.SandboxRecord, erro
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// podResources asks podgate's PodResources extension for one pod, as grpcurl would show it.
+func podResources(ctx context.Context, socket, namespace, name string) (string, error) {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	resp, err := prv1alpha1.NewPodResourcesClient(conn).Get(ctx, &prv1alpha1.GetRequest{PodName: name, PodNamespace: namespace})
+	if err != nil {
+		return "", fmt.Errorf("PodResources Get %s/%s: %w", namespace, name, err)
+	}
+	// protojson varies its spacing on purpose; encoding/json lays it out the same every time.
+	b, err := protojson.Marshal(resp)
+	if err != nil {
+		return "", err
+	}
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, b, "", "  "); err != nil {
+		return "", err
+	}
+	return pretty.String(), nil
 }
 
 func indent(s string) string {

@@ -73,6 +73,8 @@ type Podgate struct {
 	Socket string
 	// Endpoint is unix://Socket.
 	Endpoint string
+	// PodResourcesSocket is podgate's PodResources socket path.
+	PodResourcesSocket string
 	// MetricsURL is http://host:port of the metrics listener.
 	MetricsURL string
 	// Log holds everything podgate wrote to stderr so far.
@@ -102,10 +104,11 @@ func Start(ctx context.Context, bin string, o Options) (*Podgate, error) {
 		return nil, err
 	}
 	p := &Podgate{
-		Socket:     filepath.Join(o.Dir, "cri.sock"),
-		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d", port),
-		Log:        &SyncBuffer{},
-		done:       make(chan struct{}),
+		Socket:             filepath.Join(o.Dir, "cri.sock"),
+		PodResourcesSocket: filepath.Join(o.Dir, "pr.sock"),
+		MetricsURL:         fmt.Sprintf("http://127.0.0.1:%d", port),
+		Log:                &SyncBuffer{},
+		done:               make(chan struct{}),
 	}
 	p.Endpoint = "unix://" + p.Socket
 	notifyPath := filepath.Join(o.Dir, "notify.sock")
@@ -118,6 +121,7 @@ func Start(ctx context.Context, bin string, o Options) (*Podgate, error) {
 
 	args := append([]string{
 		"--cri-socket", p.Socket,
+		"--podresources-socket", p.PodResourcesSocket,
 		"--runtime-endpoint", o.RuntimeEndpoint,
 		"--metrics-address", fmt.Sprintf("127.0.0.1:%d", port),
 		"--state-dir", filepath.Join(o.Dir, "state"),

@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/podgate/podgate/podresources"
+)
+
+// PodResources defaults.
+const (
+	DefaultPodResourcesSocket  = "/var/lib/kubelet/pod-resources/podgate.sock"
+	DefaultKubeletPodResources = "/var/lib/kubelet/pod-resources/kubelet.sock"
+)
+
+// PodResources is the podResources section: podgate's PodResources gRPC socket (the kubelet's
+// v1.PodResourcesLister and podgate's extension), read by meta-CNI plugins and grpcurl.
+type PodResources struct {
+	// Socket is the unix socket podgate serves PodResources on; "" turns the service off.
+	// Unset means /var/lib/kubelet/pod-resources/podgate.sock, beside the kubelet's.
+	Socket *string `json:"socket,omitempty"`
+	// SocketGroup is the group (name or id) that owns the socket, which has mode 0660; empty
+	// keeps root's group.
+	SocketGroup string `json:"socketGroup,omitempty"`
+	// KubeletSocket is the kubelet's own PodResources socket, whose devices, CPUs and memory
+	// podgate merges into its answers; "" turns the merge off. Unset means
+	// /var/lib/kubelet/pod-resources/kubelet.sock.
+	KubeletSocket *string `json:"kubeletSocket,omitempty"`
+	// QPS and Burst are the rate limit of calls (a token bucket), as the kubelet's: 100 calls
+	// per second with a burst of 10 by default. A call over it is ResourceExhausted.
+	QPS   float64 `json:"qps,omitempty"`
+	Burst int     `json:"burst,omitempty"`
+}
+
+func (p *PodResources) setDefaults() {
+	if p.Socket == nil {
+		s := DefaultPodResourcesSocket
+		p.Socket = &s
+	}
+	if p.KubeletSocket == nil {
+		s := DefaultKubeletPodResources
+		p.KubeletSocket = &s
+	}
+	if p.QPS == 0 {
+		p.QPS = podresources.DefaultQPS
+	}
+	if p.Burst == 0 {
+		p.Burst = podresources.DefaultBurst
+	}
+}
+
+// Enabled reports whether podgate serves PodResources.
+func (p *PodResources) Enabled() bool { return p.Socket != nil && *p.Socket != "" }
+
+func (p *PodResources) validate(criSocket string) error {
+	var errs []error
+	if p.Enabled() {
+		if err := validSocket(*p.Socket); err != nil {
+			errs = append(errs, fmt.Errorf("podResources.socket: %w", err))
+		} else if *p.Socket == criSocket {
+			errs = append(errs, fmt.Errorf("podResources.socket: %q is also the criSocket", *p.Socket))
+		}
+	}
+	if p.KubeletSocket != nil && *p.KubeletSocket != "" {
+		if err := validSocket(*p.KubeletSocket); err != nil {
+			errs = append(errs, fmt.Errorf("podResources.kubeletSocket: %w", err))
+		} else if p.Enabled() && *p.KubeletSocket == *p.Socket {
+			errs = append(errs, fmt.Errorf("podResources.kubeletSocket: %q is podgate's own podResources.socket: podgate would ask itself", *p.KubeletSocket))
+		}
+	}
+	if p.QPS < 0 {
+		errs = append(errs, fmt.Errorf("podResources.qps: %v: must be positive", p.QPS))
+	}
+	if p.Burst < 0 {
+		errs = append(errs, fmt.Errorf("podResources.burst: %d: must be positive", p.Burst))
+	}
+	return errors.Join(errs...)
+}

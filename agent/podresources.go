@@ -1,0 +1,216 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/podresources"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+)
+
+// podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
+// the PodResources services.
+type podResourcesSource struct {
+	registry *Registry
+	pulls    *imagepull.Governor // nil: no pulls shown
+	pods     *PodLookup          // nil without the Kubernetes API
+}
+
+var _ podresources.Source = (*podResourcesSource)(nil)
+
+// Pods implements podresources.PodLister.
+func (s *podResourcesSource) Pods() ([]*pb.Pod, uint64) {
+	states, rev := s.registry.Pods()
+	out := make([]*pb.Pod, 0, len(states))
+	for i := range states {
+		out = append(out, s.withPulls(podMessage(&states[i])))
+	}
+	return out, rev
+}
+
+// Pod implements podresources.PodGetter.
+func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
+	st, ok := s.registry.PodByName(namespace, name)
+	if !ok {
+		return nil, false
+	}
+	return s.withPulls(podMessage(&st)), true
+}
+
+// Containers implements podresources.ContainerLister: the containers recorded when the pod's
+// claims were prepared, else those of the pod in the informer.
+func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bool) {
+	uid := types.UID(p.GetUid())
+	var cs []ContainerClaims
+	if pc, ok := s.registry.PodClaims(uid); ok && len(pc.Containers) > 0 {
+		cs = pc.Containers
+	} else if s.pods != nil {
+		pod, ok := s.pods.Get(uid)
+		if !ok {
+			return nil, false
+		}
+		cs = specContainers(pod)
+	} else {
+		return nil, false
+	}
+	out := make([]podresources.Container, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, podresources.Container{Name: c.Name, Claims: c.Claims})
+	}
+	return out, true
+}
+
+func (s *podResourcesSource) withPulls(p *pb.Pod) *pb.Pod {
+	if s.pulls == nil {
+		return p
+	}
+	for _, pull := range s.pulls.PodPulls(p.GetUid()) {
+		st := pb.ImagePull_QUEUED
+		if pull.Started {
+			st = pb.ImagePull_PULLING
+		}
+		p.ImagePulls = append(p.ImagePulls, &pb.ImagePull{Image: pull.Image, State: st, Since: timestamppb.New(pull.Since)})
+	}
+	return p
+}
+
+// publishChanges tells the watches of every change of the registry.
+func publishChanges(reg *Registry, b *podresources.Broadcaster) {
+	reg.OnPodChange(func(rev uint64, before, after *PodState) {
+		if ev := podEvent(rev, before, after); ev != nil {
+			b.Publish(ev)
+		}
+	})
+}
+
+// podEvent is the watch event of a change; nil when nothing a watcher sees changed.
+func podEvent(rev uint64, before, after *PodState) *pb.WatchEvent {
+	switch {
+	case before == nil && after == nil:
+		return nil
+	case before == nil:
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: podMessage(after), Revision: rev}
+	case after == nil:
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_REMOVED, Pod: podMessage(before), Revision: rev}
+	}
+	was, is := podMessage(before), podMessage(after)
+	if proto.Equal(was, is) {
+		return nil
+	}
+	typ := pb.WatchEvent_POD_UPDATED
+	if allPrepared(is) && !allPrepared(was) {
+		typ = pb.WatchEvent_DEVICES_PREPARED
+	}
+	return &pb.WatchEvent{Type: typ, Pod: is, Revision: rev}
+}
+
+func allPrepared(p *pb.Pod) bool {
+	return len(p.GetClaims()) > 0 && !slices.ContainsFunc(p.GetClaims(), func(c *pb.Claim) bool { return !c.GetPrepared() })
+}
+
+// podMessage is a pod's state as the extension service shows it.
+func podMessage(st *PodState) *pb.Pod {
+	ref := st.Ref()
+	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
+	if n := len(st.Sandboxes); n > 0 {
+		p.Sandbox = sandboxMessage(&st.Sandboxes[n-1])
+	}
+	if st.Claims != nil {
+		for _, c := range st.Claims.Claims {
+			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes))
+		}
+	}
+	return p
+}
+
+func sandboxMessage(rec *SandboxRecord) *pb.Sandbox {
+	state := pb.Sandbox_NOT_READY
+	if rec.Ready {
+		state = pb.Sandbox_READY
+	}
+	return &pb.Sandbox{
+		Id: rec.ID, State: state, RuntimeHandler: rec.RuntimeHandler, Adopted: rec.Origin == OriginAdopted,
+		Netns: rec.NetNS, HostNetwork: rec.HostNetwork, Ips: slices.Clone(rec.IPs),
+		CreatedAt: timestamppb.New(rec.CreatedAt),
+		Sysctls: &pb.Sysctls{
+			Asked: maps.Clone(rec.Sysctls.Asked), Applied: maps.Clone(rec.Sysctls.Applied),
+			Verification: rec.Sysctls.Verification, Mismatches: slices.Clone(rec.Sysctls.Mismatches), Error: rec.Sysctls.Error,
+		},
+	}
+}
+
+// claimMessage shows a claim; a device that podgate attached to one of the pod's sandboxes
+// shows what the pod got (its name, addresses and MAC in the pod).
+func claimMessage(c ClaimRecord, sandboxes []SandboxRecord) *pb.Claim {
+	m := &pb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID), PodClaimName: c.PodClaimName, Prepared: c.Prepared}
+	for _, d := range c.Devices {
+		dev := &pb.Device{Driver: d.Driver, Pool: d.Pool, Device: d.Device, Requests: slices.Clone(d.Requests), CdiDeviceIds: slices.Clone(d.CDIDeviceIDs)}
+		if n := d.Network; n != nil {
+			dev.Network = &pb.NetworkData{HostInterface: n.HostInterface, InterfaceName: n.InterfaceName, Ips: slices.Clone(n.Addresses), Mtu: int32(n.MTU)}
+		}
+		if att, ok := attachedDevice(c, d, sandboxes); ok {
+			if dev.Network == nil {
+				dev.Network = &pb.NetworkData{HostInterface: att.Interface.HostName}
+			}
+			dev.Network.InterfaceName = att.Interface.PodName
+			dev.Network.Ips = slices.Clone(att.Interface.Addresses)
+			dev.Network.HardwareAddress = att.Interface.HardwareAddr
+			dev.Network.Attached = true
+		}
+		m.Devices = append(m.Devices, dev)
+	}
+	return m
+}
+
+// attachedDevice finds the device among what podgate attached to the pod's newest sandbox
+// that holds any.
+func attachedDevice(c ClaimRecord, d DeviceRecord, sandboxes []SandboxRecord) (AttachedDevice, bool) {
+	for i := len(sandboxes) - 1; i >= 0; i-- {
+		for _, a := range sandboxes[i].Attached {
+			if a.ClaimUID == c.UID && a.Driver == d.Driver && a.Pool == d.Pool && a.Device == d.Device {
+				return a, true
+			}
+		}
+	}
+	return AttachedDevice{}, false
+}
+
+// openPodResources takes the PodResources socket.
+func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error) {
+	cfg := a.cfg.PodResources
+	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
+	s, err := podresources.NewServer(podresources.Options{
+		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods},
+		Broadcaster:   b,
+		KubeletSocket: *cfg.KubeletSocket,
+		QPS:           cfg.QPS, Burst: cfg.Burst,
+		Registerer: a.registry,
+	})
+	if err != nil {
+		return service{}, err
+	}
+	l, err := cri.Listen(*cfg.Socket, cri.SocketOptions{Mode: 0o660, Group: cfg.SocketGroup})
+	if err != nil {
+		return service{}, fmt.Errorf("podResources.socket: %w", err)
+	}
+	publishChanges(a.sandboxes, b)
+	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst)
+	return service{
+		name:  "PodResources",
+		serve: func() error { return s.Serve(l) },
+		shutdown: func(ctx context.Context) error {
+			s.Shutdown(ctx)
+			return nil
+		},
+		close: func() { l.Close() },
+	}, nil
+}

@@ -1,0 +1,194 @@
+package agent
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/podgate/podgate/dra"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// podChanges records what the registry tells of its pods' changes.
+type podChanges struct {
+	events []*pb.WatchEvent
+}
+
+func watchRegistry(r *Registry) *podChanges {
+	c := &podChanges{}
+	r.OnPodChange(func(rev uint64, before, after *PodState) {
+		if ev := podEvent(rev, before, after); ev != nil {
+			c.events = append(c.events, ev)
+		}
+	})
+	return c
+}
+
+func (c *podChanges) types() []pb.WatchEvent_Type {
+	var out []pb.WatchEvent_Type
+	for _, ev := range c.events {
+		out = append(out, ev.GetType())
+	}
+	return out
+}
+
+func webClaims(prepared bool) PodClaims {
+	pc := PodClaims{
+		Pod: PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
+		Claims: []ClaimRecord{{
+			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
+		}},
+		Containers: []ContainerClaims{{Name: "app"}, {Name: "side"}},
+	}
+	if prepared {
+		pc.Claims[0].Prepared = true
+		pc.Claims[0].Devices = []DeviceRecord{{
+			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
+			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
+			Network:      &DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
+		}}
+	}
+	return pc
+}
+
+// TestRegistryPodChanges: the registry tells every change of a pod, in order, with the kind a
+// watcher sees: added when its claims are recorded (before any sandbox), devices prepared,
+// updated by its sandbox, removed once neither sandbox nor claims are left; a change that
+// changes nothing visible is not told.
+func TestRegistryPodChanges(t *testing.T) {
+	r := NewRegistry(nil, CheckpointData{})
+	changes := watchRegistry(r)
+
+	if err := r.SetPodClaims(webClaims(false)); err != nil {
+		t.Fatal(err)
+	}
+	r.UpdatePodClaims(webClaims(true))
+	rec := sampleRecord("web")
+	rec.Pod = PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
+	if err := r.Add(rec); err != nil {
+		t.Fatal(err)
+	}
+	r.Update(rec.ID, func(*SandboxRecord) {}) // nothing changes
+	r.Update(rec.ID, func(s *SandboxRecord) { s.Ready = false })
+	r.Remove(rec.ID)
+	r.RemovePodClaims("uid-web")
+
+	want := []pb.WatchEvent_Type{
+		pb.WatchEvent_POD_ADDED, pb.WatchEvent_DEVICES_PREPARED, pb.WatchEvent_POD_UPDATED,
+		pb.WatchEvent_POD_UPDATED, pb.WatchEvent_POD_UPDATED, pb.WatchEvent_POD_REMOVED,
+	}
+	if diff := cmp.Diff(want, changes.types()); diff != "" {
+		t.Fatalf("event types (-want +got):\n%s", diff)
+	}
+	// Every change counts, the one that changes nothing visible (4) too.
+	var revs []uint64
+	for _, ev := range changes.events {
+		revs = append(revs, ev.GetRevision())
+	}
+	if diff := cmp.Diff([]uint64{1, 2, 3, 5, 6, 7}, revs); diff != "" {
+		t.Errorf("event revisions (-want +got):\n%s", diff)
+	}
+	if _, rev := r.Pods(); rev != 7 {
+		t.Errorf("registry revision %d, want 7", rev)
+	}
+	if got := changes.events[3].GetPod().GetSandbox().GetState(); got != pb.Sandbox_NOT_READY {
+		t.Errorf("after the stop the sandbox is %v, want NOT_READY", got)
+	}
+	removed := changes.events[5].GetPod()
+	if removed.GetName() != "web" || len(removed.GetClaims()) != 1 {
+		t.Errorf("POD_REMOVED carries %v, want the pod's last state with its claim", removed)
+	}
+}
+
+// TestPodMessage: a pod's message shows its newest sandbox and its claims' devices with their
+// network data; an attached device shows what the pod got.
+func TestPodMessage(t *testing.T) {
+	old := sampleRecord("old")
+	old.Pod = PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
+	old.Ready = false
+	cur := sampleRecord("cur")
+	cur.Pod = old.Pod
+	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
+	cur.Attached = []AttachedDevice{{
+		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
+		Interface: dra.Attached{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
+	}}
+	pc := webClaims(true)
+	got := podMessage(&PodState{UID: "uid-web", Sandboxes: []SandboxRecord{old, cur}, Claims: &pc})
+	want := &pb.Pod{
+		Uid: "uid-web", Name: "web", Namespace: "ns",
+		Sandbox: &pb.Sandbox{
+			Id: "cur", State: pb.Sandbox_READY, Netns: cur.NetNS, Ips: cur.IPs, CreatedAt: timestamppb.New(cur.CreatedAt),
+			Sysctls: &pb.Sysctls{Asked: cur.Sysctls.Asked, Applied: cur.Sysctls.Applied, Verification: SysctlsOK},
+		},
+		Claims: []*pb.Claim{{
+			Namespace: "ns", Name: "web-nic", Uid: "claim-uid", PodClaimName: "nic", Prepared: true,
+			Devices: []*pb.Device{{
+				Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"}, CdiDeviceIds: []string{"net.example.com/nic=nic0"},
+				Network: &pb.NetworkData{HostInterface: "eth5", InterfaceName: "net1", Ips: []string{"192.0.2.10/24"}, Mtu: 1400, HardwareAddress: "02:00:00:00:00:01", Attached: true},
+			}},
+		}},
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+		t.Errorf("podMessage (-want +got):\n%s", diff)
+	}
+}
+
+// TestPodResourcesThroughTheAgent: a running agent serves the PodResources socket from its
+// registry: a pod whose claims are recorded is visible before it has a sandbox, pod-level
+// claims under every container, an unknown pod is NotFound.
+func TestPodResourcesThroughTheAgent(t *testing.T) {
+	dir := testfs.ShortDir(t)
+	_, backend := startFakeRuntime(t, dir)
+	cfg := testConfig(dir, backend)
+	a := New(cfg, "test")
+	stop := runAgentOf(t, a)
+	defer func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitRebuilt(t, a)
+	if err := a.sandboxes.SetPodClaims(webClaims(true)); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ext := pb.NewPodResourcesClient(conn)
+	got, err := waitGet(t, ext, "ns", "web")
+	if err != nil {
+		t.Fatalf("Get(ns/web): %v", err)
+	}
+	dev := got.GetPod().GetClaims()[0].GetDevices()[0]
+	if dev.GetNetwork().GetHostInterface() != "eth5" || dev.GetNetwork().GetInterfaceName() != "net1" || got.GetPod().GetSandbox() != nil {
+		t.Errorf("Get(ns/web) = %v; want the claim's device with host interface eth5, name net1, and no sandbox yet", got)
+	}
+	if _, err := ext.Get(t.Context(), &pb.GetRequest{PodName: "nobody", PodNamespace: "ns"}); status.Code(err) != codes.NotFound {
+		t.Errorf("Get of an unknown pod: %v, want NotFound", err)
+	}
+	if _, err := ext.Get(t.Context(), &pb.GetRequest{PodName: "web"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Get without a namespace: %v, want InvalidArgument", err)
+	}
+}
+
+// waitGet calls Get once the socket is served (Run may not have bound it yet).
+func waitGet(t *testing.T, c pb.PodResourcesClient, ns, name string) (*pb.GetResponse, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	return c.Get(ctx, &pb.GetRequest{PodName: name, PodNamespace: ns}, grpc.WaitForReady(true))
+}

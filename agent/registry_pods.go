@@ -1,0 +1,131 @@
+package agent
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// PodState is everything the registry holds of one pod: its sandboxes, oldest first, and its
+// DRA claims. A pod is known while it has either.
+type PodState struct {
+	UID       types.UID
+	Sandboxes []SandboxRecord
+	// Claims is nil when podgate prepares no claims for the pod.
+	Claims *PodClaims
+}
+
+// Ref names the pod, from its newest sandbox or else its claims.
+func (p *PodState) Ref() PodRef {
+	if n := len(p.Sandboxes); n > 0 {
+		return p.Sandboxes[n-1].Pod
+	}
+	if p.Claims != nil {
+		return p.Claims.Pod
+	}
+	return PodRef{UID: p.UID}
+}
+
+// PodChangeFunc is told of every change of a pod in the registry, in order, under the
+// registry's lock: it must be quick and must not call the registry. before or after is nil
+// when the pod was or is no longer known. revision grows with every change.
+type PodChangeFunc func(revision uint64, before, after *PodState)
+
+// OnPodChange sets fn to be told of every change from now on.
+func (r *Registry) OnPodChange(fn PodChangeFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.onChange = fn
+}
+
+// Pods returns every known pod, ordered by UID, and the revision they were read at.
+func (r *Registry) Pods() ([]PodState, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	uids := make(map[types.UID]struct{}, len(r.claims)+len(r.entries))
+	for uid := range r.claims {
+		uids[uid] = struct{}{}
+	}
+	for _, e := range r.entries {
+		uids[e.Pod.UID] = struct{}{}
+	}
+	out := make([]PodState, 0, len(uids))
+	for uid := range uids {
+		out = append(out, *r.podStateLocked(uid))
+	}
+	slices.SortFunc(out, func(a, b PodState) int { return compareStrings(string(a.UID), string(b.UID)) })
+	return out, r.revision
+}
+
+// PodByName returns the pod named namespace/name; of two pods of one name (one being
+// deleted, its successor starting), the one whose newest sandbox is newer, or that has no
+// sandbox yet.
+func (r *Registry) PodByName(namespace, name string) (PodState, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var best *PodState
+	consider := func(uid types.UID) {
+		if best != nil && best.UID == uid {
+			return
+		}
+		p := r.podStateLocked(uid)
+		if best == nil || newerPod(p, best) {
+			best = p
+		}
+	}
+	for uid, pc := range r.claims {
+		if pc.Pod.Namespace == namespace && pc.Pod.Name == name {
+			consider(uid)
+		}
+	}
+	for _, e := range r.entries {
+		if e.Pod.Namespace == namespace && e.Pod.Name == name {
+			consider(e.Pod.UID)
+		}
+	}
+	if best == nil {
+		return PodState{}, false
+	}
+	return *best, true
+}
+
+// newerPod: a pod without a sandbox yet is the newest; else the newest sandbox wins.
+func newerPod(a, b *PodState) bool {
+	switch {
+	case len(a.Sandboxes) == 0:
+		return len(b.Sandboxes) > 0
+	case len(b.Sandboxes) == 0:
+		return false
+	}
+	return a.Sandboxes[len(a.Sandboxes)-1].CreatedAt.After(b.Sandboxes[len(b.Sandboxes)-1].CreatedAt)
+}
+
+// podStateLocked builds the state of the pod with this UID; nil when it is not known.
+func (r *Registry) podStateLocked(uid types.UID) *PodState {
+	p := &PodState{UID: uid, Sandboxes: r.sortedLocked(func(e *SandboxRecord) bool { return e.Pod.UID == uid })}
+	if pc, ok := r.claims[uid]; ok {
+		c := pc.clone()
+		p.Claims = &c
+	}
+	if len(p.Sandboxes) == 0 && p.Claims == nil {
+		return nil
+	}
+	return p
+}
+
+// beforeLocked is the pod's state before a change, for the change function; nil when none
+// is set (nothing to tell).
+func (r *Registry) beforeLocked(uid types.UID) *PodState {
+	if r.onChange == nil {
+		return nil
+	}
+	return r.podStateLocked(uid)
+}
+
+// changedLocked records a change of the pod with this UID and tells the change function.
+func (r *Registry) changedLocked(uid types.UID, before *PodState) {
+	r.revision++
+	if r.onChange != nil {
+		r.onChange(r.revision, before, r.podStateLocked(uid))
+	}
+}

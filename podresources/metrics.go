@@ -1,0 +1,57 @@
+package podresources
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the package's Prometheus metrics; labels hold method names and fixed words only.
+type metrics struct {
+	requests        *prometheus.CounterVec
+	kubeletRequests *prometheus.CounterVec
+	kubeletUp       prometheus.Gauge
+	watchers        prometheus.GaugeFunc
+	watchersDropped prometheus.Counter
+}
+
+// newMetrics makes the metrics and registers them with r when r is not nil. watchers reads
+// the number of running watches; nil reads zero.
+func newMetrics(r prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "requests_total",
+			Help: "Calls to podgate's PodResources socket, by gRPC method and status code (ResourceExhausted: over the rate limit).",
+		}, []string{"method", "code"}),
+		kubeletRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_requests_total",
+			Help: "Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, unavailable, error).",
+		}, []string{"method", "result"}),
+		kubeletUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_up",
+			Help: "1 when the last call to the kubelet's PodResources socket was answered, 0 when it was not.",
+		}),
+		watchersDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "watchers_dropped_total",
+			Help: "Watches ended because the client fell too far behind.",
+		}),
+	}
+	if r != nil {
+		r.MustRegister(m.requests, m.kubeletRequests, m.kubeletUp, m.watchersDropped)
+	}
+	return m
+}
+
+func (m *metrics) registerWatchers(r prometheus.Registerer, b *Broadcaster) {
+	m.watchers = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "podgate", Subsystem: "podresources", Name: "watchers",
+		Help: "Watches running on podgate's PodResources socket.",
+	}, func() float64 { return float64(b.Watchers()) })
+	if r != nil {
+		r.MustRegister(m.watchers)
+	}
+}
+
+func containsFold(s, sub string) bool {
+	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
+}

@@ -1,0 +1,176 @@
+package podresources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+)
+
+// Defaults of the rate limit, the kubelet's own for its PodResources socket.
+const (
+	DefaultQPS   = 100
+	DefaultBurst = 10
+)
+
+// maxRequestSize bounds a request: the largest a client needs is a Get with a 253-byte name
+// and a 63-byte namespace, or a reflection request naming a file.
+const maxRequestSize = 64 << 10
+
+// Options configure a Server.
+type Options struct {
+	// Source is what podgate knows of the pods. Required.
+	Source Source
+	// Broadcaster carries the changes to watches; nil: a broadcaster with the default limits
+	// that nothing publishes to.
+	Broadcaster *Broadcaster
+	// KubeletSocket is the kubelet's PodResources socket to merge; empty: podgate's part alone.
+	KubeletSocket string
+	// QPS and Burst are the token bucket every call but the health check takes from; zero
+	// means the defaults.
+	QPS   float64
+	Burst int
+	// Registerer takes the podgate_podresources_* metrics; nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+// Server is podgate's PodResources gRPC server: the v1 lister, podgate's extension, server
+// reflection and gRPC health.
+type Server struct {
+	grpc        *grpc.Server
+	health      *health.Server
+	broadcaster *Broadcaster
+	kubelet     *kubeletClient
+}
+
+// NewServer builds the server; Serve starts it on a listener.
+func NewServer(o Options) (*Server, error) {
+	if o.Source == nil {
+		return nil, errors.New("podresources: no source")
+	}
+	if o.QPS == 0 {
+		o.QPS = DefaultQPS
+	}
+	if o.Burst == 0 {
+		o.Burst = DefaultBurst
+	}
+	if o.QPS < 0 || o.Burst < 0 {
+		return nil, fmt.Errorf("podresources: qps %v and burst %d must be positive", o.QPS, o.Burst)
+	}
+	if o.Broadcaster == nil {
+		o.Broadcaster = NewBroadcaster(DefaultMaxWatchers, DefaultWatcherBuffer)
+	}
+	m := newMetrics(o.Registerer)
+	m.registerWatchers(o.Registerer, o.Broadcaster)
+	o.Broadcaster.mu.Lock()
+	o.Broadcaster.onDrop = m.watchersDropped.Inc
+	o.Broadcaster.mu.Unlock()
+
+	s := &Server{health: health.NewServer(), broadcaster: o.Broadcaster}
+	if o.KubeletSocket != "" {
+		s.kubelet = newKubeletClient(o.KubeletSocket, m)
+	}
+	limit := &limiter{bucket: rate.NewLimiter(rate.Limit(o.QPS), o.Burst), qps: o.QPS, burst: o.Burst}
+	s.grpc = grpc.NewServer(
+		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxSendMsgSize(MaxMessageSize),
+		// A client that went away without closing its connection (a CNI plugin killed in the
+		// middle of a call) is found and its connection closed.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
+		grpc.ChainUnaryInterceptor(m.countUnary, limit.unary),
+		grpc.ChainStreamInterceptor(m.countStream, limit.stream),
+	)
+	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
+	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster})
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	for _, name := range []string{"", "v1.PodResourcesLister", pb.PodResources_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	return s, nil
+}
+
+// Serve serves on l until Shutdown; it returns nil after Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown reports NOT_SERVING, ends the watches, lets unary calls in flight finish until ctx
+// ends, then closes every connection.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.health.Shutdown()
+	s.broadcaster.Close()
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.grpc.Stop()
+		<-done
+	}
+	if s.kubelet != nil {
+		_ = s.kubelet.Close() // closing a client connection has nothing to report
+	}
+}
+
+// limiter is the token bucket of the kubelet's PodResources server, over every call but the
+// health check (a probe must not fail because a client is noisy).
+type limiter struct {
+	bucket *rate.Limiter
+	qps    float64
+	burst  int
+}
+
+func (l *limiter) allow(method string) error {
+	if strings.HasPrefix(method, "/grpc.health.v1.Health/") || l.bucket.Allow() {
+		return nil
+	}
+	return status.Errorf(codes.ResourceExhausted, "rejected by rate limit: podResources.qps %v, podResources.burst %d", l.qps, l.burst)
+}
+
+func (l *limiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if err := l.allow(info.FullMethod); err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
+}
+
+func (l *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if err := l.allow(info.FullMethod); err != nil {
+		return err
+	}
+	return handler(srv, ss)
+}
+
+func (m *metrics) countUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	m.requests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+	return resp, err
+}
+
+func (m *metrics) countStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	err := handler(srv, ss)
+	m.requests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+	return err
+}
