@@ -8,6 +8,7 @@
 #   etcd, kube-apiserver and kubelet                    (built by test/cluster/build.sh, for the
 #                                                        single-node Kubernetes of test/cluster)
 #   crictl v1.36.x                                      (built; README "Debugging", test/e2e)
+#   grpcurl v1.9.x                                      (built; README "PodResources", test/e2e)
 #
 # Everything lands in $PODGATE_RIG_DIR (default /var/lib/podgate-rig). Idempotent: what is
 # already there at the wanted version is reused. Needs root (apt-get).
@@ -17,6 +18,7 @@ RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
 CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
 RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.36.0}
+GRPCURL_VERSION=${GRPCURL_VERSION:-v1.9.4}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 export PATH=/usr/local/go/bin:$PATH
@@ -72,6 +74,13 @@ if ! built_at crictl "$CRICTL_VERSION"; then
 	(cd / && go mod download "sigs.k8s.io/cri-tools@$CRICTL_VERSION")
 	GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)" GOBIN="$RIG_DIR/bin" \
 		go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+fi
+
+if ! built_at grpcurl "$GRPCURL_VERSION"; then
+	log "building grpcurl $GRPCURL_VERSION"
+	(cd / && go mod download "github.com/fullstorydev/grpcurl@$GRPCURL_VERSION")
+	GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)" GOBIN="$RIG_DIR/bin" \
+		go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
 fi
 
 # Images are rebuilt when the builder's source changes.
