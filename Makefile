@@ -36,8 +36,9 @@ demo: rig
 	$(GO) run ./test/demo
 
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
-# otherwise they skip with a message saying so.
-test: lint $(if $(IS_ROOT),rig)
+# otherwise they skip with a message saying so. verify-generate checks the committed generated
+# code is what the pinned generators make of the .proto files.
+test: lint verify-generate $(if $(IS_ROOT),rig)
 	$(GO) test -race -count=1 -shuffle=on -timeout 30m ./...
 
 lint: $(BIN)/golangci-lint
