@@ -14,7 +14,7 @@
 //
 // podgate's knowledge comes from the agent through small interfaces ([PodLister],
 // [PodGetter], [ContainerLister]), so this package never imports the agent. Devices, CPUs and
-// memory come from the kubelet's own PodResources socket when it answers ([KubeletClient]),
+// memory come from the kubelet's own PodResources socket when it answers,
 // merged per pod and container; when it does not, the answer holds what podgate knows, and a
 // log line and podgate_podresources_kubelet_requests_total say so — never an error for the
 // whole call.

@@ -49,17 +49,23 @@ type kubeletClient struct {
 	client v1.PodResourcesListerClient
 	// down is true after a failed call, so that the change is logged once each way.
 	down bool
+	// closed: Close ran; a call still in flight at shutdown does not connect again.
+	closed bool
 }
 
 // newKubeletClient returns a client for the kubelet's PodResources socket at path; it
 // connects on first use.
 func newKubeletClient(path string, m *metrics) *kubeletClient {
+	m.kubeletUp.Set(1) // until a call says otherwise, as down starts false
 	return &kubeletClient{socket: path, metrics: m}
 }
 
 func (k *kubeletClient) lister() (v1.PodResourcesListerClient, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return nil, errKubeletClosed
+	}
 	if k.client != nil {
 		return k.client, nil
 	}
@@ -83,6 +89,7 @@ func (k *kubeletClient) lister() (v1.PodResourcesListerClient, error) {
 func (k *kubeletClient) Close() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.closed = true
 	if k.conn == nil {
 		return nil
 	}
@@ -120,7 +127,10 @@ func (k *kubeletClient) GetAllocatableResources(ctx context.Context) (*v1.Alloca
 	})
 }
 
-var errKubeletNotFound = errors.New("the kubelet does not know the pod")
+var (
+	errKubeletNotFound = errors.New("the kubelet does not know the pod")
+	errKubeletClosed   = errors.New("podgate is stopping")
+)
 
 // kubeletCall makes one call with its timeout, counts it, and logs when the kubelet stops or
 // starts answering.

@@ -37,9 +37,17 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}),
 	}
 	if r != nil {
-		r.MustRegister(m.requests, m.kubeletRequests, m.kubeletUp, m.watchersDropped)
+		r.MustRegister(m.requests, m.kubeletRequests, m.watchersDropped)
 	}
 	return m
+}
+
+// registerKubelet registers the series of the calls to the kubelet's socket, which exist only
+// when podgate asks the kubelet.
+func (m *metrics) registerKubelet(r prometheus.Registerer) {
+	if r != nil {
+		r.MustRegister(m.kubeletUp)
+	}
 }
 
 func (m *metrics) registerWatchers(r prometheus.Registerer, b *Broadcaster) {

@@ -83,6 +83,7 @@ func NewServer(o Options) (*Server, error) {
 
 	s := &Server{health: health.NewServer(), broadcaster: o.Broadcaster}
 	if o.KubeletSocket != "" {
+		m.registerKubelet(o.Registerer)
 		s.kubelet = newKubeletClient(o.KubeletSocket, m)
 	}
 	limit := &limiter{bucket: rate.NewLimiter(rate.Limit(o.QPS), o.Burst), qps: o.QPS, burst: o.Burst}

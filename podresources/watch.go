@@ -22,7 +22,11 @@ type Broadcaster struct {
 
 	mu       sync.Mutex
 	watchers map[*watcher]struct{}
-	closed   bool
+	// running counts the watches whose handler has not returned, dropped ones included: a
+	// dropped watch may still be blocked sending to a client that does not read, and must
+	// keep its slot so that such clients cannot pile up handlers past max.
+	running int
+	closed  bool
 	onDrop   func() // counts a watcher ended for falling behind
 }
 
@@ -31,6 +35,7 @@ type Broadcaster struct {
 type watcher struct {
 	ch      chan *pb.WatchEvent
 	dropped bool // guarded by Broadcaster.mu; set before ch is closed
+	ended   bool // guarded by Broadcaster.mu: unsubscribe ran
 }
 
 // NewBroadcaster returns a broadcaster for at most maxWatchers watches, each ended once
@@ -49,6 +54,16 @@ func (b *Broadcaster) Publish(ev *pb.WatchEvent) {
 		case w.ch <- ev:
 		default:
 			w.dropped = true
+			// What it has not taken it will never send: let it go, so that a dropped
+			// watch holds at most the event it is sending.
+		drain:
+			for {
+				select {
+				case <-w.ch:
+				default:
+					break drain
+				}
+			}
 			close(w.ch)
 			delete(b.watchers, w)
 			b.onDrop()
@@ -72,18 +87,23 @@ func (b *Broadcaster) Close() {
 func (b *Broadcaster) subscribe() (w *watcher, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed || len(b.watchers) >= b.max {
+	if b.closed || b.running >= b.max {
 		return nil, false
 	}
 	w = &watcher{ch: make(chan *pb.WatchEvent, b.buffer)}
 	b.watchers[w] = struct{}{}
+	b.running++
 	return w, true
 }
 
-// unsubscribe ends a watcher whose watch returned.
+// unsubscribe ends a watcher whose watch returned, and frees its slot.
 func (b *Broadcaster) unsubscribe(w *watcher) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !w.ended {
+		w.ended = true
+		b.running--
+	}
 	if _, ok := b.watchers[w]; ok {
 		close(w.ch)
 		delete(b.watchers, w)
