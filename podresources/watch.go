@@ -27,7 +27,7 @@ type Broadcaster struct {
 	// keep its slot so that such clients cannot pile up handlers past max.
 	running int
 	closed  bool
-	onDrop   func() // counts a watcher ended for falling behind
+	onDrop  func() // counts a watcher ended for falling behind
 }
 
 // watcher is one running watch: events arrive on ch until it is closed, by the watch's end,

@@ -64,7 +64,27 @@ func goBuild(t *testing.T, dir, pkg, name string) string {
 	return out
 }
 
+// draNodeOptions vary startDRANodeWith.
+type draNodeOptions struct {
+	// attach is podgate's dra.attach: the drivers whose devices podgate itself moves into pods.
+	attach []string
+	// config returns more of podgate's configuration, after its dra section.
+	config func(n *draNode) string
+	// cniPlugins are more CNI plugins to build into the node's CNI bin directory, by import
+	// path, with their binary names.
+	cniPlugins map[string]string
+	// cniChain returns more CNI plugin configurations, chained after the recorder. binDir and
+	// pgDir are set when it is called.
+	cniChain func(n *draNode) []string
+}
+
+// startDRANode starts a node whose podgate attaches the test driver's devices itself.
 func startDRANode(t *testing.T) *draNode {
+	t.Helper()
+	return startDRANodeWith(t, draNodeOptions{attach: []string{draDriverName}})
+}
+
+func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: runs containerd, a kubelet and a DRA driver that creates host interfaces")
@@ -75,17 +95,20 @@ func startDRANode(t *testing.T) *draNode {
 	// The driver's interfaces are this test's own: a failed earlier run may have left some.
 	removeTestLinks(t)
 	t.Cleanup(func() { removeTestLinks(t) })
-	n := &draNode{binDir: testfs.ShortDir(t)}
+	n := &draNode{binDir: testfs.ShortDir(t), pgDir: testfs.ShortDir(t)}
 	goBuild(t, n.binDir, "github.com/podgate/podgate/test/cni/recorder", "pgrecorder")
 	goBuild(t, n.binDir, "github.com/podgate/podgate/test/dradriver", "dradriver")
+	for pkg, name := range o.cniPlugins {
+		goBuild(t, n.binDir, pkg, name)
+	}
 	n.records = filepath.Join(n.binDir, "cni-record.jsonl")
 	n.events = filepath.Join(n.binDir, "dra-events.jsonl")
 
-	n.rig = rig.StartWith(t, rig.Options{
-		CNIBinDir: n.binDir,
-		CNIChain:  []string{fmt.Sprintf(`{"type": "pgrecorder", "recordFile": %q, "watchPrefixes": ["pgnic"]}`, n.records)},
-	})
-	n.pgDir = testfs.ShortDir(t)
+	chain := []string{fmt.Sprintf(`{"type": "pgrecorder", "recordFile": %q, "watchPrefixes": ["pgnic"]}`, n.records)}
+	if o.cniChain != nil {
+		chain = append(chain, o.cniChain(n)...)
+	}
+	n.rig = rig.StartWith(t, rig.Options{CNIBinDir: n.binDir, CNIChain: chain})
 	// Registered before the cluster's: cleanups run last first, so podgate and the driver
 	// still serve while the cluster's kubelet stops its pods through them.
 	t.Cleanup(func() {
@@ -103,10 +126,14 @@ func startDRANode(t *testing.T) *draNode {
 	})
 	n.cluster = cluster.Start(t, cluster.Options{CRIEndpoint: "unix://" + filepath.Join(n.pgDir, "cri.sock"), DeferKubelet: true})
 	n.kube = n.cluster.Client()
+	config := fmt.Sprintf("dra:\n  pluginRegistryDir: %s\n  callTimeout: 5s\n  attach: [%s]\n  publishNetworkData: true\n",
+		n.cluster.PluginRegistryDir(), strings.Join(o.attach, ", "))
+	if o.config != nil {
+		config += o.config(n)
+	}
 	n.pgArgs = []string{
 		"--kubeconfig", n.cluster.Kubeconfig(), "--node-name", n.cluster.NodeName(),
-		"--config", writeConfig(t, fmt.Sprintf("dra:\n  pluginRegistryDir: %s\n  callTimeout: 5s\n  attach: [%s]\n  publishNetworkData: true\n",
-			n.cluster.PluginRegistryDir(), draDriverName)),
+		"--config", writeConfig(t, config),
 	}
 	n.startPodgate(t)
 	n.driverArgs = []string{
@@ -167,6 +194,13 @@ func (n *draNode) draPod(t *testing.T, name string, device int) *corev1.Pod {
 // draPodWith is draPod with an opaque configuration of the claim for the driver.
 func (n *draNode) draPodWith(t *testing.T, name string, device int, opaque string) *corev1.Pod {
 	t.Helper()
+	return n.makeDRAPod(t, name, device, opaque, false)
+}
+
+// makeDRAPod is draPodWith; with podLevel, no container names the claim in resources.claims:
+// the claim is the pod's, as a network device's usually is.
+func (n *draNode) makeDRAPod(t *testing.T, name string, device int, opaque string, podLevel bool) *corev1.Pod {
+	t.Helper()
 	ctx := t.Context()
 	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
 		Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: draDriverName},
@@ -183,17 +217,21 @@ func (n *draNode) draPodWith(t *testing.T, name string, device int, opaque strin
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctr := corev1.Container{
+		Name: "c", Image: rig.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+		Command:   []string{"sleep", "3600"},
+		Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "nic"}}},
+	}
+	if podLevel {
+		ctr.Resources.Claims = nil
+	}
 	pod, err := n.kube.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
 			ResourceClaims:                []corev1.PodResourceClaim{{Name: "nic", ResourceClaimName: ptr.To(name)}},
-			Containers: []corev1.Container{{
-				Name: "c", Image: rig.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:   []string{"sleep", "3600"},
-				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "nic"}}},
-			}},
+			Containers:                    []corev1.Container{ctr},
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
