@@ -214,19 +214,22 @@ func (r *Registry) PodSandboxes(uid types.UID) []SandboxRecord {
 }
 
 func (r *Registry) sortedLocked(keep func(*SandboxRecord) bool) []SandboxRecord {
-	out := make([]SandboxRecord, 0, len(r.entries))
+	var out []SandboxRecord // most callers keep few: no room for every entry up front
 	for _, e := range r.entries {
 		if keep(e) {
 			out = append(out, e.clone())
 		}
 	}
-	slices.SortFunc(out, func(a, b SandboxRecord) int {
-		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
-			return c
-		}
-		return compareStrings(a.ID, b.ID)
-	})
+	slices.SortFunc(out, compareSandboxes)
 	return out
+}
+
+// compareSandboxes orders sandboxes by creation time, then ID.
+func compareSandboxes(a, b SandboxRecord) int {
+	if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+		return c
+	}
+	return compareStrings(a.ID, b.ID)
 }
 
 func compareStrings(a, b string) int {

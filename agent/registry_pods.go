@@ -42,16 +42,28 @@ func (r *Registry) OnPodChange(fn PodChangeFunc) {
 func (r *Registry) Pods() ([]PodState, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	uids := make(map[types.UID]struct{}, len(r.claims)+len(r.entries))
-	for uid := range r.claims {
-		uids[uid] = struct{}{}
+	// One pass over the sandboxes, not one per pod: List asks for every pod of a full node.
+	pods := make(map[types.UID]*PodState, len(r.claims)+len(r.entries))
+	state := func(uid types.UID) *PodState {
+		p, ok := pods[uid]
+		if !ok {
+			p = &PodState{UID: uid}
+			pods[uid] = p
+		}
+		return p
+	}
+	for uid, pc := range r.claims {
+		c := pc.clone()
+		state(uid).Claims = &c
 	}
 	for _, e := range r.entries {
-		uids[e.Pod.UID] = struct{}{}
+		p := state(e.Pod.UID)
+		p.Sandboxes = append(p.Sandboxes, e.clone())
 	}
-	out := make([]PodState, 0, len(uids))
-	for uid := range uids {
-		out = append(out, *r.podStateLocked(uid))
+	out := make([]PodState, 0, len(pods))
+	for _, p := range pods {
+		slices.SortFunc(p.Sandboxes, compareSandboxes)
+		out = append(out, *p)
 	}
 	slices.SortFunc(out, func(a, b PodState) int { return compareStrings(string(a.UID), string(b.UID)) })
 	return out, r.revision
