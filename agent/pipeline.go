@@ -180,8 +180,10 @@ func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.Run
 	for _, fn := range sb.answered {
 		fn()
 	}
+	// The IPs are not in this line: unless a stage needed them during the call, the sandbox's
+	// status is read after the answer (podgate's registry and PodResources show them).
 	sb.logger.Info("Pod sandbox started", "podSandboxID", sb.rec.ID, "runtimeHandler", sb.rec.RuntimeHandler,
-		"ips", sb.rec.IPs, "duration", time.Since(start))
+		"duration", time.Since(start))
 	return sb.resp, nil
 }
 
