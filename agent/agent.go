@@ -18,6 +18,7 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // Agent is one running podgate.
@@ -86,6 +87,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		})
 	}
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
+	running.Go(func() { p.resources.run(ctx) })
 	if p.drivers != nil {
 		running.Go(func() {
 			if err := p.drivers.Run(ctx); err != nil {
@@ -125,7 +127,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if s.name == criServiceName {
 			// No call comes in any more: let the work the last calls started end, so that
 			// its results reach the registry.
-			for _, w := range []func(context.Context) error{p.pipeline.wait, p.sysctls.wait} {
+			for _, w := range []func(context.Context) error{p.pipeline.wait, p.sysctls.wait, p.resources.wait} {
 				if err := w(shutdownCtx); err != nil {
 					logger.Error(err, "Shutdown")
 				}
@@ -178,6 +180,8 @@ type proxy struct {
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
 	pulls   *imagepull.Governor
+	// resources: memory QoS and cgroup verification of containers.
+	resources *resourceStages
 }
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
@@ -212,6 +216,9 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
 	p.pipeline.register(p.server)
 	p.sysctls.register(p.server)
+	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, p.runtime, a.registry)
+	p.resources.register(p.server)
+	p.resources.logNode(klog.FromContext(ctx))
 	p.pulls = a.registerImagePulls(p.server)
 	return p, nil
 }

@@ -67,6 +67,8 @@ type Configuration struct {
 	DRA DRA `json:"dra,omitzero"`
 	// PodResources is podgate's PodResources gRPC service.
 	PodResources PodResources `json:"podResources,omitzero"`
+	// Resources is memory QoS and the verification of containers' cgroups.
+	Resources Resources `json:"resources,omitzero"`
 }
 
 // Logging configures klog.
@@ -129,6 +131,7 @@ func (c *Configuration) SetDefaults() {
 	c.Sysctls.setDefaults()
 	c.DRA.setDefaults()
 	c.PodResources.setDefaults()
+	c.Resources.setDefaults()
 }
 
 // LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
@@ -218,6 +221,9 @@ func (c *Configuration) Validate() error {
 		errs = append(errs, err)
 	}
 	if err := c.PodResources.validate(c.CRISocket); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Resources.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -20,9 +20,10 @@ import (
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
 // the PodResources services.
 type podResourcesSource struct {
-	registry *Registry
-	pulls    *imagepull.Governor // nil: no pulls shown
-	pods     *PodLookup          // nil without the Kubernetes API
+	registry  *Registry
+	pulls     *imagepull.Governor // nil: no pulls shown
+	pods      *PodLookup          // nil without the Kubernetes API
+	resources *resourceStages     // nil: no containers shown
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -32,7 +33,7 @@ func (s *podResourcesSource) Pods() ([]*pb.Pod, uint64) {
 	states, rev := s.registry.Pods()
 	out := make([]*pb.Pod, 0, len(states))
 	for i := range states {
-		out = append(out, s.withPulls(podMessage(&states[i])))
+		out = append(out, s.enrich(podMessage(&states[i])))
 	}
 	return out, rev
 }
@@ -43,7 +44,7 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 	if !ok {
 		return nil, false
 	}
-	return s.withPulls(podMessage(&st)), true
+	return s.enrich(podMessage(&st)), true
 }
 
 // Containers implements podresources.ContainerLister: the containers recorded when the pod's
@@ -69,7 +70,12 @@ func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bo
 	return out, true
 }
 
-func (s *podResourcesSource) withPulls(p *pb.Pod) *pb.Pod {
+// enrich adds what is not in the registry: the pod's waiting pulls, its containers' resources
+// and the node's cgroups.
+func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
+	if s.resources != nil {
+		s.resources.describe(p)
+	}
 	if s.pulls == nil {
 		return p
 	}
@@ -189,7 +195,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods},
+		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,

@@ -41,6 +41,12 @@ var (
 	CreateContainer = runtimeMethod("CreateContainer",
 		func() *runtimeapi.CreateContainerRequest { return new(runtimeapi.CreateContainerRequest) },
 		func() *runtimeapi.CreateContainerResponse { return new(runtimeapi.CreateContainerResponse) })
+	StartContainer = runtimeMethod("StartContainer",
+		func() *runtimeapi.StartContainerRequest { return new(runtimeapi.StartContainerRequest) },
+		func() *runtimeapi.StartContainerResponse { return new(runtimeapi.StartContainerResponse) })
+	RemoveContainer = runtimeMethod("RemoveContainer",
+		func() *runtimeapi.RemoveContainerRequest { return new(runtimeapi.RemoveContainerRequest) },
+		func() *runtimeapi.RemoveContainerResponse { return new(runtimeapi.RemoveContainerResponse) })
 	UpdateContainerResources = runtimeMethod("UpdateContainerResources",
 		func() *runtimeapi.UpdateContainerResourcesRequest {
 			return new(runtimeapi.UpdateContainerResourcesRequest)

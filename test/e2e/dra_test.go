@@ -302,7 +302,7 @@ func (n *draNode) runSandbox(t *testing.T, pod *corev1.Pod) (string, error) {
 }
 
 // waitWithin polls cond until it holds, failing the test after limit.
-func waitWithin(t *testing.T, limit time.Duration, what string, cond func() bool) {
+func waitWithin(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	defer cancel()

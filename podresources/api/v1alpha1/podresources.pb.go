@@ -144,7 +144,7 @@ func (x Sandbox_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Sandbox_State.Descriptor instead.
 func (Sandbox_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10, 0}
 }
 
 // State is where the pull is.
@@ -196,7 +196,7 @@ func (x ImagePull_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ImagePull_State.Descriptor instead.
 func (ImagePull_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15, 0}
 }
 
 // ListRequest asks for every known pod.
@@ -489,7 +489,12 @@ type Pod struct {
 	// claims are the pod's DRA claims that podgate prepared, pod-level claims included.
 	Claims []*Claim `protobuf:"bytes,5,rep,name=claims,proto3" json:"claims,omitempty"`
 	// image_pulls are the image pulls for this pod waiting in podgate's pull governor.
-	ImagePulls    []*ImagePull `protobuf:"bytes,6,rep,name=image_pulls,json=imagePulls,proto3" json:"image_pulls,omitempty"`
+	ImagePulls []*ImagePull `protobuf:"bytes,6,rep,name=image_pulls,json=imagePulls,proto3" json:"image_pulls,omitempty"`
+	// cgroup is how the node's cgroups are set up for the pod, and what podgate can do there.
+	Cgroup *Cgroup `protobuf:"bytes,7,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// containers are the pod's containers that podgate saw created or found running, with the
+	// resources asked and what their cgroups hold.
+	Containers    []*Container `protobuf:"bytes,8,rep,name=containers,proto3" json:"containers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -566,6 +571,369 @@ func (x *Pod) GetImagePulls() []*ImagePull {
 	return nil
 }
 
+func (x *Pod) GetCgroup() *Cgroup {
+	if x != nil {
+		return x.Cgroup
+	}
+	return nil
+}
+
+func (x *Pod) GetContainers() []*Container {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+// Cgroup is the cgroup set-up of the node and the pod.
+type Cgroup struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mode is the node's cgroup hierarchy: unified (v2), hybrid (v1 with v2 beside it) or
+	// legacy (v1).
+	Mode string `protobuf:"bytes,1,opt,name=mode,proto3" json:"mode,omitempty"`
+	// v2_controllers are the controllers the v2 hierarchy has.
+	V2Controllers []string `protobuf:"bytes,2,rep,name=v2_controllers,json=v2Controllers,proto3" json:"v2_controllers,omitempty"`
+	// driver is the runtime's cgroup driver for the pod: systemd or cgroupfs.
+	Driver string `protobuf:"bytes,3,opt,name=driver,proto3" json:"driver,omitempty"`
+	// memory_qos: podgate sets memory.min and memory.high (resources.memoryQoS, on a cgroup v2
+	// node with the memory controller).
+	MemoryQos bool `protobuf:"varint,4,opt,name=memory_qos,json=memoryQos,proto3" json:"memory_qos,omitempty"`
+	// memory_qos_reason says why memory QoS is off, when it is.
+	MemoryQosReason string `protobuf:"bytes,5,opt,name=memory_qos_reason,json=memoryQosReason,proto3" json:"memory_qos_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Cgroup) Reset() {
+	*x = Cgroup{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Cgroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Cgroup) ProtoMessage() {}
+
+func (x *Cgroup) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Cgroup.ProtoReflect.Descriptor instead.
+func (*Cgroup) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Cgroup) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+func (x *Cgroup) GetV2Controllers() []string {
+	if x != nil {
+		return x.V2Controllers
+	}
+	return nil
+}
+
+func (x *Cgroup) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *Cgroup) GetMemoryQos() bool {
+	if x != nil {
+		return x.MemoryQos
+	}
+	return false
+}
+
+func (x *Cgroup) GetMemoryQosReason() string {
+	if x != nil {
+		return x.MemoryQosReason
+	}
+	return ""
+}
+
+// Container is one container of the pod.
+type Container struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// asked are the resources the container's CRI request asked for (CreateContainer, then
+	// each UpdateContainerResources), with podgate's memory QoS keys.
+	Asked *Resources `protobuf:"bytes,3,opt,name=asked,proto3" json:"asked,omitempty"`
+	// held is what the container's cgroup held when podgate last read it.
+	Held *Resources `protobuf:"bytes,4,opt,name=held,proto3" json:"held,omitempty"`
+	// verification is the result of comparing them: ok, mismatch, error, or pending.
+	Verification string `protobuf:"bytes,5,opt,name=verification,proto3" json:"verification,omitempty"`
+	// mismatches lists what differs, as field: asked X, cgroup holds Y.
+	Mismatches []string `protobuf:"bytes,6,rep,name=mismatches,proto3" json:"mismatches,omitempty"`
+	// error says why the cgroup could not be read.
+	Error      string                 `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	VerifiedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=verified_at,json=verifiedAt,proto3" json:"verified_at,omitempty"`
+	// cgroups_path is the container's linux.cgroupsPath in its runtime spec.
+	CgroupsPath   string `protobuf:"bytes,9,opt,name=cgroups_path,json=cgroupsPath,proto3" json:"cgroups_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Container) Reset() {
+	*x = Container{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Container) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Container) ProtoMessage() {}
+
+func (x *Container) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Container.ProtoReflect.Descriptor instead.
+func (*Container) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Container) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Container) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Container) GetAsked() *Resources {
+	if x != nil {
+		return x.Asked
+	}
+	return nil
+}
+
+func (x *Container) GetHeld() *Resources {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *Container) GetVerification() string {
+	if x != nil {
+		return x.Verification
+	}
+	return ""
+}
+
+func (x *Container) GetMismatches() []string {
+	if x != nil {
+		return x.Mismatches
+	}
+	return nil
+}
+
+func (x *Container) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Container) GetVerifiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.VerifiedAt
+	}
+	return nil
+}
+
+func (x *Container) GetCgroupsPath() string {
+	if x != nil {
+		return x.CgroupsPath
+	}
+	return ""
+}
+
+// Resources are a container's CPU and memory resources, as asked or as its cgroup holds them.
+// An unset field was not asked, or is not held (the controller is absent).
+type Resources struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cpu_shares (cgroup v1) or cpu_weight (cgroup v2).
+	CpuShares *uint64 `protobuf:"varint,1,opt,name=cpu_shares,json=cpuShares,proto3,oneof" json:"cpu_shares,omitempty"`
+	CpuWeight *uint64 `protobuf:"varint,2,opt,name=cpu_weight,json=cpuWeight,proto3,oneof" json:"cpu_weight,omitempty"`
+	// cpu_quota is -1 for no quota.
+	CpuQuota   *int64  `protobuf:"varint,3,opt,name=cpu_quota,json=cpuQuota,proto3,oneof" json:"cpu_quota,omitempty"`
+	CpuPeriod  *uint64 `protobuf:"varint,4,opt,name=cpu_period,json=cpuPeriod,proto3,oneof" json:"cpu_period,omitempty"`
+	CpusetCpus string  `protobuf:"bytes,5,opt,name=cpuset_cpus,json=cpusetCpus,proto3" json:"cpuset_cpus,omitempty"`
+	// cpuset_cpus_effective is what the kernel grants (cgroup only).
+	CpusetCpusEffective string `protobuf:"bytes,6,opt,name=cpuset_cpus_effective,json=cpusetCpusEffective,proto3" json:"cpuset_cpus_effective,omitempty"`
+	CpusetMems          string `protobuf:"bytes,7,opt,name=cpuset_mems,json=cpusetMems,proto3" json:"cpuset_mems,omitempty"`
+	// memory_max is the memory limit in bytes; -1 for none.
+	MemoryMax  *int64 `protobuf:"varint,8,opt,name=memory_max,json=memoryMax,proto3,oneof" json:"memory_max,omitempty"`
+	MemoryMin  *int64 `protobuf:"varint,9,opt,name=memory_min,json=memoryMin,proto3,oneof" json:"memory_min,omitempty"`
+	MemoryHigh *int64 `protobuf:"varint,10,opt,name=memory_high,json=memoryHigh,proto3,oneof" json:"memory_high,omitempty"`
+	MemorySwap *int64 `protobuf:"varint,11,opt,name=memory_swap,json=memorySwap,proto3,oneof" json:"memory_swap,omitempty"`
+	// hugepages are the limits per page size ("2MB"); 18446744073709551615 (the largest
+	// uint64) for no limit.
+	Hugepages map[string]uint64 `protobuf:"bytes,12,rep,name=hugepages,proto3" json:"hugepages,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// unified are cgroup v2 files and their values.
+	Unified       map[string]string `protobuf:"bytes,13,rep,name=unified,proto3" json:"unified,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Resources) Reset() {
+	*x = Resources{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Resources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Resources) ProtoMessage() {}
+
+func (x *Resources) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Resources.ProtoReflect.Descriptor instead.
+func (*Resources) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Resources) GetCpuShares() uint64 {
+	if x != nil && x.CpuShares != nil {
+		return *x.CpuShares
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuWeight() uint64 {
+	if x != nil && x.CpuWeight != nil {
+		return *x.CpuWeight
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuQuota() int64 {
+	if x != nil && x.CpuQuota != nil {
+		return *x.CpuQuota
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuPeriod() uint64 {
+	if x != nil && x.CpuPeriod != nil {
+		return *x.CpuPeriod
+	}
+	return 0
+}
+
+func (x *Resources) GetCpusetCpus() string {
+	if x != nil {
+		return x.CpusetCpus
+	}
+	return ""
+}
+
+func (x *Resources) GetCpusetCpusEffective() string {
+	if x != nil {
+		return x.CpusetCpusEffective
+	}
+	return ""
+}
+
+func (x *Resources) GetCpusetMems() string {
+	if x != nil {
+		return x.CpusetMems
+	}
+	return ""
+}
+
+func (x *Resources) GetMemoryMax() int64 {
+	if x != nil && x.MemoryMax != nil {
+		return *x.MemoryMax
+	}
+	return 0
+}
+
+func (x *Resources) GetMemoryMin() int64 {
+	if x != nil && x.MemoryMin != nil {
+		return *x.MemoryMin
+	}
+	return 0
+}
+
+func (x *Resources) GetMemoryHigh() int64 {
+	if x != nil && x.MemoryHigh != nil {
+		return *x.MemoryHigh
+	}
+	return 0
+}
+
+func (x *Resources) GetMemorySwap() int64 {
+	if x != nil && x.MemorySwap != nil {
+		return *x.MemorySwap
+	}
+	return 0
+}
+
+func (x *Resources) GetHugepages() map[string]uint64 {
+	if x != nil {
+		return x.Hugepages
+	}
+	return nil
+}
+
+func (x *Resources) GetUnified() map[string]string {
+	if x != nil {
+		return x.Unified
+	}
+	return nil
+}
+
 // Sandbox is one pod sandbox.
 type Sandbox struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -587,7 +955,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +967,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +980,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Sandbox) GetId() string {
@@ -698,7 +1066,7 @@ type Sysctls struct {
 
 func (x *Sysctls) Reset() {
 	*x = Sysctls{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +1078,7 @@ func (x *Sysctls) String() string {
 func (*Sysctls) ProtoMessage() {}
 
 func (x *Sysctls) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +1091,7 @@ func (x *Sysctls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sysctls.ProtoReflect.Descriptor instead.
 func (*Sysctls) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{8}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Sysctls) GetAsked() map[string]string {
@@ -778,7 +1146,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +1158,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +1171,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Claim) GetNamespace() string {
@@ -865,7 +1233,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1245,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1258,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Device) GetDriver() string {
@@ -957,7 +1325,7 @@ type NetworkData struct {
 
 func (x *NetworkData) Reset() {
 	*x = NetworkData{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1337,7 @@ func (x *NetworkData) String() string {
 func (*NetworkData) ProtoMessage() {}
 
 func (x *NetworkData) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1350,7 @@ func (x *NetworkData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkData.ProtoReflect.Descriptor instead.
 func (*NetworkData) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NetworkData) GetHostInterface() string {
@@ -1040,7 +1408,7 @@ type ImagePull struct {
 
 func (x *ImagePull) Reset() {
 	*x = ImagePull{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1052,7 +1420,7 @@ func (x *ImagePull) String() string {
 func (*ImagePull) ProtoMessage() {}
 
 func (x *ImagePull) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1065,7 +1433,7 @@ func (x *ImagePull) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImagePull.ProtoReflect.Descriptor instead.
 func (*ImagePull) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImagePull) GetImage() string {
@@ -1116,7 +1484,7 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\vPOD_UPDATED\x10\x03\x12\x0f\n" +
 	"\vPOD_REMOVED\x10\x04\x12\n" +
 	"\n" +
-	"\x06SYNCED\x10\x05\"\x94\x02\n" +
+	"\x06SYNCED\x10\x05\"\x9d\x03\n" +
 	"\x03Pod\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -1124,7 +1492,70 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\asandbox\x18\x04 \x01(\v2&.podgate.podresources.v1alpha1.SandboxR\asandbox\x12<\n" +
 	"\x06claims\x18\x05 \x03(\v2$.podgate.podresources.v1alpha1.ClaimR\x06claims\x12I\n" +
 	"\vimage_pulls\x18\x06 \x03(\v2(.podgate.podresources.v1alpha1.ImagePullR\n" +
-	"imagePulls\"\xa2\x03\n" +
+	"imagePulls\x12=\n" +
+	"\x06cgroup\x18\a \x01(\v2%.podgate.podresources.v1alpha1.CgroupR\x06cgroup\x12H\n" +
+	"\n" +
+	"containers\x18\b \x03(\v2(.podgate.podresources.v1alpha1.ContainerR\n" +
+	"containers\"\xa6\x01\n" +
+	"\x06Cgroup\x12\x12\n" +
+	"\x04mode\x18\x01 \x01(\tR\x04mode\x12%\n" +
+	"\x0ev2_controllers\x18\x02 \x03(\tR\rv2Controllers\x12\x16\n" +
+	"\x06driver\x18\x03 \x01(\tR\x06driver\x12\x1d\n" +
+	"\n" +
+	"memory_qos\x18\x04 \x01(\bR\tmemoryQos\x12*\n" +
+	"\x11memory_qos_reason\x18\x05 \x01(\tR\x0fmemoryQosReason\"\xe7\x02\n" +
+	"\tContainer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12>\n" +
+	"\x05asked\x18\x03 \x01(\v2(.podgate.podresources.v1alpha1.ResourcesR\x05asked\x12<\n" +
+	"\x04held\x18\x04 \x01(\v2(.podgate.podresources.v1alpha1.ResourcesR\x04held\x12\"\n" +
+	"\fverification\x18\x05 \x01(\tR\fverification\x12\x1e\n" +
+	"\n" +
+	"mismatches\x18\x06 \x03(\tR\n" +
+	"mismatches\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12;\n" +
+	"\vverified_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"verifiedAt\x12!\n" +
+	"\fcgroups_path\x18\t \x01(\tR\vcgroupsPath\"\xbe\x06\n" +
+	"\tResources\x12\"\n" +
+	"\n" +
+	"cpu_shares\x18\x01 \x01(\x04H\x00R\tcpuShares\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"cpu_weight\x18\x02 \x01(\x04H\x01R\tcpuWeight\x88\x01\x01\x12 \n" +
+	"\tcpu_quota\x18\x03 \x01(\x03H\x02R\bcpuQuota\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"cpu_period\x18\x04 \x01(\x04H\x03R\tcpuPeriod\x88\x01\x01\x12\x1f\n" +
+	"\vcpuset_cpus\x18\x05 \x01(\tR\n" +
+	"cpusetCpus\x122\n" +
+	"\x15cpuset_cpus_effective\x18\x06 \x01(\tR\x13cpusetCpusEffective\x12\x1f\n" +
+	"\vcpuset_mems\x18\a \x01(\tR\n" +
+	"cpusetMems\x12\"\n" +
+	"\n" +
+	"memory_max\x18\b \x01(\x03H\x04R\tmemoryMax\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"memory_min\x18\t \x01(\x03H\x05R\tmemoryMin\x88\x01\x01\x12$\n" +
+	"\vmemory_high\x18\n" +
+	" \x01(\x03H\x06R\n" +
+	"memoryHigh\x88\x01\x01\x12$\n" +
+	"\vmemory_swap\x18\v \x01(\x03H\aR\n" +
+	"memorySwap\x88\x01\x01\x12U\n" +
+	"\thugepages\x18\f \x03(\v27.podgate.podresources.v1alpha1.Resources.HugepagesEntryR\thugepages\x12O\n" +
+	"\aunified\x18\r \x03(\v25.podgate.podresources.v1alpha1.Resources.UnifiedEntryR\aunified\x1a<\n" +
+	"\x0eHugepagesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a:\n" +
+	"\fUnifiedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\r\n" +
+	"\v_cpu_sharesB\r\n" +
+	"\v_cpu_weightB\f\n" +
+	"\n" +
+	"_cpu_quotaB\r\n" +
+	"\v_cpu_periodB\r\n" +
+	"\v_memory_maxB\r\n" +
+	"\v_memory_minB\x0e\n" +
+	"\f_memory_highB\x0e\n" +
+	"\f_memory_swap\"\xa2\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12B\n" +
 	"\x05state\x18\x02 \x01(\x0e2,.podgate.podresources.v1alpha1.Sandbox.StateR\x05state\x12'\n" +
@@ -1203,7 +1634,7 @@ func file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP() []byte {
 }
 
 var file_podresources_api_v1alpha1_podresources_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	(WatchEvent_Type)(0),          // 0: podgate.podresources.v1alpha1.WatchEvent.Type
 	(Sandbox_State)(0),            // 1: podgate.podresources.v1alpha1.Sandbox.State
@@ -1215,44 +1646,56 @@ var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 7: podgate.podresources.v1alpha1.WatchRequest
 	(*WatchEvent)(nil),            // 8: podgate.podresources.v1alpha1.WatchEvent
 	(*Pod)(nil),                   // 9: podgate.podresources.v1alpha1.Pod
-	(*Sandbox)(nil),               // 10: podgate.podresources.v1alpha1.Sandbox
-	(*Sysctls)(nil),               // 11: podgate.podresources.v1alpha1.Sysctls
-	(*Claim)(nil),                 // 12: podgate.podresources.v1alpha1.Claim
-	(*Device)(nil),                // 13: podgate.podresources.v1alpha1.Device
-	(*NetworkData)(nil),           // 14: podgate.podresources.v1alpha1.NetworkData
-	(*ImagePull)(nil),             // 15: podgate.podresources.v1alpha1.ImagePull
-	nil,                           // 16: podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	nil,                           // 17: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*Cgroup)(nil),                // 10: podgate.podresources.v1alpha1.Cgroup
+	(*Container)(nil),             // 11: podgate.podresources.v1alpha1.Container
+	(*Resources)(nil),             // 12: podgate.podresources.v1alpha1.Resources
+	(*Sandbox)(nil),               // 13: podgate.podresources.v1alpha1.Sandbox
+	(*Sysctls)(nil),               // 14: podgate.podresources.v1alpha1.Sysctls
+	(*Claim)(nil),                 // 15: podgate.podresources.v1alpha1.Claim
+	(*Device)(nil),                // 16: podgate.podresources.v1alpha1.Device
+	(*NetworkData)(nil),           // 17: podgate.podresources.v1alpha1.NetworkData
+	(*ImagePull)(nil),             // 18: podgate.podresources.v1alpha1.ImagePull
+	nil,                           // 19: podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	nil,                           // 20: podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	nil,                           // 21: podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	nil,                           // 22: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
 }
 var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
 	9,  // 0: podgate.podresources.v1alpha1.ListResponse.pods:type_name -> podgate.podresources.v1alpha1.Pod
 	9,  // 1: podgate.podresources.v1alpha1.GetResponse.pod:type_name -> podgate.podresources.v1alpha1.Pod
 	0,  // 2: podgate.podresources.v1alpha1.WatchEvent.type:type_name -> podgate.podresources.v1alpha1.WatchEvent.Type
 	9,  // 3: podgate.podresources.v1alpha1.WatchEvent.pod:type_name -> podgate.podresources.v1alpha1.Pod
-	10, // 4: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
-	12, // 5: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
-	15, // 6: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
-	1,  // 7: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
-	11, // 8: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
-	18, // 9: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	16, // 10: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	17, // 11: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	13, // 12: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
-	14, // 13: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
-	2,  // 14: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
-	18, // 15: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
-	3,  // 16: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
-	5,  // 17: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
-	7,  // 18: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
-	4,  // 19: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
-	6,  // 20: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
-	8,  // 21: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
-	19, // [19:22] is the sub-list for method output_type
-	16, // [16:19] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	13, // 4: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
+	15, // 5: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
+	18, // 6: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
+	10, // 7: podgate.podresources.v1alpha1.Pod.cgroup:type_name -> podgate.podresources.v1alpha1.Cgroup
+	11, // 8: podgate.podresources.v1alpha1.Pod.containers:type_name -> podgate.podresources.v1alpha1.Container
+	12, // 9: podgate.podresources.v1alpha1.Container.asked:type_name -> podgate.podresources.v1alpha1.Resources
+	12, // 10: podgate.podresources.v1alpha1.Container.held:type_name -> podgate.podresources.v1alpha1.Resources
+	23, // 11: podgate.podresources.v1alpha1.Container.verified_at:type_name -> google.protobuf.Timestamp
+	19, // 12: podgate.podresources.v1alpha1.Resources.hugepages:type_name -> podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	20, // 13: podgate.podresources.v1alpha1.Resources.unified:type_name -> podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	1,  // 14: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
+	14, // 15: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
+	23, // 16: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	21, // 17: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	22, // 18: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	16, // 19: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
+	17, // 20: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
+	2,  // 21: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
+	23, // 22: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
+	3,  // 23: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
+	5,  // 24: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
+	7,  // 25: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
+	4,  // 26: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
+	6,  // 27: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
+	8,  // 28: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
+	26, // [26:29] is the sub-list for method output_type
+	23, // [23:26] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_podresources_api_v1alpha1_podresources_proto_init() }
@@ -1260,13 +1703,14 @@ func file_podresources_api_v1alpha1_podresources_proto_init() {
 	if File_podresources_api_v1alpha1_podresources_proto != nil {
 		return
 	}
+	file_podresources_api_v1alpha1_podresources_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_podresources_api_v1alpha1_podresources_proto_rawDesc), len(file_podresources_api_v1alpha1_podresources_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   15,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

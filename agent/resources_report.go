@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"maps"
+	"math"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/types"
+
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/podresources/cgroup"
+)
+
+// describe adds the node's cgroups and the pod's containers' resources to a pod's message.
+func (s *resourceStages) describe(p *pb.Pod) {
+	cg := &pb.Cgroup{
+		Mode: s.node.Mode, V2Controllers: slices.Clone(s.node.V2Controllers),
+		MemoryQos: s.memoryQoS, MemoryQosReason: s.qosOff,
+	}
+	ctrs := s.podContainers(types.UID(p.GetUid()))
+	slices.SortFunc(ctrs, func(a, b containerRecord) int { return strings.Compare(a.Name+a.ID, b.Name+b.ID) })
+	for _, c := range ctrs {
+		if c.CgroupsPath != "" && cg.Driver == "" {
+			cg.Driver = cgroup.Driver(c.CgroupsPath)
+		}
+		m := &pb.Container{
+			Id: c.ID, Name: c.Name, Asked: askedResources(c.Asked), Held: heldResources(c.Held),
+			Verification: c.Verification, Mismatches: c.Mismatches, Error: c.Error, CgroupsPath: c.CgroupsPath,
+		}
+		if !c.VerifiedAt.IsZero() {
+			m.VerifiedAt = timestamppb.New(c.VerifiedAt)
+		}
+		p.Containers = append(p.Containers, m)
+	}
+	p.Cgroup = cg
+}
+
+// askedResources shows a runtime spec's resources.
+func askedResources(r *specs.LinuxResources) *pb.Resources {
+	if r == nil {
+		return nil
+	}
+	out := &pb.Resources{}
+	if c := r.CPU; c != nil {
+		out.CpuShares, out.CpuQuota, out.CpuPeriod = c.Shares, c.Quota, c.Period
+		out.CpusetCpus, out.CpusetMems = c.Cpus, c.Mems
+	}
+	if m := r.Memory; m != nil {
+		out.MemoryMax, out.MemorySwap = m.Limit, m.Swap
+	}
+	for _, h := range r.HugepageLimits {
+		if out.Hugepages == nil {
+			out.Hugepages = map[string]uint64{}
+		}
+		out.Hugepages[h.Pagesize] = h.Limit
+	}
+	if len(r.Unified) > 0 {
+		out.Unified = maps.Clone(r.Unified)
+	}
+	return out
+}
+
+// heldResources shows what a container's cgroup held.
+func heldResources(h *cgroup.Held) *pb.Resources {
+	if h == nil {
+		return nil
+	}
+	out := &pb.Resources{
+		CpuShares: h.CPUShares, CpuWeight: h.CPUWeight, CpuQuota: h.CPUQuota, CpuPeriod: h.CPUPeriod,
+		CpusetCpus: h.CPUs, CpusetCpusEffective: h.EffectiveCPUs, CpusetMems: h.Mems,
+		MemoryMax: h.MemoryLimit, MemoryMin: h.MemoryMin, MemoryHigh: h.MemoryHigh, MemorySwap: h.Swap,
+	}
+	for size, limit := range h.Hugepages {
+		if out.Hugepages == nil {
+			out.Hugepages = map[string]uint64{}
+		}
+		if limit < 0 {
+			out.Hugepages[size] = math.MaxUint64 // unlimited, as the proto says
+			continue
+		}
+		out.Hugepages[size] = uint64(limit)
+	}
+	if h.Version == 2 && len(h.Files) > 0 {
+		out.Unified = maps.Clone(h.Files)
+	}
+	return out
+}

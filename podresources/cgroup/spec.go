@@ -1,0 +1,135 @@
+package cgroup
+
+import (
+	"bufio"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// SpecOption changes how [SpecResources] sees the node.
+type SpecOption func(*specConfig)
+
+type specConfig struct {
+	swap, hugetlb func() bool
+}
+
+// WithSwapController says whether the node has a swap controller (cgroup v1
+// memory.memsw.limit_in_bytes, cgroup v2 memory.swap.max), instead of looking. containerd
+// sets swap only when it has.
+func WithSwapController(available bool) SpecOption {
+	return func(c *specConfig) { c.swap = func() bool { return available } }
+}
+
+// WithHugetlbController says whether the node's runtime hierarchy has the hugetlb controller
+// (cgroup v1: mounted; cgroup v2: among the root's controllers), instead of looking.
+// containerd passes hugepage limits on only when it has.
+func WithHugetlbController(present bool) SpecOption {
+	return func(c *specConfig) { c.hugetlb = func() bool { return present } }
+}
+
+// SpecResources turns a CRI request's resources into the runtime spec's, as containerd's CRI
+// plugin does (containerd v2.4 internal/cri/opts.WithResources) for CreateContainer and
+// UpdateContainerResources — what the runtime then applies:
+//
+//   - CPU shares, quota and period, and memory limit, when not 0; cpuset CPUs and mems when
+//     not empty; a zero or empty value stays unset (a nil pointer), as in containerd. CPU and
+//     Memory are never nil.
+//   - Swap (memory+swap, as the runtime spec means it): memory_swap_limit_in_bytes when not 0,
+//     else the memory limit, so that the container does not swap by default; only when the
+//     node has a swap controller.
+//   - Hugepage limits, in order, only when the node has the hugetlb controller (containerd
+//     then skips them with a warning, or fails with tolerate_missing_hugetlb_controller off).
+//   - The unified map, copied.
+//
+// Whether the node has the swap and hugetlb controllers is looked up once per process, as
+// containerd does; [WithSwapController] and [WithHugetlbController] say it instead. A nil r
+// is nil.
+func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *specs.LinuxResources {
+	if r == nil {
+		return nil
+	}
+	c := specConfig{swap: swapControllerAvailable, hugetlb: hugetlbControllerPresent}
+	for _, o := range opts {
+		o(&c)
+	}
+	out := &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{}}
+	if p := uint64(r.GetCpuPeriod()); p != 0 {
+		out.CPU.Period = &p
+	}
+	if q := r.GetCpuQuota(); q != 0 {
+		out.CPU.Quota = &q
+	}
+	if s := uint64(r.GetCpuShares()); s != 0 {
+		out.CPU.Shares = &s
+	}
+	out.CPU.Cpus, out.CPU.Mems = r.GetCpusetCpus(), r.GetCpusetMems()
+	limit, swap := r.GetMemoryLimitInBytes(), r.GetMemorySwapLimitInBytes()
+	if limit != 0 {
+		out.Memory.Limit = &limit
+		if swap == 0 && c.swap() {
+			out.Memory.Swap = &limit
+		}
+	}
+	if swap != 0 && c.swap() {
+		out.Memory.Swap = &swap
+	}
+	if hp := r.GetHugepageLimits(); len(hp) > 0 && c.hugetlb() {
+		for _, l := range hp {
+			out.HugepageLimits = append(out.HugepageLimits, specs.LinuxHugepageLimit{Pagesize: l.GetPageSize(), Limit: l.GetLimit()})
+		}
+	}
+	if u := r.GetUnified(); u != nil {
+		out.Unified = maps.Clone(u)
+	}
+	return out
+}
+
+// swapControllerAvailable is containerd's SwapControllerAvailable (internal/cri/opts,
+// spec_linux.go): cgroup v1's memory.memsw.limit_in_bytes at the memory hierarchy's root, or
+// cgroup v2's memory.swap.max in this process's own cgroup (the root has none).
+var swapControllerAvailable = sync.OnceValue(func() bool {
+	p := filepath.Join(DefaultRoot, "memory", "memory.memsw.limit_in_bytes")
+	if Detect().Mode == ModeUnified {
+		self, ok := selfUnifiedCgroup()
+		if !ok {
+			return false
+		}
+		p = filepath.Join(DefaultRoot, self, "memory.swap.max")
+	}
+	_, err := os.Stat(p)
+	return err == nil
+})
+
+// hugetlbControllerPresent is containerd's isHugetlbControllerPresent: the hugetlb
+// controller of cgroup v2's root in unified mode, a mounted hugetlb hierarchy otherwise.
+var hugetlbControllerPresent = sync.OnceValue(func() bool {
+	n := Detect()
+	if n.Mode == ModeUnified {
+		return slices.Contains(n.V2Controllers, "hugetlb")
+	}
+	_, err := os.ReadDir(filepath.Join(DefaultRoot, "hugetlb"))
+	return err == nil
+})
+
+// selfUnifiedCgroup is this process's cgroup v2 path, from /proc/self/cgroup ("0::/path").
+func selfUnifiedCgroup() (string, bool) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if p, ok := strings.CutPrefix(s.Text(), "0::"); ok {
+			return p, true
+		}
+	}
+	return "", false
+}

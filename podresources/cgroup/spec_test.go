@@ -1,0 +1,81 @@
+package cgroup
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestSpecResources(t *testing.T) {
+	full := &runtimeapi.LinuxContainerResources{
+		CpuPeriod: 100000, CpuQuota: 50000, CpuShares: 512,
+		MemoryLimitInBytes: 64 * mib, MemorySwapLimitInBytes: 128 * mib,
+		CpusetCpus: "0-1", CpusetMems: "0",
+		HugepageLimits: []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: uint64(4 * mib)}, {PageSize: "1GB", Limit: 0}},
+		Unified:        map[string]string{"memory.oom.group": "1"},
+		OomScoreAdj:    100, // not a cgroup limit
+	}
+	empty := &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{}}
+	for _, tc := range []struct {
+		name    string
+		in      *runtimeapi.LinuxContainerResources
+		swap    bool
+		hugetlb bool
+		want    *specs.LinuxResources
+	}{{
+		name: "nil", in: nil, want: nil,
+	}, {
+		name: "all zero: nothing set", in: &runtimeapi.LinuxContainerResources{}, swap: true, hugetlb: true, want: empty,
+	}, {
+		name: "everything", in: full, swap: true, hugetlb: true,
+		want: &specs.LinuxResources{
+			CPU:    &specs.LinuxCPU{Shares: ptr(uint64(512)), Quota: ptr(int64(50000)), Period: ptr(uint64(100000)), Cpus: "0-1", Mems: "0"},
+			Memory: &specs.LinuxMemory{Limit: ptr(64 * mib), Swap: ptr(128 * mib)},
+			HugepageLimits: []specs.LinuxHugepageLimit{
+				{Pagesize: "2MB", Limit: uint64(4 * mib)}, {Pagesize: "1GB", Limit: 0},
+			},
+			Unified: map[string]string{"memory.oom.group": "1"},
+		},
+	}, {
+		name: "no swap or hugetlb controller", in: full,
+		want: &specs.LinuxResources{
+			CPU:     &specs.LinuxCPU{Shares: ptr(uint64(512)), Quota: ptr(int64(50000)), Period: ptr(uint64(100000)), Cpus: "0-1", Mems: "0"},
+			Memory:  &specs.LinuxMemory{Limit: ptr(64 * mib)},
+			Unified: map[string]string{"memory.oom.group": "1"},
+		},
+	}, {
+		name: "swap defaults to the limit", in: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 64 * mib}, swap: true,
+		want: &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{Limit: ptr(64 * mib), Swap: ptr(64 * mib)}},
+	}, {
+		name: "swap without limit", in: &runtimeapi.LinuxContainerResources{MemorySwapLimitInBytes: -1}, swap: true,
+		want: &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{Swap: ptr(int64(-1))}},
+	}, {
+		name: "no quota", in: &runtimeapi.LinuxContainerResources{CpuQuota: -1, CpuPeriod: 100000, CpuShares: 2},
+		want: &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: ptr(uint64(2)), Quota: ptr(int64(-1)), Period: ptr(uint64(100000))}, Memory: &specs.LinuxMemory{}},
+	}, {
+		name: "empty unified map kept", in: &runtimeapi.LinuxContainerResources{Unified: map[string]string{}},
+		want: &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{}, Unified: map[string]string{}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := SpecResources(tc.in, WithSwapController(tc.swap), WithHugetlbController(tc.hugetlb))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("SpecResources (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSpecResourcesCopiesUnified checks the spec does not share the request's map: memory QoS
+// changes the request's.
+func TestSpecResourcesCopiesUnified(t *testing.T) {
+	in := &runtimeapi.LinuxContainerResources{Unified: map[string]string{"memory.min": "1"}}
+	got := SpecResources(in, WithSwapController(false))
+	in.Unified["memory.min"] = "2"
+	if got.Unified["memory.min"] != "1" {
+		t.Errorf("the spec's unified map follows the request's: %v", got.Unified)
+	}
+}
