@@ -14,6 +14,7 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
+	"github.com/podgate/podgate/podresources/cgroup"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
@@ -129,6 +130,9 @@ func podMessage(st *PodState) *pb.Pod {
 	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
 	if n := len(st.Sandboxes); n > 0 {
 		p.Sandbox = sandboxMessage(&st.Sandboxes[n-1])
+		if path := st.Sandboxes[n-1].CgroupsPath; path != "" {
+			p.Cgroup = &pb.Cgroup{Driver: cgroup.Driver(path)}
+		}
 	}
 	if st.Claims != nil {
 		for _, c := range st.Claims.Claims {

@@ -74,6 +74,9 @@ type SandboxRecord struct {
 	// PID is the sandbox (pause) process; 0 when the runtime did not say.
 	PID          int      `json:"pid,omitempty"`
 	CgroupParent string   `json:"cgroupParent,omitempty"`
+	// CgroupsPath is the sandbox's linux.cgroupsPath in its runtime spec: its form says the
+	// runtime's cgroup driver (systemd "slice:prefix:name", or a cgroupfs path).
+	CgroupsPath string `json:"cgroupsPath,omitempty"`
 	IPs          []string `json:"ips,omitempty"`
 	// Status is why the runtime-derived fields above are missing, when they are.
 	Status  string       `json:"status,omitempty"`
@@ -386,6 +389,7 @@ func (r *SandboxRecord) refreshFromRuntime(seen *SandboxRecord) {
 func (r *SandboxRecord) fillFromRuntime(seen *SandboxRecord) {
 	r.NetNS, r.HostNetwork, r.PID = seen.NetNS, seen.HostNetwork, seen.PID
 	r.CgroupParent, r.IPs, r.Status = seen.CgroupParent, slices.Clone(seen.IPs), seen.Status
+	r.CgroupsPath = seen.CgroupsPath
 	if r.RuntimeHandler == "" {
 		r.RuntimeHandler = seen.RuntimeHandler
 	}

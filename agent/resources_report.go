@@ -16,9 +16,18 @@ import (
 
 // describe adds the node's cgroups and the pod's containers' resources to a pod's message.
 func (s *resourceStages) describe(p *pb.Pod) {
+	reason := s.qosOff
+	switch {
+	case s.memoryQoS || reason != "":
+	case !s.node.MemoryQoS:
+		reason = s.node.MemoryQoSReason // not asked for, and not applicable here either
+	default:
+		reason = "resources.memoryQoS is off"
+	}
 	cg := &pb.Cgroup{
 		Mode: s.node.Mode, V2Controllers: slices.Clone(s.node.V2Controllers),
-		MemoryQos: s.memoryQoS, MemoryQosReason: s.qosOff,
+		MemoryQos: s.memoryQoS, MemoryQosReason: reason,
+		Driver: p.GetCgroup().GetDriver(), // from the sandbox's runtime spec
 	}
 	ctrs := s.podContainers(types.UID(p.GetUid()))
 	slices.SortFunc(ctrs, func(a, b containerRecord) int { return strings.Compare(a.Name+a.ID, b.Name+b.ID) })

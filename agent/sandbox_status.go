@@ -67,6 +67,7 @@ func inspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec
 	}
 	rec.NetNS = ""
 	if info.RuntimeSpec != nil && info.RuntimeSpec.Linux != nil {
+		rec.CgroupsPath = info.RuntimeSpec.Linux.CgroupsPath
 		for _, ns := range info.RuntimeSpec.Linux.Namespaces {
 			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
 				rec.NetNS = ns.Path

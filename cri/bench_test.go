@@ -176,3 +176,47 @@ func BenchmarkUnaryAddedLatency(b *testing.B) {
 	b.ReportMetric(float64((p - d).Nanoseconds()), "added-p50-ns")
 	b.ReportMetric(float64(p)/float64(d), "ratio-p50")
 }
+
+// BenchmarkInterceptedAddedLatency is BenchmarkUnaryAddedLatency for a method podgate
+// intercepts (UpdateContainerResources, with an interceptor that only forwards): the cost of
+// the typed path — decode, forward, compare, re-encode — over the raw passthrough.
+func BenchmarkInterceptedAddedLatency(b *testing.B) {
+	backend := filepath.Join(testfs.ShortDir(b), "fake.sock")
+	f := fake.NewFakeRemoteRuntime()
+	if err := f.Start("unix://" + backend); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(f.Stop)
+	f.RuntimeService.SetFakeContainers([]*apitest.FakeContainer{kubeletContainer(0)})
+	_, proxy := proxyFor(b, backend, "", func(s *Server) {
+		Intercept(s, UpdateContainerResources, func(ctx context.Context, req *runtimeapi.UpdateContainerResourcesRequest,
+			next Forward[*runtimeapi.UpdateContainerResourcesRequest, *runtimeapi.UpdateContainerResourcesResponse],
+		) (*runtimeapi.UpdateContainerResourcesResponse, error) {
+			return next(ctx, req)
+		})
+	})
+	clients := map[string]runtimeapi.RuntimeServiceClient{
+		"direct": runtimeapi.NewRuntimeServiceClient(dial(b, backend)), "podgate": runtimeapi.NewRuntimeServiceClient(proxy),
+	}
+	req := &runtimeapi.UpdateContainerResourcesRequest{
+		ContainerId: kubeletContainer(0).Id,
+		Linux:       &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 20000, CpuShares: 256, MemoryLimitInBytes: 128 << 20},
+	}
+	lat := map[string][]time.Duration{}
+	for b.Loop() {
+		for _, path := range []string{"direct", "podgate"} {
+			start := time.Now()
+			if _, err := clients[path].UpdateContainerResources(b.Context(), req); err != nil {
+				b.Fatal(err)
+			}
+			lat[path] = append(lat[path], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	d, p := lat["direct"], lat["podgate"]
+	slices.Sort(d)
+	slices.Sort(p)
+	b.ReportMetric(float64(d[len(d)/2].Nanoseconds()), "direct-p50-ns")
+	b.ReportMetric(float64(p[len(p)/2].Nanoseconds()), "podgate-p50-ns")
+	b.ReportMetric(float64((p[len(p)/2] - d[len(d)/2]).Nanoseconds()), "added-p50-ns")
+}
