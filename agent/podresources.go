@@ -14,8 +14,8 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
-	"github.com/podgate/podgate/podresources/cgroup"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to

@@ -72,12 +72,12 @@ type SandboxRecord struct {
 	// HostNetwork: the pod uses the node's network namespace.
 	HostNetwork bool `json:"hostNetwork,omitempty"`
 	// PID is the sandbox (pause) process; 0 when the runtime did not say.
-	PID          int      `json:"pid,omitempty"`
-	CgroupParent string   `json:"cgroupParent,omitempty"`
+	PID          int    `json:"pid,omitempty"`
+	CgroupParent string `json:"cgroupParent,omitempty"`
 	// CgroupsPath is the sandbox's linux.cgroupsPath in its runtime spec: its form says the
 	// runtime's cgroup driver (systemd "slice:prefix:name", or a cgroupfs path).
-	CgroupsPath string `json:"cgroupsPath,omitempty"`
-	IPs          []string `json:"ips,omitempty"`
+	CgroupsPath string   `json:"cgroupsPath,omitempty"`
+	IPs         []string `json:"ips,omitempty"`
 	// Status is why the runtime-derived fields above are missing, when they are.
 	Status  string       `json:"status,omitempty"`
 	Sysctls SysctlRecord `json:"sysctls"`
