@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -105,7 +107,45 @@ func NewBackend(ctx context.Context, name, endpoint string, opts ...BackendOptio
 	b.conn = conn
 	conn.Connect()
 	go b.watch(ctx)
+	go b.watchSocket(ctx)
 	return b, nil
+}
+
+// watchSocket makes the connection try again at once, whatever its backoff, when the runtime's
+// socket file is created: a restarted containerd is used as soon as it listens, not up to a
+// backoff period later. Without a watch (the directory is missing, inotify is exhausted) the
+// backoff alone finds it, within 2s.
+func (b *Backend) watchSocket(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithValues("backend", b.name, "endpoint", b.endpoint)
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		logger.V(2).Info("Not watching the backend's socket file; reconnecting by backoff alone", "err", err)
+		return
+	}
+	defer w.Close()
+	if err := w.Add(filepath.Dir(b.path)); err != nil {
+		logger.V(2).Info("Not watching the backend's socket file; reconnecting by backoff alone", "err", err)
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.Events:
+			if !ok {
+				return
+			}
+			if ev.Name == b.path && ev.Has(fsnotify.Create) && !b.Ready() {
+				logger.V(2).Info("Backend socket created; reconnecting now")
+				b.conn.ResetConnectBackoff()
+			}
+		case err, ok := <-w.Errors:
+			if !ok {
+				return
+			}
+			logger.V(2).Info("Watching the backend's socket file", "err", err)
+		}
+	}
 }
 
 // Close closes the connection.
