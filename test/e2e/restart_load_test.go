@@ -30,13 +30,13 @@ func TestContainerdRestartUnderLoad(t *testing.T) {
 	sock := n.rig.Endpoint[len("unix://"):]
 
 	var (
-		mu        sync.Mutex
-		bad       []string                    // failures other than Unavailable, and slow calls
+		mu      sync.Mutex
+		bad     []string                     // failures other than Unavailable, and slow calls
 		firstOK = make([]time.Time, clients) // per client: its first success after the stop
 		stopped atomic.Pointer[time.Time]    // when containerd was gone
-		calls     atomic.Int64
-		failed    atomic.Int64
-		wg        sync.WaitGroup
+		calls   atomic.Int64
+		failed  atomic.Int64
+		wg      sync.WaitGroup
 	)
 	for i := range clients {
 		c := rig.Connect(t, n.podgate.Endpoint)
