@@ -5,6 +5,9 @@
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
 #   make verify-generate  generate, then fail if the committed generated code differs
+#   make install    the binary, the systemd unit, a commented default config (kept if present) and
+#                   the kubelet drop-in, under $(DESTDIR); PREFIX (default /usr/local) for the binary
+#   make uninstall  remove what install put, but the config file
 #   make clean-rig  remove the rig (/var/lib/podgate-rig); Debian packages stay
 
 SHELL   := /bin/bash
@@ -21,7 +24,13 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test lint rig bench generate verify-generate clean clean-rig
+.PHONY: all build demo test lint rig bench generate verify-generate install uninstall clean clean-rig
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+UNIT_DIR      := $(DESTDIR)/etc/systemd/system
+CONFIG_FILE   := $(DESTDIR)/etc/podgate/config.yaml
+KUBELET_DROPIN := $(DESTDIR)/etc/kubernetes/kubelet.conf.d/50-podgate.conf
 
 all: build
 
@@ -82,6 +91,23 @@ $(BIN)/protoc-gen-go:
 
 $(BIN)/protoc-gen-go-grpc:
 	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# install: where a node keeps them. The unit's ExecStart follows PREFIX; an existing config file
+# is kept (the operator's); then: systemctl daemon-reload && systemctl enable --now podgate,
+# and restart the kubelet to pick up the drop-in (README, "Adopting podgate on a running node").
+install: build
+	install -D -m 0755 $(BIN)/podgate $(DESTDIR)$(PREFIX)/bin/podgate
+	install -d -m 0755 $(UNIT_DIR)
+	sed 's|^ExecStart=/usr/local/bin/podgate |ExecStart=$(PREFIX)/bin/podgate |' deploy/podgate.service > $(UNIT_DIR)/podgate.service
+	chmod 0644 $(UNIT_DIR)/podgate.service
+	@if [ -e $(CONFIG_FILE) ]; then echo "keeping $(CONFIG_FILE)"; else install -D -m 0644 deploy/config.yaml $(CONFIG_FILE); fi
+	install -D -m 0644 deploy/kubelet-podgate.conf $(KUBELET_DROPIN)
+
+# uninstall: the config file stays (remove /etc/podgate yourself); stop podgate and restart the
+# kubelet first, so that it talks to containerd again.
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/podgate $(UNIT_DIR)/podgate.service $(KUBELET_DROPIN)
+	@echo "kept $(CONFIG_FILE)"
 
 clean:
 	rm -rf $(BIN) bench.txt
