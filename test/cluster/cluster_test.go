@@ -38,6 +38,8 @@ type node struct {
 	cluster *cluster.Cluster
 	// containerd talks to containerd directly, bypassing podgate and the kubelet.
 	containerd *rig.Client
+	// podgateOpts start podgate again (restartPodgate).
+	podgateOpts harness.Options
 }
 
 // startNode starts the whole stack in the order the DRA tests need: the API server first, so
@@ -56,14 +58,13 @@ func startNode(t *testing.T) *node {
 	// cluster, whose Down has the kubelet stop the pods through it: its cleanup is registered
 	// before cluster.Start, and cleanups run last-in first-out. The check that the cluster left
 	// no cgroups runs there too, after Down.
-	var (
-		c *cluster.Cluster
-		p *harness.Podgate
-	)
+	var c *cluster.Cluster
+	n := &node{rig: r}
 	t.Cleanup(func() {
 		if c != nil {
 			checkCgroupsGone(t, c.CgroupRoot())
 		}
+		p := n.podgate // the last one started
 		if p == nil {
 			return
 		}
@@ -87,14 +88,16 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err = harness.Start(t.Context(), podgateBin, harness.Options{
+	n.podgateOpts = harness.Options{
 		Dir:             pgDir,
 		RuntimeEndpoint: r.Endpoint,
 		Args:            []string{"--config", config, "--kubeconfig", c.Kubeconfig(), "--node-name", c.NodeName()},
-	})
+	}
+	p, err := harness.Start(t.Context(), podgateBin, n.podgateOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	n.podgate = p
 	if p.Endpoint != "unix://"+pgDir+"/cri.sock" {
 		t.Fatalf("podgate serves %s, the kubelet was configured with unix://%s/cri.sock", p.Endpoint, pgDir)
 	}
@@ -105,7 +108,8 @@ func startNode(t *testing.T) *node {
 	}
 	t.Logf("cluster up: control plane %s, kubelet ready %s, total %s",
 		controlPlane.Round(time.Millisecond), time.Since(kstart).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
-	return &node{rig: r, podgate: p, cluster: c, containerd: rig.Connect(t, r.Endpoint)}
+	n.cluster, n.containerd = c, rig.Connect(t, r.Endpoint)
+	return n
 }
 
 // TestPodThroughPodgate runs a pod on a real kubelet whose runtime is podgate: the pod is
