@@ -51,7 +51,7 @@ type draNode struct {
 }
 
 // goBuild builds the program at import path pkg into dir.
-func goBuild(t *testing.T, dir, pkg, name string) string {
+func goBuild(t testing.TB, dir, pkg, name string) string {
 	t.Helper()
 	out := filepath.Join(dir, name)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

@@ -191,6 +191,9 @@ func (p *Podgate) Stop(timeout time.Duration) (int, error) {
 	return p.cmd.ProcessState.ExitCode(), nil
 }
 
+// PID is the podgate process's ID.
+func (p *Podgate) PID() int { return p.cmd.Process.Pid }
+
 // Kill ends podgate at once.
 func (p *Podgate) Kill() {
 	_ = p.cmd.Process.Kill() // already gone is fine

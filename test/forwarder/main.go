@@ -1,0 +1,120 @@
+// Command forwarder is the smallest honest gRPC passthrough: every call on its unix socket goes
+// to the backend's socket as raw bytes (an UnknownServiceHandler with a codec that does not
+// decode), streams included. It is the baseline podgate's own forwarding cost is measured
+// against (BENCHMARKS.md); it is not part of podgate.
+//
+//	forwarder -listen /run/fwd.sock -backend /run/containerd/containerd.sock
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/metadata"
+)
+
+// raw is a message carried as its bytes.
+type raw struct{ b []byte }
+
+// codec marshals raw messages as they are; it keeps the name "proto" for the content type.
+type codec struct{}
+
+func (codec) Name() string { return "proto" }
+
+func (codec) Marshal(v any) ([]byte, error) { return v.(*raw).b, nil }
+
+func (codec) Unmarshal(data []byte, v any) error {
+	v.(*raw).b = append([]byte(nil), data...)
+	return nil
+}
+
+var _ encoding.Codec = codec{}
+
+func main() {
+	listen := flag.String("listen", "", "unix socket to serve on")
+	backend := flag.String("backend", "", "unix socket to forward to")
+	flag.Parse()
+	if err := run(*listen, *backend); err != nil {
+		fmt.Fprintln(os.Stderr, "forwarder:", err)
+		os.Exit(1)
+	}
+}
+
+func run(listen, backend string) error {
+	conn, err := grpc.NewClient("unix://"+backend, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(codec{}), grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	srv := grpc.NewServer(grpc.ForceServerCodec(codec{}), grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20),
+		grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error { return forward(conn, ss) }))
+	l, err := net.Listen("unix", listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.Stop()
+	}()
+	fmt.Println("ready") // the benchmark waits for this line
+	return srv.Serve(l)
+}
+
+// forward copies one call both ways, as a bidirectional stream (a unary call is a stream of one).
+func forward(conn *grpc.ClientConn, ss grpc.ServerStream) error {
+	method, _ := grpc.MethodFromServerStream(ss)
+	md, _ := metadata.FromIncomingContext(ss.Context())
+	ctx, cancel := context.WithCancel(metadata.NewOutgoingContext(ss.Context(), md))
+	defer cancel()
+	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, method)
+	if err != nil {
+		return err
+	}
+	up := make(chan error, 1)
+	go func() {
+		for {
+			m := &raw{}
+			if err := ss.RecvMsg(m); err != nil {
+				if errors.Is(err, io.EOF) {
+					up <- cs.CloseSend()
+					return
+				}
+				up <- err
+				return
+			}
+			if err := cs.SendMsg(m); err != nil {
+				up <- err
+				return
+			}
+		}
+	}()
+	if h, err := cs.Header(); err == nil {
+		_ = ss.SendHeader(h)
+	}
+	for {
+		m := &raw{}
+		if err := cs.RecvMsg(m); err != nil {
+			ss.SetTrailer(cs.Trailer())
+			if errors.Is(err, io.EOF) {
+				return <-up
+			}
+			return err
+		}
+		if err := ss.SendMsg(m); err != nil {
+			return err
+		}
+	}
+}
