@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -14,28 +13,14 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/cni/cnitest"
 )
 
 // pluginPath is the plugin binary built once by TestMain, as a runtime would find it in a CNI
 // bin directory.
 var pluginPath string
 
-func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "pgmetacni")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		pluginPath = filepath.Join(dir, "pgmetacni")
-		if out, err := exec.Command("go", "build", "-o", pluginPath, ".").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-			return 1
-		}
-		return m.Run()
-	}())
-}
+func TestMain(m *testing.M) { os.Exit(cnitest.Main(m, "pgmetacni", &pluginPath)) }
 
 func TestParseConf(t *testing.T) {
 	const valid = `"cniVersion":"1.0.0","name":"pgrig","type":"pgmetacni","podResourcesSocket":"/run/pr.sock","recordFile":"/tmp/r.jsonl","cacheDir":"/tmp/c"`

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/cni/cnitest"
 	"github.com/podgate/podgate/test/testfs"
 	"github.com/podgate/podgate/test/testnet"
 )
@@ -106,40 +106,6 @@ func startFakePodgate(t *testing.T, f *fakePodgate) *fakePodgate {
 	return f
 }
 
-// cniCall is one plugin invocation, with the environment containerd sets.
-type cniCall struct {
-	command, containerID, netns string
-	inNetns                     string // run the plugin inside this named namespace ("" = here)
-	stdin                       []byte
-}
-
-// run invokes the plugin and returns its stdout; a non-zero exit is an error carrying stdout,
-// where CNI plugins print their error object.
-func (c cniCall) run(t *testing.T) ([]byte, error) {
-	t.Helper()
-	argv := []string{pluginPath}
-	if c.inNetns != "" {
-		argv = append([]string{"ip", "netns", "exec", c.inNetns}, argv...)
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = []string{
-		"CNI_COMMAND=" + c.command,
-		"CNI_CONTAINERID=" + c.containerID,
-		"CNI_NETNS=" + c.netns,
-		"CNI_IFNAME=eth0",
-		"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_INFRA_CONTAINER_ID=" + c.containerID + ";K8S_POD_UID=uid-1",
-		"CNI_PATH=" + filepath.Dir(pluginPath) + ":/usr/lib/cni",
-		"PATH=" + os.Getenv("PATH"),
-	}
-	cmd.Stdin = bytes.NewReader(c.stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.Bytes(), fmt.Errorf("%s %s: %w: stdout %s stderr %s", c.command, strings.Join(argv, " "), err, stdout.Bytes(), stderr.Bytes())
-	}
-	return stdout.Bytes(), nil
-}
-
 const prevResult = `{"cniVersion":"1.0.0",
  "interfaces":[{"name":"pgrig9","mac":"aa:bb:cc:00:00:01"},{"name":"veth1234","mac":"aa:bb:cc:00:00:02"},
                {"name":"eth0","mac":"aa:bb:cc:00:00:03","sandbox":"/run/netns/x"}],
@@ -166,7 +132,7 @@ func pluginConf(t *testing.T, socket, dir string) []byte {
 func TestAddUnknownPod(t *testing.T) {
 	f := startFakePodgate(t, &fakePodgate{})
 	dir := t.TempDir()
-	out, err := cniCall{command: "ADD", containerID: "c1", netns: "/nonexistent/netns", stdin: pluginConf(t, f.socket, dir)}.run(t)
+	out, err := cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, Command: "ADD", ContainerID: "c1", Netns: "/nonexistent/netns", Stdin: pluginConf(t, f.socket, dir)}.Run(t, pluginPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +159,7 @@ func TestAddFailsClosed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			out, err := cniCall{command: "ADD", containerID: "c1", netns: "/nonexistent/netns", stdin: pluginConf(t, tc.socket, dir)}.run(t)
+			out, err := cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, Command: "ADD", ContainerID: "c1", Netns: "/nonexistent/netns", Stdin: pluginConf(t, tc.socket, dir)}.Run(t, pluginPath)
 			if err == nil {
 				t.Fatalf("ADD succeeded: %s", out)
 			}
@@ -212,7 +178,7 @@ func TestAddFailsClosed(t *testing.T) {
 // idempotent), without asking podgate: the socket does not even exist.
 func TestDelWithoutCache(t *testing.T) {
 	dir := t.TempDir()
-	out, err := cniCall{command: "DEL", containerID: "c1", netns: "", stdin: pluginConf(t, "/nonexistent/pr.sock", dir)}.run(t)
+	out, err := cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, Command: "DEL", ContainerID: "c1", Netns: "", Stdin: pluginConf(t, "/nonexistent/pr.sock", dir)}.Run(t, pluginPath)
 	if err != nil || len(out) != 0 {
 		t.Fatalf("DEL: %v, output %q", err, out)
 	}
@@ -223,10 +189,10 @@ func TestDelWithoutCache(t *testing.T) {
 
 func TestCheck(t *testing.T) {
 	dir := t.TempDir()
-	if out, err := (cniCall{command: "CHECK", containerID: "c1", netns: "/x", stdin: pluginConf(t, "/run/pr.sock", dir)}).run(t); err != nil || len(out) != 0 {
+	if out, err := (cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, Command: "CHECK", ContainerID: "c1", Netns: "/x", Stdin: pluginConf(t, "/run/pr.sock", dir)}).Run(t, pluginPath); err != nil || len(out) != 0 {
 		t.Errorf("CHECK: %v, output %q", err, out)
 	}
-	out, err := cniCall{command: "CHECK", containerID: "c1", netns: "/x", stdin: []byte(`{"cniVersion":"1.0.0","name":"n","type":"pgmetacni","prevResult":` + prevResult + `}`)}.run(t)
+	out, err := cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, Command: "CHECK", ContainerID: "c1", Netns: "/x", Stdin: []byte(`{"cniVersion":"1.0.0","name":"n","type":"pgmetacni","prevResult":` + prevResult + `}`)}.Run(t, pluginPath)
 	if err == nil || !strings.Contains(string(out), "podResourcesSocket is required") {
 		t.Errorf("CHECK of a configuration without its keys: %v, output %s", err, out)
 	}
@@ -263,10 +229,10 @@ func TestAddDelHostDevice(t *testing.T) {
 	})
 	dir := t.TempDir()
 	recordFile := filepath.Join(dir, "record.jsonl")
-	call := cniCall{containerID: "ctr1", netns: pod.Path, inNetns: host.Name, stdin: pluginConf(t, f.socket, dir)}
+	call := cnitest.Call{Namespace: "default", Name: "web", CNIPath: []string{"/usr/lib/cni"}, ContainerID: "ctr1", Netns: pod.Path, InNetns: host.Name, Stdin: pluginConf(t, f.socket, dir)}
 
-	call.command = "ADD"
-	out, err := call.run(t)
+	call.Command = "ADD"
+	out, err := call.Run(t, pluginPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,15 +259,15 @@ func TestAddDelHostDevice(t *testing.T) {
 		t.Errorf("ADD entry %s", mustJSON(t, add))
 	}
 
-	call.command = "CHECK"
-	if out, err := call.run(t); err != nil || len(out) != 0 {
+	call.Command = "CHECK"
+	if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 		t.Errorf("CHECK: %v, output %q", err, out)
 	}
 
 	// podgate forgot the pod: DEL works from the cache.
 	f.set(nil, nil)
-	call.command = "DEL"
-	if out, err := call.run(t); err != nil || len(out) != 0 {
+	call.Command = "DEL"
+	if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 		t.Fatalf("DEL: %v, output %q", err, out)
 	}
 	if _, err := host.Handle.LinkByName("pgmeta0"); err != nil {
@@ -314,7 +280,7 @@ func TestAddDelHostDevice(t *testing.T) {
 		t.Errorf("DEL entry %s", mustJSON(t, del))
 	}
 	// Again: nothing left to give back.
-	if out, err := call.run(t); err != nil || len(out) != 0 {
+	if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 		t.Fatalf("second DEL: %v, output %q", err, out)
 	}
 
@@ -327,16 +293,16 @@ func TestAddDelHostDevice(t *testing.T) {
 		t.Fatalf("ip netns add: %v %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", gone).Run() }) // gone already unless the test failed early
-	call.containerID, call.netns = "ctr2", filepath.Join("/run/netns", gone)
-	call.command = "ADD"
-	if _, err := call.run(t); err != nil {
+	call.ContainerID, call.Netns = "ctr2", filepath.Join("/run/netns", gone)
+	call.Command = "ADD"
+	if _, err := call.Run(t, pluginPath); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("ip", "netns", "del", gone).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns del: %v %s", err, out)
 	}
-	call.command = "DEL"
-	if out, err := call.run(t); err != nil || len(out) != 0 {
+	call.Command = "DEL"
+	if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 		t.Fatalf("DEL after the namespace went: %v, output %q", err, out)
 	}
 	if del := lastEntry(t, recordFile); len(del.Delegated) != 1 || del.Delegated[0].Skipped == "" {

@@ -1,12 +1,9 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
-	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/podgate/podgate/test/cni/record"
 )
 
 // Entry is one line of the record file: what one CNI call saw and did.
@@ -84,28 +81,6 @@ type claimDevice struct {
 	Device string `json:"device"`
 }
 
-// appendEntry adds e as one line to the record file at path. containerd runs CNI for several
-// pods at once, so the line is written under an exclusive lock, in one write to a file opened
-// O_APPEND.
-func appendEntry(path string, e Entry) error {
-	line, err := json.Marshal(e)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return fmt.Errorf("open record file: %w", err)
-	}
-	err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-	if err == nil {
-		_, err = f.Write(append(line, '\n'))
-	}
-	// Closing the file releases the lock.
-	if closeErr := f.Close(); err == nil {
-		err = closeErr
-	}
-	if err != nil {
-		return fmt.Errorf("record to %s: %w", path, err)
-	}
-	return nil
-}
+// appendEntry adds e as one line to the record file at path, under a lock: containerd runs CNI
+// for several pods at once.
+func appendEntry(path string, e Entry) error { return record.AppendJSON(path, e) }

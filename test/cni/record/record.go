@@ -110,10 +110,14 @@ func hasAnyPrefix(s string, prefixes []string) bool {
 	return false
 }
 
-// Append adds e as one line to the record file at path. containerd runs CNI for several pods at
-// once, so the line is written under an exclusive lock, in one write to a file opened O_APPEND.
-func Append(path string, e Entry) error {
-	line, err := json.Marshal(e)
+// Append adds e as one line to the record file at path.
+func Append(path string, e Entry) error { return AppendJSON(path, e) }
+
+// AppendJSON adds v, as JSON, as one line to the file at path. containerd runs CNI for several
+// pods at once, so the line is written under an exclusive lock, in one write to a file opened
+// O_APPEND.
+func AppendJSON(path string, v any) error {
+	line, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/podgate/podgate/test/cni/cnitest"
 	"github.com/podgate/podgate/test/cni/record"
 	"github.com/podgate/podgate/test/testnet"
 )
@@ -23,59 +22,10 @@ import (
 // bin directory.
 var pluginPath string
 
-func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "pgrecorder")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		pluginPath = filepath.Join(dir, "pgrecorder")
-		if out, err := exec.Command("go", "build", "-o", pluginPath, ".").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
-			return 1
-		}
-		return m.Run()
-	}())
-}
-
-// cniCall is one plugin invocation, with the environment containerd sets.
-type cniCall struct {
-	command, containerID, netns string
-	inNetns                     string // run the plugin inside this named namespace ("" = here)
-	stdin                       []byte
-}
-
-// run invokes the plugin and returns its stdout; a non-zero exit is an error carrying stdout,
-// where CNI plugins print their error object.
-func (c cniCall) run(t *testing.T) ([]byte, error) {
-	t.Helper()
-	argv := []string{pluginPath}
-	if c.inNetns != "" {
-		argv = append([]string{"ip", "netns", "exec", c.inNetns}, argv...)
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = []string{
-		"CNI_COMMAND=" + c.command,
-		"CNI_CONTAINERID=" + c.containerID,
-		"CNI_NETNS=" + c.netns,
-		"CNI_IFNAME=eth0",
-		"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1;K8S_POD_INFRA_CONTAINER_ID=" + c.containerID + ";K8S_POD_UID=uid-1",
-		"CNI_PATH=" + filepath.Dir(pluginPath),
-		"PATH=" + os.Getenv("PATH"),
-	}
-	cmd.Stdin = bytes.NewReader(c.stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.Bytes(), fmt.Errorf("%s %s: %w: stdout %s stderr %s", c.command, strings.Join(argv, " "), err, stdout.Bytes(), stderr.Bytes())
-	}
-	return stdout.Bytes(), nil
-}
+func TestMain(m *testing.M) { os.Exit(cnitest.Main(m, "pgrecorder", &pluginPath)) }
 
 func TestVersion(t *testing.T) {
-	out, err := cniCall{command: "VERSION"}.run(t)
+	out, err := cnitest.Call{Namespace: "ns1", Name: "pod1", Command: "VERSION"}.Run(t, pluginPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,10 +44,10 @@ func TestVersion(t *testing.T) {
 // error object, rather than letting a test miss its observation. It records nothing, so it
 // runs in the test's own namespace, without root; the netns path need not exist for that.
 func TestAddWithoutRecordFile(t *testing.T) {
-	out, err := cniCall{
-		command: "ADD", containerID: "c0", netns: "/nonexistent/netns",
-		stdin: []byte(`{"cniVersion":"1.0.0","name":"pgtest","type":"pgrecorder"}`),
-	}.run(t)
+	out, err := cnitest.Call{Namespace: "ns1", Name: "pod1",
+		Command: "ADD", ContainerID: "c0", Netns: "/nonexistent/netns",
+		Stdin: []byte(`{"cniVersion":"1.0.0","name":"pgtest","type":"pgrecorder"}`),
+	}.Run(t, pluginPath)
 	if err == nil {
 		t.Fatalf("ADD succeeded: %s", out)
 	}
@@ -158,11 +108,11 @@ func TestAddDelCheck(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			call := cniCall{containerID: fmt.Sprintf("ctr%d", i), netns: filepath.Join("/run/netns", pod), inNetns: host, stdin: stdin}
+			call := cnitest.Call{Namespace: "ns1", Name: "pod1", ContainerID: fmt.Sprintf("ctr%d", i), Netns: filepath.Join("/run/netns", pod), InNetns: host, Stdin: stdin}
 
 			before := time.Now()
-			call.command = "ADD"
-			out, err := call.run(t)
+			call.Command = "ADD"
+			out, err := call.Run(t, pluginPath)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -172,7 +122,7 @@ func TestAddDelCheck(t *testing.T) {
 			}
 			requireSameJSON(t, out, want)
 			add := lastEntry(t, recordFile)
-			if add.Command != "ADD" || add.ContainerID != call.containerID || add.Netns != call.netns || add.IfName != "eth0" ||
+			if add.Command != "ADD" || add.ContainerID != call.ContainerID || add.Netns != call.Netns || add.IfName != "eth0" ||
 				add.Pod != (record.Pod{Namespace: "ns1", Name: "pod1", UID: "uid-1"}) || add.Time.Before(before) {
 				t.Errorf("ADD entry = %+v", add)
 			}
@@ -181,16 +131,16 @@ func TestAddDelCheck(t *testing.T) {
 				t.Errorf("ADD interfaces = %v, want %v", add.Interfaces, wantIfaces)
 			}
 
-			call.command = "CHECK"
-			if out, err := call.run(t); err != nil || len(out) != 0 {
+			call.Command = "CHECK"
+			if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 				t.Errorf("CHECK: %v, output %q", err, out)
 			}
 
-			call.command = "DEL"
-			if out, err := call.run(t); err != nil || len(out) != 0 {
+			call.Command = "DEL"
+			if out, err := call.Run(t, pluginPath); err != nil || len(out) != 0 {
 				t.Fatalf("DEL: %v, output %q", err, out)
 			}
-			if del := lastEntry(t, recordFile); del.Command != "DEL" || del.ContainerID != call.containerID || !del.Interfaces["pgrec0"] {
+			if del := lastEntry(t, recordFile); del.Command != "DEL" || del.ContainerID != call.ContainerID || !del.Interfaces["pgrec0"] {
 				t.Errorf("DEL entry = %+v", del)
 			}
 		})
