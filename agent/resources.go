@@ -78,7 +78,7 @@ func newResourceStages(cfg Resources, node cgroup.Node, pods *PodLookup, rt runt
 		node: node, factor: cfg.MemoryThrottlingFactor, verify: cfg.Verify, recheck: cfg.RecheckPeriod.Duration, pods: pods, runtime: rt,
 		pageSize: int64(os.Getpagesize()), containers: map[string]*containerRecord{},
 		background:  backgroundWork{name: "cgroup verifications"},
-		allocatable: memTotal,
+		allocatable: func(context.Context) int64 { return nodeMemory() },
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "verifications_total",
 			Help: "Containers' cgroups read back and compared with what was asked, by when (start, update) and result (ok, mismatch, error).",
@@ -438,9 +438,13 @@ func (s *resourceStages) podContainers(uid types.UID) []containerRecord {
 // wait waits for the background verifications, until ctx ends (shutdown, tests).
 func (s *resourceStages) wait(ctx context.Context) error { return s.background.wait(ctx) }
 
+// nodeMemory is the node's memory, read from /proc/meminfo once: it does not change while
+// podgate runs, and CreateContainer should not read a file each time.
+var nodeMemory = sync.OnceValue(memTotal)
+
 // memTotal is the node's memory from /proc/meminfo; 0 when it cannot be read (memory QoS
 // then skips containers without a limit).
-func memTotal(context.Context) int64 {
+func memTotal() int64 {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0
