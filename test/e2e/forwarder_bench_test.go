@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,10 +56,7 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	pct := func(d []time.Duration, p int) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)*p/100].Microseconds())
-	}
+	pct := func(d []time.Duration, p int) float64 { return float64(percentile(d, p).Microseconds()) }
 	for _, path := range paths {
 		b.ReportMetric(pct(lat[path], 50), path+"-p50-µs")
 		b.ReportMetric(pct(lat[path], 99), path+"-p99-µs")

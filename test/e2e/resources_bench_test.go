@@ -2,13 +2,10 @@ package e2e
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/test/rig"
@@ -97,25 +94,13 @@ func BenchmarkContainerResources(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	median := func(d []time.Duration) float64 {
-		slices.Sort(d)
-		return float64(d[len(d)/2]) / float64(time.Millisecond)
-	}
 	for name, lat := range map[string]map[string][]time.Duration{"create": create, "update": update} {
-		direct, proxied := median(lat["direct"]), median(lat["podgate"])
+		direct, proxied := ms(percentile(lat["direct"], 50)), ms(percentile(lat["podgate"], 50))
 		b.ReportMetric(direct, name+"-direct-p50-ms")
 		b.ReportMetric(proxied, name+"-podgate-p50-ms")
 		b.ReportMetric(proxied-direct, name+"-added-ms")
 	}
-	text, err := n.podgate.Metrics(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		b.Fatal(err)
-	}
+	families := metricFamilies(b, n.podgate)
 	for _, m := range families["podgate_resources_verification_duration_seconds"].GetMetric() {
 		h := m.GetHistogram()
 		if h.GetSampleCount() > 0 {
