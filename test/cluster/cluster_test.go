@@ -46,6 +46,13 @@ type node struct {
 // that podgate gets its kubeconfig, then podgate, then the kubelet on podgate's socket.
 func startNode(t *testing.T) *node {
 	t.Helper()
+	return startNodeWith(t, true)
+}
+
+// startNodeWith is startNode; without withPodgate, the kubelet runs on containerd's socket and
+// podgate is not started (startPodgate starts it, with the same options).
+func startNodeWith(t *testing.T, withPodgate bool) *node {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
 	}
@@ -77,10 +84,11 @@ func startNode(t *testing.T) *node {
 		}
 	})
 	start := time.Now()
-	c = cluster.Start(t, cluster.Options{
-		CRIEndpoint:  "unix://" + pgDir + "/cri.sock", // where harness.Start puts it
-		DeferKubelet: true,
-	})
+	endpoint := r.Endpoint
+	if withPodgate {
+		endpoint = "unix://" + pgDir + "/cri.sock" // where harness.Start puts it
+	}
+	c = cluster.Start(t, cluster.Options{CRIEndpoint: endpoint, DeferKubelet: true})
 	controlPlane := time.Since(start)
 	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
 	config := filepath.Join(pgDir, "config.yaml")
@@ -93,13 +101,8 @@ func startNode(t *testing.T) *node {
 		RuntimeEndpoint: r.Endpoint,
 		Args:            []string{"--config", config, "--kubeconfig", c.Kubeconfig(), "--node-name", c.NodeName()},
 	}
-	p, err := harness.Start(t.Context(), podgateBin, n.podgateOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.podgate = p
-	if p.Endpoint != "unix://"+pgDir+"/cri.sock" {
-		t.Fatalf("podgate serves %s, the kubelet was configured with unix://%s/cri.sock", p.Endpoint, pgDir)
+	if withPodgate {
+		n.startPodgate(t)
 	}
 	kstart := time.Now()
 	_, ctx := ktesting.NewTestContext(t)
@@ -111,6 +114,23 @@ func startNode(t *testing.T) *node {
 	n.cluster, n.containerd = c, rig.Connect(t, r.Endpoint)
 	return n
 }
+
+// startPodgate starts podgate with n.podgateOpts; it becomes n.podgate, which the node's cleanup
+// stops.
+func (n *node) startPodgate(t *testing.T) {
+	t.Helper()
+	p, err := harness.Start(t.Context(), podgateBin, n.podgateOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.podgate = p
+	if want := n.podgateEndpoint(); p.Endpoint != want {
+		t.Fatalf("podgate serves %s, the kubelet is configured with %s", p.Endpoint, want)
+	}
+}
+
+// podgateEndpoint is where podgate serves CRI on this node.
+func (n *node) podgateEndpoint() string { return "unix://" + n.podgateOpts.Dir + "/cri.sock" }
 
 // TestPodThroughPodgate runs a pod on a real kubelet whose runtime is podgate: the pod is
 // Running, containerd has its sandbox, podgate's pipeline started it, and deleting the pod

@@ -126,6 +126,20 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 	return nil
 }
 
+// SetRuntimeEndpoint changes the kubelet's containerRuntimeEndpoint and imageServiceEndpoint
+// (both to endpoint) for its next StartKubelet, as an operator switching a node to podgate, or
+// back to containerd, changes the kubelet's configuration between a stop and a start. It fails
+// while the kubelet runs.
+func (c *Cluster) SetRuntimeEndpoint(endpoint string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kubelet != nil {
+		return fmt.Errorf("set runtime endpoint %s: the kubelet runs; stop it first", endpoint)
+	}
+	c.opts.CRIEndpoint, c.opts.ImageEndpoint = endpoint, ""
+	return nil
+}
+
 // prepareKubelet makes what the kubelet expects to exist: its cgroup root in every hierarchy and
 // its resolv.conf.
 func (c *Cluster) prepareKubelet() error {

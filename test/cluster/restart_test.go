@@ -20,7 +20,6 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/test/harness"
 )
 
 // podState is what must not change across a podgate restart: the pod's sandbox and container
@@ -90,7 +89,7 @@ func TestPodgateRestartUnderTheKubelet(t *testing.T) {
 				n.podgate.Kill()
 			}
 			// While podgate is down, a CRI call to its socket is Unavailable, at once.
-			conn, err := grpc.NewClient("unix://"+n.podgateOpts.Dir+"/cri.sock", grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := grpc.NewClient(n.podgateEndpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -101,11 +100,7 @@ func TestPodgateRestartUnderTheKubelet(t *testing.T) {
 			if status.Code(err) != codes.Unavailable {
 				t.Errorf("Version with podgate down: %v, want Unavailable", err)
 			}
-			p, err := harness.Start(t.Context(), podgateBin, n.podgateOpts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			n.podgate = p
+			n.startPodgate(t)
 
 			// The kubelet recovers on its own: a new pod runs through the new podgate.
 			fresh := testPod(fmt.Sprintf("after-%s", map[syscall.Signal]string{syscall.SIGTERM: "term", syscall.SIGKILL: "kill"}[sig]), n.cluster.NodeName())
@@ -120,36 +115,38 @@ func TestPodgateRestartUnderTheKubelet(t *testing.T) {
 					t.Errorf("pod %s after podgate's %s restart: %+v, want %+v (nothing restarted)", pod.Name, sig, got, want)
 				}
 			}
-			// The restarted podgate knows every running pod.
-			known := podgatePods(t, n)
-			for _, pod := range append(slices.Clone(pods), fresh) {
-				if !slices.Contains(known, pod.Namespace+"/"+pod.Name) {
-					t.Errorf("restarted podgate does not know pod %s/%s; it knows %v", pod.Namespace, pod.Name, known)
-				}
-			}
+			// The restarted podgate knows every running pod (podgateList fails the test otherwise).
+			podgateList(t, n, append(slices.Clone(pods), fresh)...)
 		})
 	}
 }
 
-// podgatePods lists the pods podgate's PodResources extension knows, as namespace/name.
-func podgatePods(t *testing.T, n *node) []string {
+// podgateList returns the pods podgate's PodResources extension knows, by namespace/name. It
+// waits until podgate knows every pod in want with a ready sandbox: podgate rebuilds its registry
+// from the runtime in the background after it starts.
+func podgateList(t *testing.T, n *node, want ...*corev1.Pod) map[string]*pb.Pod {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+n.podgate.PodResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	resp, err := pb.NewPodResourcesClient(conn).List(ctx, &pb.ListRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, p := range resp.GetPods() {
-		if p.GetSandbox().GetState() == pb.Sandbox_READY {
-			out = append(out, p.GetNamespace()+"/"+p.GetName())
+	out := map[string]*pb.Pod{}
+	waitFor(t, 30*time.Second, "podgate to know the running pods", func() (bool, error) {
+		resp, err := pb.NewPodResourcesClient(conn).List(t.Context(), &pb.ListRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			return false, err
 		}
-	}
+		clear(out)
+		for _, p := range resp.GetPods() {
+			out[p.GetNamespace()+"/"+p.GetName()] = p
+		}
+		for _, p := range want {
+			if out[p.Namespace+"/"+p.Name].GetSandbox().GetState() != pb.Sandbox_READY {
+				return false, fmt.Errorf("pod %s/%s: %v", p.Namespace, p.Name, out[p.Namespace+"/"+p.Name].GetSandbox())
+			}
+		}
+		return true, nil
+	})
 	return out
 }
