@@ -3,24 +3,17 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"log"
-	"net"
-	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/registry"
 )
 
 // The pull scenario of issue 3: 12 distinct images (11 ordinary, then one for a
@@ -35,179 +28,25 @@ const (
 	scenarioTimeout = 5 * time.Minute // 4 rounds of ~2s each; generous for a loaded CI machine
 )
 
-var repoPath = regexp.MustCompile(`^/v2/(.+)/(manifests|blobs)/([^/]+)$`)
-
-// countingRegistry is an in-process OCI registry whose blob downloads are throttled to a fixed
-// bandwidth each, and which records, per image (repository), the requests it serves.
-type countingRegistry struct {
-	handler   http.Handler
-	bandwidth int
-	counting  atomic.Bool // off while the test pushes its images
-
-	mu        sync.Mutex
-	active    map[string]int // requests being served, per repository
-	maxImages int            // most repositories served at once
-	blobGets  map[string]int // GETs per repository@digest
-	started   []string       // repositories in the order of their first request
-	firstSeen map[string]time.Time
-	lastDone  time.Time
-	bytes     int64 // blob bytes served
-}
-
-func newCountingRegistry(bw int) *countingRegistry {
-	return &countingRegistry{
-		handler:   registry.New(registry.Logger(log.New(io.Discard, "", 0))),
-		bandwidth: bw,
-		active:    map[string]int{}, blobGets: map[string]int{}, firstSeen: map[string]time.Time{},
-	}
-}
-
-func (r *countingRegistry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	m := repoPath.FindStringSubmatch(req.URL.Path)
-	if m == nil || !r.counting.Load() || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
-		r.handler.ServeHTTP(w, req)
-		return
-	}
-	repo, kind := m[1], m[2]
-	r.begin(repo, kind == "blobs" && req.Method == http.MethodGet, m[3])
-	defer r.end(repo)
-	if kind == "blobs" && req.Method == http.MethodGet {
-		pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now()}
-		r.handler.ServeHTTP(pw, req)
-		r.mu.Lock()
-		r.bytes += pw.written
-		r.mu.Unlock()
-		return
-	}
-	r.handler.ServeHTTP(w, req)
-}
-
-// reset forgets what was counted.
-func (r *countingRegistry) reset() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.active, r.blobGets, r.firstSeen = map[string]int{}, map[string]int{}, map[string]time.Time{}
-	r.maxImages, r.started, r.bytes = 0, nil, 0
-}
-
-func (r *countingRegistry) begin(repo string, blobGet bool, digest string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, seen := r.firstSeen[repo]; !seen {
-		r.firstSeen[repo] = time.Now()
-		r.started = append(r.started, repo)
-	}
-	if blobGet {
-		r.blobGets[repo+"@"+digest]++
-	}
-	r.active[repo]++
-	n := 0
-	for _, a := range r.active {
-		if a > 0 {
-			n++
-		}
-	}
-	r.maxImages = max(r.maxImages, n)
-}
-
-func (r *countingRegistry) end(repo string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.active[repo]--
-	r.lastDone = time.Now()
-}
-
-// activeImages returns how many repositories are being served and how many were ever started.
-func (r *countingRegistry) activeImages() (active, started int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, a := range r.active {
-		if a > 0 {
-			active++
-		}
-	}
-	return active, len(r.started)
-}
-
-// pacedWriter throttles a response to bps bytes per second.
-type pacedWriter struct {
-	http.ResponseWriter
-	bps     int
-	start   time.Time
-	written int64
-}
-
-func (p *pacedWriter) Write(b []byte) (int, error) {
-	const chunk = 32 << 10
-	n := 0
-	for len(b) > 0 {
-		c := min(chunk, len(b))
-		w, err := p.ResponseWriter.Write(b[:c])
-		n += w
-		p.written += int64(w)
-		if err != nil {
-			return n, err
-		}
-		b = b[c:]
-		due := p.start.Add(time.Duration(float64(p.written) / float64(p.bps) * float64(time.Second)))
-		time.Sleep(time.Until(due)) // the throttle: this download may not run ahead of bps
-	}
-	return n, nil
-}
-
 // scenarioResult is what one run of the scenario measured.
 type scenarioResult struct {
 	makespan, ideal time.Duration
-	reg             *countingRegistry
-	images          []string // repositories; the last is the critical pod's
-	dups            []string // repositories requested twice
+	reg             registry.Stats // what the registry counted
+	images          []string       // repositories; the last is the critical pod's
+	dups            []string       // repositories requested twice
 	errs            []error
 }
 
-// serveRegistry starts the counting registry on 127.0.0.1 and returns its host:port.
-func serveRegistry(tb testing.TB, reg *countingRegistry) string {
-	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := &http.Server{Handler: reg, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }() // ErrServerClosed after Close below
-	tb.Cleanup(func() { _ = srv.Close() })
-	return l.Addr().String()
-}
-
-// pushImages pushes n random one-layer images as host/<prefix>/imgI:v1.
-func pushImages(tb testing.TB, host, prefix string, n int) []string {
-	tb.Helper()
-	var refs []string
-	for i := range n {
-		img, err := random.Image(layerSize, 1)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ref, err := name.ParseReference(fmt.Sprintf("%s/%s/img%d:v1", host, prefix, i))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		if err := remote.Write(ref, img); err != nil {
-			tb.Fatalf("push %s: %v", ref, err)
-		}
-		refs = append(refs, ref.String())
-	}
-	return refs
-}
-
 // runScenario pulls the scenario's images through podgate and measures the registry's side.
-func runScenario(ctx context.Context, tb testing.TB, n *node, reg *countingRegistry, host, prefix string) scenarioResult {
+func runScenario(ctx context.Context, tb testing.TB, n *node, reg *registry.Registry, prefix string) scenarioResult {
 	tb.Helper()
-	refs := pushImages(tb, host, prefix, scenarioImages)
-	reg.reset()
-	reg.counting.Store(true)
-	defer reg.counting.Store(false)
-	res := scenarioResult{reg: reg}
+	refs := reg.Push(tb, prefix, scenarioImages, layerSize)
+	reg.Reset()
+	reg.Count(true)
+	defer reg.Count(false)
+	res := scenarioResult{}
 	for _, ref := range refs {
-		repo, _ := strings.CutSuffix(strings.TrimPrefix(ref, host+"/"), ":v1")
+		repo, _ := strings.CutSuffix(strings.TrimPrefix(ref, reg.Host+"/"), ":v1")
 		res.images = append(res.images, repo)
 	}
 	ctx, cancel := context.WithTimeout(ctx, scenarioTimeout)
@@ -238,7 +77,7 @@ func runScenario(ctx context.Context, tb testing.TB, n *node, reg *countingRegis
 	}
 	// The critical pod comes last, once the three slots are busy and everything else queued.
 	waitFor(ctx, tb, "3 images in flight and the rest queued in podgate", func() bool {
-		active, _ := reg.activeImages()
+		active := reg.Stats().ActiveImages()
 		m, err := n.podgate.Metrics(ctx)
 		return err == nil && active == scenarioCap &&
 			metricValue(m, "podgate_image_pull_queue_length") == float64(len(ordinary)-scenarioCap) &&
@@ -247,11 +86,8 @@ func runScenario(ctx context.Context, tb testing.TB, n *node, reg *countingRegis
 	pull(refs[scenarioImages-1], sandbox("kube-system", "critical", map[string]string{"podgate.dev/priority-class": "system-node-critical"}))
 	wg.Wait()
 	res.makespan = time.Since(start)
-	var total int64
-	reg.mu.Lock()
-	total = reg.bytes
-	reg.mu.Unlock()
-	res.ideal = time.Duration(float64(total) / float64(bandwidth*scenarioCap) * float64(time.Second))
+	res.reg = reg.Stats()
+	res.ideal = time.Duration(float64(res.reg.Bytes) / float64(bandwidth*scenarioCap) * float64(time.Second))
 	return res
 }
 
@@ -287,25 +123,23 @@ func metricValue(page, metric string) float64 {
 // fetched once, and the critical pod's pull, submitted last, starts at the next free slot.
 func TestImagePullGovernor(t *testing.T) {
 	n := startNode(t, "--config", writeConfig(t, fmt.Sprintf("imagePulls:\n  maxParallel: %d\n", scenarioCap)))
-	reg := newCountingRegistry(bandwidth)
-	host := serveRegistry(t, reg)
-	res := runScenario(t.Context(), t, n, reg, host, "e2e")
+	reg := registry.New(bandwidth)
+	host := reg.Serve(t)
+	res := runScenario(t.Context(), t, n, reg, "e2e")
 	for _, err := range res.errs {
 		t.Error(err)
 	}
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	if reg.maxImages > scenarioCap {
-		t.Errorf("registry served %d images at once, maxParallel %d", reg.maxImages, scenarioCap)
+	if reg := res.reg; reg.MaxImages > scenarioCap {
+		t.Errorf("registry served %d images at once, maxParallel %d", reg.MaxImages, scenarioCap)
 	}
-	for key, gets := range reg.blobGets {
+	for key, gets := range res.reg.BlobGets {
 		if gets != 1 {
 			t.Errorf("blob %s fetched %d times, want once", key, gets)
 		}
 	}
 	for _, repo := range res.dups {
 		blobs := 0
-		for key := range reg.blobGets {
+		for key := range res.reg.BlobGets {
 			if strings.HasPrefix(key, repo+"@") {
 				blobs++
 			}
@@ -315,8 +149,9 @@ func TestImagePullGovernor(t *testing.T) {
 		}
 	}
 	critical := res.images[len(res.images)-1]
-	if len(reg.started) != scenarioImages {
-		t.Fatalf("registry saw %d images, want %d: %v", len(reg.started), scenarioImages, reg.started)
+	started := res.reg.Started
+	if len(started) != scenarioImages {
+		t.Fatalf("registry saw %d images, want %d: %v", len(started), scenarioImages, started)
 	}
 	// 3 were running when it came; it must be the next to start. podgate's log has the
 	// governor's start order; at the registry, the three first pulls end together, so the next
@@ -324,12 +159,12 @@ func TestImagePullGovernor(t *testing.T) {
 	if got := startOrder(n.podgate.Log.String()); len(got) <= scenarioCap || got[scenarioCap] != host+"/"+critical+":v1" {
 		t.Errorf("podgate started pulls in order %v: the critical pod's %s should be 4th, right after the 3 running", got, critical)
 	}
-	if !slices.Contains(reg.started[scenarioCap:2*scenarioCap], critical) {
-		t.Errorf("registry saw images start in order %v: the critical pod's %s should start with the next free slots", reg.started, critical)
+	if !slices.Contains(started[scenarioCap:2*scenarioCap], critical) {
+		t.Errorf("registry saw images start in order %v: the critical pod's %s should start with the next free slots", started, critical)
 	}
 	t.Logf("makespan %s, ideal %s (%.1f%% over); registry served at most %d images at once",
 		res.makespan.Round(time.Millisecond), res.ideal.Round(time.Millisecond),
-		100*(res.makespan.Seconds()/res.ideal.Seconds()-1), reg.maxImages)
+		100*(res.makespan.Seconds()/res.ideal.Seconds()-1), res.reg.MaxImages)
 	m, err := n.podgate.Metrics(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -368,8 +203,8 @@ func grepLines(s, sub string) string {
 // with -benchtime 1x (one run takes ~10s); each iteration pulls fresh images.
 func BenchmarkImagePullMakespan(b *testing.B) {
 	n := startNode(b, "--config", writeConfig(b, fmt.Sprintf("imagePulls:\n  maxParallel: %d\n", scenarioCap)))
-	reg := newCountingRegistry(bandwidth)
-	host := serveRegistry(b, reg)
+	reg := registry.New(bandwidth)
+	reg.Serve(b)
 	var makespan, ideal time.Duration
 	i := 0
 	for b.Loop() {
@@ -377,7 +212,7 @@ func BenchmarkImagePullMakespan(b *testing.B) {
 		prefix := fmt.Sprintf("bench%d", i)
 		i++
 		b.StartTimer()
-		res := runScenario(b.Context(), b, n, reg, host, prefix)
+		res := runScenario(b.Context(), b, n, reg, prefix)
 		for _, err := range res.errs {
 			b.Error(err)
 		}
