@@ -3,7 +3,8 @@
 #   make demo    a real containerd with podgate in front, a pod started through it (root)
 #   make test    lint + all tests with -race; the end-to-end tests run when root
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
-#   make soak    SOAK_N (1000) pod lifecycles through podgate; flat RSS/goroutines/fds, no leftovers (root)
+#   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
+#                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
 #   make verify-generate  generate, then fail if the committed generated code differs
 #   make install    the binary, the systemd unit, a commented default config (kept if present) and
@@ -46,8 +47,9 @@ demo: rig
 	$(GO) run ./test/demo
 
 SOAK_N ?= 1000
+SOAK_MODE ?= auto
 soak: rig
-	$(GO) run ./test/soak -n $(SOAK_N) -out _output/soak
+	$(GO) run ./test/soak -n $(SOAK_N) -mode $(SOAK_MODE) -out _output/soak
 
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
 # otherwise they skip with a message saying so. verify-generate checks the committed generated

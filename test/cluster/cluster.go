@@ -246,7 +246,7 @@ func (c *Cluster) stop(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := removeLogLinks(c.podLogsDir()); err != nil {
+	if err := removeLogLinks(c.PodLogsDir()); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -311,8 +311,8 @@ func (c *Cluster) NodeName() string { return c.nodeName }
 // Dir is the directory that holds everything of the cluster.
 func (c *Cluster) Dir() string { return c.dir }
 
-// podLogsDir is the kubelet's podLogsDir, where containerd writes the containers' logs.
-func (c *Cluster) podLogsDir() string { return filepath.Join(c.dir, "pod-logs") }
+// PodLogsDir is the kubelet's podLogsDir, where containerd writes the containers' logs.
+func (c *Cluster) PodLogsDir() string { return filepath.Join(c.dir, "pod-logs") }
 
 // KubeletRootDir is the kubelet's --root-dir, private to this cluster.
 func (c *Cluster) KubeletRootDir() string { return filepath.Join(c.dir, "kubelet") }

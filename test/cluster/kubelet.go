@@ -53,7 +53,7 @@ func (c *Cluster) kubeletConfig(ports []int) map[string]any {
 		// Pods get this resolv.conf (no clusterDNS): a nameserver on their own loopback, so a
 		// name lookup in a test pod never leaves it.
 		"resolvConf":      filepath.Join(c.dir, "resolv.conf"),
-		"podLogsDir":      c.podLogsDir(),
+		"podLogsDir":      c.PodLogsDir(),
 		"volumePluginDir": filepath.Join(c.dir, "volume-plugins"),
 		// Node status is patched only when it changes: checking every second makes the node
 		// Ready about a second after the runtime is, without more API traffic.

@@ -1,13 +1,27 @@
-// Command soak churns pod lifecycles through podgate on the rig's real containerd, as a kubelet
-// would (sandbox, container, exec, logs, stop, remove, with status and list calls between),
-// samples podgate's RSS, goroutines and open fds from its metrics, and at the end checks that
-// nothing is left over: no sandbox or container in containerd, no network namespace, no veth
-// on the rig's bridge, no entry in podgate's registry or its checkpoint. It writes the samples
-// (CSV) and a plot (SVG), prints the figures, and exits 1 when something is left over or the
-// figures do not stay flat (±5 % after warm-up).
+// Command soak churns pod lifecycles through podgate on the rig's real containerd, samples
+// podgate's RSS, goroutines and open fds from its metrics, and at the end checks that nothing is
+// left over: no sandbox or container in containerd, no network namespace, no veth on the rig's
+// bridge, no entry in podgate's registry or its checkpoint. It writes the samples (CSV) and a
+// plot (SVG), prints the figures, and exits 1 when something is left over or the figures do not
+// stay flat (±5 % after warm-up).
+//
+// It runs in one of two modes:
+//
+//   - kubelet: a real cluster (test/cluster: etcd, kube-apiserver and a kubelet 1.36 whose
+//     runtime is podgate) runs the pods. Each lifecycle is a Pod created through the API server,
+//     waited Running, exec'd into and its log read (both through podgate's CRI socket:
+//     ExecSync, and the log file ContainerStatus names), deleted with a 1 s grace period and
+//     waited gone, several at once (-parallel). The kubelet makes every runtime call; its
+//     garbage collection removes the stopped sandboxes once a minute, which the leftover check
+//     waits for (bounded).
+//   - cri: a CRI client makes the kubelet's calls itself, one lifecycle after the other
+//     (sandbox, status, container, start, exec, list, status, logs, stop, remove, list).
+//
+// -mode auto (the default) picks kubelet when the cluster's binaries are installed
+// (cluster.CheckInstalled), cri otherwise.
 //
 //	make soak                       # 1,000 lifecycles (root)
-//	go run ./test/soak -n 200 -out /tmp/soak
+//	go run ./test/soak -n 200 -mode cri -out /tmp/soak
 package main
 
 import (
@@ -17,32 +31,39 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
-	"github.com/podgate/podgate/test/rig"
 )
 
 // sample is podgate's footprint after some lifecycles.
 type sample struct {
 	lifecycles          int
+	elapsed             time.Duration
 	rssMiB              float64
 	goroutines, openFDs float64
 }
 
+// config is what the command line asks for.
+type config struct {
+	n, parallel int
+	mode, out   string
+}
+
 func main() {
-	n := flag.Int("n", 1000, "pod lifecycles")
-	out := flag.String("out", "_output/soak", "directory for samples.csv and soak.svg")
+	var cfg config
+	flag.IntVar(&cfg.n, "n", 1000, "pod lifecycles")
+	flag.StringVar(&cfg.mode, "mode", "auto", "kubelet (pods through a real kubelet), cri (a CRI client's calls), or auto (kubelet when the cluster is installed)")
+	flag.IntVar(&cfg.parallel, "parallel", 8, "pods in flight at once (kubelet mode)")
+	flag.StringVar(&cfg.out, "out", "_output/soak", "directory for samples.csv and soak.svg")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, *n, *out)
+	err := run(ctx, cfg)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
@@ -50,122 +71,105 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, n int, out string) (err error) {
-	r, err := rig.Up(ctx, "")
-	if err != nil {
-		return err
+func run(ctx context.Context, cfg config) error {
+	if cfg.n < 1 || cfg.parallel < 1 {
+		return errors.New("-n and -parallel must be at least 1")
 	}
-	defer func() { err = errors.Join(err, r.Down(context.WithoutCancel(ctx))) }()
-	work, err := os.MkdirTemp("/tmp", "pgs")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(work)
-	bin, err := harness.Build(ctx, work)
-	if err != nil {
-		return err
-	}
-	pg, err := harness.Start(ctx, bin, harness.Options{Dir: work, RuntimeEndpoint: r.Endpoint})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		_, serr := pg.Stop(30 * time.Second)
-		err = errors.Join(err, serr)
-	}()
-	c, err := rig.Dial(ctx, pg.Endpoint)
-	if err != nil {
-		return err
-	}
-	every := max(1, n/50)
-	var samples []sample
-	start := time.Now()
-	for i := range n {
-		if err := lifecycle(ctx, c, r, i); err != nil {
-			return fmt.Errorf("lifecycle %d: %w", i, err)
+	switch cfg.mode {
+	case "auto":
+		cfg.mode = "kubelet"
+		if err := cluster.CheckInstalled(); err != nil {
+			cfg.mode = "cri"
+			fmt.Printf("mode cri: no kubelet on this rig (%v)\n", err)
 		}
-		if (i+1)%every == 0 || i == 0 {
-			s, err := measure(ctx, pg, i+1)
-			if err != nil {
-				return err
-			}
-			samples = append(samples, s)
-			fmt.Printf("%5d lifecycles  rss %.1f MiB  goroutines %.0f  fds %.0f  (%s)\n", s.lifecycles, s.rssMiB, s.goroutines, s.openFDs, time.Since(start).Round(time.Second))
+	case "kubelet":
+		if err := cluster.CheckInstalled(); err != nil {
+			return err
 		}
+	case "cri":
+	default:
+		return fmt.Errorf("-mode %q: want kubelet, cri or auto", cfg.mode)
 	}
-	left, err := leftovers(ctx, pg, r, work)
+	var (
+		res result
+		err error
+	)
+	if cfg.mode == "kubelet" {
+		fmt.Printf("mode kubelet: %d pods through kube-apiserver and a kubelet (test/cluster), %d in flight\n", cfg.n, cfg.parallel)
+		res, err = runKubelet(ctx, cfg)
+	} else {
+		fmt.Printf("mode cri: %d lifecycles through a CRI client at kubelet-like calls\n", cfg.n)
+		res, err = runCRI(ctx, cfg)
+	}
 	if err != nil {
 		return err
 	}
-	if err := write(out, samples); err != nil {
+	if err := write(cfg.out, cfg.mode, res.samples); err != nil {
 		return err
 	}
-	return report(samples, left, time.Since(start))
+	return report(cfg.mode, res)
 }
 
-// lifecycle is one pod's life as the kubelet drives it, with its status and list calls.
-func lifecycle(ctx context.Context, c *rig.Client, r *rig.Rig, i int) error {
-	name := fmt.Sprintf("soak-%d", i)
-	sb := &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: "soak", Uid: "uid-" + name},
-		LogDirectory: filepath.Join(r.Dir, "pods", name),
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+// result is what a run gives the report.
+type result struct {
+	samples []sample
+	left    []string
+	took    time.Duration
+	// notes are lines of the report particular to the mode (latencies, the end's idle figures).
+	notes []string
+}
+
+// recorder counts finished lifecycles and samples podgate's footprint every so many.
+type recorder struct {
+	pg    *harness.Podgate
+	every int
+	start time.Time
+
+	mu      sync.Mutex
+	done    int
+	samples []sample
+}
+
+func newRecorder(pg *harness.Podgate, n int) *recorder {
+	return &recorder{pg: pg, every: max(1, n/50), start: time.Now()}
+}
+
+// finished counts one finished lifecycle and samples when it is the first or an every-th.
+func (r *recorder) finished(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done++
+	if r.done%r.every != 0 && r.done != 1 {
+		return nil
 	}
-	id, err := c.Runtime.RunPodSandbox(ctx, sb, "")
+	return r.sampleLocked(ctx)
+}
+
+// sample samples now, e.g. before the first lifecycle.
+func (r *recorder) sample(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sampleLocked(ctx)
+}
+
+func (r *recorder) sampleLocked(ctx context.Context) error {
+	s, err := measure(ctx, r.pg)
 	if err != nil {
 		return err
 	}
-	if _, err := c.Runtime.PodSandboxStatus(ctx, id, false); err != nil {
-		return err
-	}
-	ctr, err := c.Runtime.CreateContainer(ctx, id, &runtimeapi.ContainerConfig{
-		Metadata: &runtimeapi.ContainerMetadata{Name: "main"},
-		Image:    &runtimeapi.ImageSpec{Image: rig.BusyboxImage},
-		Command:  []string{"/bin/sh", "-c", "echo started; exec sleep 3600"},
-		LogPath:  "main/0.log",
-		Linux:    &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 64 << 20}},
-	}, sb)
-	if err != nil {
-		return err
-	}
-	if err := c.Runtime.StartContainer(ctx, ctr); err != nil {
-		return err
-	}
-	if _, _, err := c.Runtime.ExecSync(ctx, ctr, []string{"echo", "hi"}, 10*time.Second); err != nil {
-		return err
-	}
-	if _, err := c.Runtime.ListContainers(ctx, &runtimeapi.ContainerFilter{PodSandboxId: id}); err != nil {
-		return err
-	}
-	if _, err := c.Runtime.ContainerStatus(ctx, ctr, false); err != nil {
-		return err
-	}
-	if _, err := os.ReadFile(filepath.Join(sb.LogDirectory, "main", "0.log")); err != nil && !os.IsNotExist(err) {
-		return err // logs: read as the kubelet's log reader would
-	}
-	if err := c.Runtime.StopContainer(ctx, ctr, 0); err != nil {
-		return err
-	}
-	if err := c.Runtime.RemoveContainer(ctx, ctr); err != nil {
-		return err
-	}
-	if err := c.Runtime.StopPodSandbox(ctx, id); err != nil {
-		return err
-	}
-	if err := c.Runtime.RemovePodSandbox(ctx, id); err != nil {
-		return err
-	}
-	_, err = c.Runtime.ListPodSandbox(ctx, nil)
-	return err
+	s.lifecycles, s.elapsed = r.done, time.Since(r.start)
+	r.samples = append(r.samples, s)
+	fmt.Printf("%5d lifecycles  rss %.1f MiB  goroutines %.0f  fds %.0f  (%s)\n", s.lifecycles, s.rssMiB, s.goroutines, s.openFDs, s.elapsed.Round(time.Second))
+	return nil
 }
 
 // measure reads podgate's RSS, goroutines and open fds from its metrics.
-func measure(ctx context.Context, pg *harness.Podgate, lifecycles int) (sample, error) {
+func measure(ctx context.Context, pg *harness.Podgate) (sample, error) {
 	page, err := pg.Metrics(ctx)
 	if err != nil {
 		return sample{}, err
 	}
-	s := sample{lifecycles: lifecycles}
+	var s sample
 	s.rssMiB = metric(page, "process_resident_memory_bytes") / (1 << 20)
 	s.goroutines = metric(page, "go_goroutines")
 	s.openFDs = metric(page, "process_open_fds")
@@ -182,54 +186,25 @@ func metric(page, name string) float64 {
 	return -1
 }
 
-// leftovers lists what the churn left behind.
-func leftovers(ctx context.Context, pg *harness.Podgate, r *rig.Rig, work string) ([]string, error) {
-	var left []string
-	direct, err := rig.Dial(ctx, r.Endpoint)
-	if err != nil {
-		return nil, err
-	}
-	defer direct.Close(ctx)
-	sbs, err := direct.Runtime.ListPodSandbox(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	ctrs, err := direct.Runtime.ListContainers(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	if len(sbs)+len(ctrs) > 0 {
-		left = append(left, fmt.Sprintf("containerd holds %d sandboxes, %d containers", len(sbs), len(ctrs)))
-	}
-	netns, _ := filepath.Glob(filepath.Join(r.Dir, "state", "io.containerd.grpc.v1.cri", "netns", "*"))
-	if len(netns) > 0 {
-		left = append(left, fmt.Sprintf("%d network namespaces", len(netns)))
-	}
-	veths, _ := filepath.Glob(filepath.Join("/sys/class/net", r.Bridge, "brif", "*"))
-	if len(veths) > 0 {
-		left = append(left, fmt.Sprintf("%d interfaces on bridge %s", len(veths), r.Bridge))
-	}
-	// The registry forgets a sandbox on RemovePodSandbox; its checkpoint follows in the
-	// background, within moments.
-	deadline := time.Now().Add(10 * time.Second)
+// poll calls cond until it is true, ctx ends or timeout passes; it returns the last error
+// with the timeout.
+func poll(ctx context.Context, timeout, every time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
 	for {
-		page, err := pg.Metrics(ctx)
-		if err != nil {
-			return nil, err
-		}
-		recs, err := agent.NewCheckpoint(filepath.Join(work, "state")).Read()
-		if err != nil {
-			return nil, err
-		}
-		inRegistry := metric(page, "podgate_registry_sandboxes")
-		if inRegistry == 0 && len(recs) == 0 {
-			break
+		ok, err := cond()
+		if ok {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			left = append(left, fmt.Sprintf("podgate's registry holds %.0f sandboxes, its checkpoint %d", inRegistry, len(recs)))
-			break
+			if err != nil {
+				return fmt.Errorf("timed out after %s (last error: %w)", timeout, err)
+			}
+			return fmt.Errorf("timed out after %s", timeout)
 		}
-		time.Sleep(100 * time.Millisecond) // the checkpoint is written in the background
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(every):
+		}
 	}
-	return left, nil
 }
