@@ -47,6 +47,10 @@ type Configuration struct {
 	// MetricsAddress is the host:port of the /metrics, /healthz and /readyz listener; "" or
 	// "0" disables it. Unset means 127.0.0.1:9743.
 	MetricsAddress *string `json:"metricsAddress,omitempty"`
+	// EnableProfilingHandler serves Go's profiles (net/http/pprof) under /debug/pprof/ on
+	// metricsAddress, as the kubelet's enableProfilingHandler does. Off by default: a CPU
+	// profile costs podgate CPU while it runs, and the pages show the process's internals.
+	EnableProfilingHandler bool `json:"enableProfilingHandler,omitempty"`
 	// StateDir holds podgate's on-disk state.
 	StateDir string `json:"stateDir,omitempty"`
 	// ShutdownGracePeriod is how long unary CRI calls in flight may finish after SIGTERM.
@@ -198,6 +202,8 @@ func (c *Configuration) Validate() error {
 	}
 	if c.MetricsEnabled() {
 		field("metricsAddress", validHostPort(*c.MetricsAddress))
+	} else if c.EnableProfilingHandler {
+		field("enableProfilingHandler", errors.New("the profiling pages are served on metricsAddress, which is off"))
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		field("stateDir", fmt.Errorf("%q: want an absolute path", c.StateDir))

@@ -73,6 +73,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"criSocket: /run/x.sock\nimageEndpoint: unix:///run//x.sock", "imageEndpoint: \"unix:///run//x.sock\" is podgate's own"},
 		{"metricsAddress: localhost", "metricsAddress:"},
 		{"metricsAddress: example.com:9743", "metricsAddress:"},
+		{"metricsAddress: \"\"\nenableProfilingHandler: true", "enableProfilingHandler:"},
 		{"stateDir: var/lib/podgate", "stateDir:"},
 		{"shutdownGracePeriod: -1s", "shutdownGracePeriod:"},
 		{"logging: {format: xml}", "logging.format:"},

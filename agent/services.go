@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -97,6 +98,28 @@ func (a *Agent) openHTTP(ctx context.Context, server *cri.Server) (service, erro
 	if err != nil {
 		return service{}, fmt.Errorf("metricsAddress: %w", err)
 	}
+	hs := &http.Server{
+		Handler:           a.httpHandler(server),
+		ReadHeaderTimeout: 5 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	klog.FromContext(ctx).V(1).Info("Serving metrics and health", "address", l.Addr().String(), "profiling", a.cfg.EnableProfilingHandler)
+	return service{
+		name: "metrics",
+		serve: func() error {
+			if err := hs.Serve(l); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("%s: %w", addr, err)
+			}
+			return nil
+		},
+		shutdown: hs.Shutdown,
+		close:    func() { l.Close() },
+	}, nil
+}
+
+// httpHandler serves /metrics, /healthz, /readyz and, with enableProfilingHandler, Go's
+// profiles under /debug/pprof/.
+func (a *Agent) httpHandler(server *cri.Server) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -111,21 +134,14 @@ func (a *Agent) openHTTP(ctx context.Context, server *cri.Server) (service, erro
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	hs := &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 5 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+	if a.cfg.EnableProfilingHandler {
+		// The index serves the named profiles (heap, goroutine, allocs, …) under it; the other
+		// four are their own handlers, as in net/http/pprof's init.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	klog.FromContext(ctx).V(1).Info("Serving metrics and health", "address", l.Addr().String())
-	return service{
-		name: "metrics",
-		serve: func() error {
-			if err := hs.Serve(l); !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("%s: %w", addr, err)
-			}
-			return nil
-		},
-		shutdown: hs.Shutdown,
-		close:    func() { l.Close() },
-	}, nil
+	return mux
 }
