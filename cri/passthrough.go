@@ -137,20 +137,23 @@ func (s *Server) streamError(b *Backend, err error) error {
 
 // outgoing turns the caller's incoming metadata into the backend call's outgoing metadata.
 // HTTP/2 pseudo-headers and the headers grpc sets itself are left out; grpc carries the
-// deadline (grpc-timeout) and cancellation from ctx.
+// deadline (grpc-timeout) and cancellation from ctx. It runs on every forwarded call, and a
+// kubelet's call usually carries nothing else (:authority, content-type, user-agent only):
+// then ctx goes on as it is, without a second map or context value.
 func outgoing(ctx context.Context) context.Context {
-	in, ok := metadata.FromIncomingContext(ctx)
-	if !ok || len(in) == 0 {
+	in, ok := metadata.FromIncomingContext(ctx) // a copy, ours to trim
+	if !ok {
 		return ctx
 	}
-	out := make(metadata.MD, len(in))
-	for k, v := range in {
+	for k := range in {
 		if strings.HasPrefix(k, ":") || reservedHeader[k] {
-			continue
+			delete(in, k)
 		}
-		out[k] = v
 	}
-	return metadata.NewOutgoingContext(ctx, out)
+	if len(in) == 0 {
+		return ctx
+	}
+	return metadata.NewOutgoingContext(ctx, in)
 }
 
 var reservedHeader = map[string]bool{
