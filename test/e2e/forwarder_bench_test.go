@@ -2,14 +2,11 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,29 +17,26 @@ import (
 // BenchmarkForwarderBaseline puts podgate beside the smallest honest gRPC passthrough
 // (test/forwarder: raw bytes, an UnknownServiceHandler, ~100 lines) in front of the same real
 // containerd, each its own process, and compares them in one run: the small call (Version)
-// p50 and p99 through each path, alternating, then 64 concurrent clients' calls per second,
-// then both processes' RSS.
+// p50 and p99 through each path, alternating; ListContainers of 1,000 containers p50,
+// alternating; 64 concurrent clients' Version calls per second, alternating in slices, with
+// each proxy's CPU time per call; both proxies' RSS.
+//
+// With PODGATE_BENCH_PROFILE=DIR (podgate then runs with enableProfilingHandler) it then
+// profiles both proxies at once for 10 s of the alternating 64-client Version load and writes
+// their CPU and allocation profiles to DIR, for `go tool pprof`.
 //
 //	go test -run '^$' -bench ForwarderBaseline -benchtime 3000x -count 3 ./test/e2e
 func BenchmarkForwarderBaseline(b *testing.B) {
-	n := startNode(b)
-	dir := testfs.ShortDir(b)
-	bin := goBuild(b, dir, "github.com/podgate/podgate/test/forwarder", "forwarder")
-	fwdSock := filepath.Join(dir, "fwd.sock")
-	fwd := exec.Command(bin, "-listen", fwdSock, "-backend", strings.TrimPrefix(n.rig.Endpoint, "unix://"))
-	out, err := fwd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
+	profileDir := os.Getenv("PODGATE_BENCH_PROFILE")
+	var args []string
+	if profileDir != "" {
+		args = []string{"--config", writeConfig(b, "enableProfilingHandler: true\n")}
 	}
-	if err := fwd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-		b.Fatalf("forwarder did not start: %q %v", line, err)
-	}
-	clients := map[string]*rig.Client{"direct": n.direct, "forwarder": rig.Connect(b, "unix://"+fwdSock), "podgate": n.through}
+	n := startNode(b, args...)
+	fwd := startForwarder(b, n, profileDir != "")
+	clients := map[string]*rig.Client{"direct": n.direct, "forwarder": rig.Connect(b, fwd.endpoint), "podgate": n.through}
 	paths := []string{"direct", "forwarder", "podgate"}
+	ctrs := createContainers(b, n, listPods, listPerPod)
 
 	lat := map[string][]time.Duration{}
 	for iter := 0; b.Loop(); iter++ {
@@ -63,38 +57,126 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 	}
 	b.ReportMetric(pct(lat["podgate"], 50)-pct(lat["forwarder"], 50), "podgate-vs-forwarder-p50-µs")
 
-	// 64 clients, each on its own connection, for two seconds per path.
+	list := listLatency(b, clients, paths)
 	for _, path := range paths {
-		endpoint := map[string]string{"direct": n.rig.Endpoint, "forwarder": "unix://" + fwdSock, "podgate": n.podgate.Endpoint}[path]
-		b.ReportMetric(throughput(b, endpoint, 64, 2*time.Second), path+"-64c-calls/s")
+		p50 := float64(percentile(list[path], 50)) / float64(time.Millisecond)
+		b.ReportMetric(p50, path+"-list1000-p50-ms")
+		if path != "direct" {
+			b.ReportMetric(p50*float64(time.Millisecond)/float64(percentile(list["direct"], 50)), path+"-list1000-ratio")
+		}
+	}
+
+	// 64 clients per path, each on its own connection, 2 s per path in slices of 0.5 s that
+	// alternate between the paths in a rotated order, so that every path sees the machine's
+	// moments alike; for the two proxies also the CPU time they spent per call.
+	l := newLoad(b, map[string]string{"direct": n.rig.Endpoint, "forwarder": fwd.endpoint, "podgate": n.podgate.Endpoint}, 64)
+	pids := map[string]int{"forwarder": fwd.cmd.Process.Pid, "podgate": n.podgate.PID()}
+	for path, r := range l.run(b, paths, pids, loadSlice, 4) {
+		b.ReportMetric(r.rate(), path+"-64c-calls/s")
+		if _, proxy := pids[path]; proxy {
+			b.ReportMetric(r.cpuPerCall(), path+"-cpu-µs/call")
+		}
 	}
 	b.ReportMetric(rssMiB(b, n.podgate.PID()), "podgate-rss-MiB")
-	b.ReportMetric(rssMiB(b, fwd.Process.Pid), "forwarder-rss-MiB")
+	b.ReportMetric(rssMiB(b, fwd.cmd.Process.Pid), "forwarder-rss-MiB")
+
+	if profileDir != "" {
+		profileUnderLoad(b, profileDir, l, pids, map[string]string{"forwarder": fwd.pprofURL, "podgate": n.podgate.MetricsURL})
+	}
+	b.ReportMetric(ctrs.created.Seconds(), "create1000-s")
+	b.ReportMetric(ctrs.remove(b).Seconds(), "remove1000-s")
 }
 
-// throughput is the Version calls per second that clients concurrent clients get through.
-func throughput(b *testing.B, endpoint string, clients int, d time.Duration) float64 {
+// The 1,000 containers of the list comparison: 10 sandboxes of 100, and the alternated rounds.
+const (
+	listPods   = 10
+	listPerPod = 100
+	listRounds = 100
+)
+
+// listLatency times ListContainers through each path, alternating in a rotated order as the
+// Version loop does, and checks that each answer holds every container.
+func listLatency(b *testing.B, clients map[string]*rig.Client, paths []string) map[string][]time.Duration {
 	b.Helper()
-	conns := make([]*rig.Client, clients)
-	for i := range conns {
-		conns[i] = rig.Connect(b, endpoint)
-	}
-	ctx, cancel := context.WithTimeout(b.Context(), d)
-	defer cancel()
-	var calls atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, c := range conns {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				if _, err := c.Runtime.Version(ctx, "v1"); err == nil {
-					calls.Add(1)
-				}
+	lat := map[string][]time.Duration{}
+	for iter := range listRounds {
+		for k := range paths {
+			path := paths[(iter+k)%len(paths)]
+			start := time.Now()
+			l, err := clients[path].Runtime.ListContainers(b.Context(), nil)
+			lat[path] = append(lat[path], time.Since(start))
+			if err != nil || len(l) != listPods*listPerPod {
+				b.Fatalf("ListContainers through %s: %d containers, %v; want %d", path, len(l), err, listPods*listPerPod)
 			}
-		})
+		}
 	}
-	wg.Wait()
-	return float64(calls.Load()) / time.Since(start).Seconds()
+	return lat
+}
+
+// forwarder is test/forwarder running in front of a node's containerd.
+type forwarder struct {
+	cmd      *exec.Cmd
+	endpoint string
+	// pprofURL is http://host:port of its profiles, when started with them.
+	pprofURL string
+}
+
+// startForwarder builds and starts test/forwarder in front of n's containerd; it stops at the
+// benchmark's end.
+func startForwarder(b *testing.B, n *node, pprof bool) *forwarder {
+	b.Helper()
+	dir := testfs.ShortDir(b)
+	bin := goBuild(b, dir, "github.com/podgate/podgate/test/forwarder", "forwarder")
+	sock := filepath.Join(dir, "fwd.sock")
+	args := []string{"-listen", sock, "-backend", strings.TrimPrefix(n.rig.Endpoint, "unix://")}
+	if pprof {
+		args = append(args, "-pprof", "127.0.0.1:0")
+	}
+	f := &forwarder{cmd: exec.Command(bin, args...), endpoint: "unix://" + sock}
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := f.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.cmd.Process.Kill(); _ = f.cmd.Wait() })
+	r := bufio.NewReader(out)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			b.Fatalf("forwarder did not start: %q %v", line, err)
+		}
+		if addr, ok := strings.CutPrefix(strings.TrimSpace(line), "pprof "); ok {
+			f.pprofURL = "http://" + addr
+			continue
+		}
+		if strings.TrimSpace(line) != "ready" {
+			b.Fatalf("forwarder did not start: %q", line)
+		}
+		return f
+	}
+}
+
+// cpuTime is the user and system CPU time a process has used, all its threads together.
+func cpuTime(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// utime and stime are fields 14 and 15, counted after the command, which is in
+	// parentheses and may hold spaces; /proc counts them in USER_HZ, 100 on Linux.
+	fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	var ticks int64
+	for _, f := range fields[11:13] {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // rssMiB reads a process's resident set size.

@@ -1,9 +1,10 @@
 // Command forwarder is the smallest honest gRPC passthrough: every call on its unix socket goes
 // to the backend's socket as raw bytes (an UnknownServiceHandler with a codec that does not
 // decode), streams included. It is the baseline podgate's own forwarding cost is measured
-// against (BENCHMARKS.md); it is not part of podgate.
+// against (BENCHMARKS.md); it is not part of podgate. With -pprof it also serves Go's profiles
+// (net/http/pprof) on that address, for comparing its profile with podgate's.
 //
-//	forwarder -listen /run/fwd.sock -backend /run/containerd/containerd.sock
+//	forwarder -listen /run/fwd.sock -backend /run/containerd/containerd.sock [-pprof 127.0.0.1:0]
 package main
 
 import (
@@ -13,6 +14,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // the profiles on http.DefaultServeMux, served only with -pprof
 	"os"
 	"os/signal"
 	"syscall"
@@ -43,11 +46,33 @@ var _ encoding.Codec = codec{}
 func main() {
 	listen := flag.String("listen", "", "unix socket to serve on")
 	backend := flag.String("backend", "", "unix socket to forward to")
+	pprofAddr := flag.String("pprof", "", "host:port to serve /debug/pprof/ on (printed as \"pprof ADDRESS\")")
 	flag.Parse()
+	if *pprofAddr != "" {
+		if err := servePprof(*pprofAddr); err != nil {
+			fmt.Fprintln(os.Stderr, "forwarder:", err)
+			os.Exit(1)
+		}
+	}
 	if err := run(*listen, *backend); err != nil {
 		fmt.Fprintln(os.Stderr, "forwarder:", err)
 		os.Exit(1)
 	}
+}
+
+// servePprof serves http.DefaultServeMux, which holds net/http/pprof's pages, on addr until the
+// process ends, and prints the address it listens on.
+func servePprof(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("pprof", l.Addr().String())
+	go func() {
+		err := http.Serve(l, nil) //nolint:gosec // a test program's loopback listener, alive as long as it is
+		fmt.Fprintln(os.Stderr, "forwarder: pprof:", err)
+	}()
+	return nil
 }
 
 func run(listen, backend string) error {
