@@ -88,6 +88,9 @@ func NewPodLookup(client kubernetes.Interface, nodeName string, opts ...PodLooku
 	for _, o := range opts {
 		o(l)
 	}
+	if err := inf.SetTransform(stripManagedFields); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
 	if l.registerer != nil {
 		if err := l.registerer.Register(l.requests); err != nil {
 			return nil, fmt.Errorf("register kube metrics: %w", err)
@@ -114,6 +117,16 @@ func NewPodLookup(client kubernetes.Interface, nodeName string, opts ...PodLooku
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
 	return l, nil
+}
+
+// stripManagedFields drops a pod's managedFields before the informer caches it: server-side
+// apply's field ownership is a few KiB per pod that podgate never reads, held for every pod of
+// the node for as long as it runs.
+func stripManagedFields(obj any) (any, error) {
+	if pod, ok := obj.(*corev1.Pod); ok {
+		pod.ManagedFields = nil
+	}
+	return obj, nil
 }
 
 func podUIDIndex(obj any) ([]string, error) {

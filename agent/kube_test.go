@@ -91,6 +91,43 @@ func TestPodLookupScopedToNode(t *testing.T) {
 	}
 }
 
+// TestPodLookupStripsManagedFields checks that the informer caches pods without their
+// managedFields, listed or watched, and with everything else.
+func TestPodLookupStripsManagedFields(t *testing.T) {
+	withFields := func(uid string) *corev1.Pod {
+		pod := testPod(uid, "system-node-critical")
+		pod.Labels = map[string]string{"app": "web"}
+		pod.ManagedFields = []metav1.ManagedFieldsEntry{{
+			Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
+			FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:app":{}}}}`),
+		}}
+		return pod
+	}
+	client, l, _ := startLookup(t, nil, withFields("1"))
+	if _, err := client.CoreV1().Pods("default").Create(t.Context(), withFields("2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+		_, ok := l.Get("uid-2")
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("watched pod not in the cache: %v", err)
+	}
+	for _, uid := range []types.UID{"uid-1", "uid-2"} {
+		pod, ok := l.Get(uid)
+		if !ok {
+			t.Fatalf("Get(%s): not found", uid)
+		}
+		if pod.ManagedFields != nil {
+			t.Errorf("cached pod %s keeps managedFields %v", uid, pod.ManagedFields)
+		}
+		if pod.Labels["app"] != "web" || pod.Spec.PriorityClassName != "system-node-critical" {
+			t.Errorf("cached pod %s lost more than managedFields: labels %v, priority class %q", uid, pod.Labels, pod.Spec.PriorityClassName)
+		}
+	}
+}
+
 // TestPodDeletionCancelsWaitingPull drives the real informer with the fake clientset: a pull
 // queued for a pod leaves the queue, Aborted and without reaching the backend, when the pod is
 // deleted or marked for deletion.
