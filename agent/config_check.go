@@ -8,7 +8,6 @@ import (
 	"os/user"
 	"strconv"
 
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -75,7 +74,7 @@ func checkKubeconfig(path string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
-	if _, err := kubernetes.NewForConfig(cfg); err != nil {
+	if _, err := newKubeClientForConfig(cfg); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

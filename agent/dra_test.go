@@ -26,6 +26,7 @@ import (
 
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/dratest"
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 const testDriver = "net.example.com"
@@ -91,7 +92,7 @@ func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) 
 				}
 			}
 			dr.driver = dratest.Start(t, regDir, plugDir, testDriver)
-			pods, err := NewPodLookup(dr.kube, "node-a")
+			pods, err := NewPodLookup(kubefake.Wrap(dr.kube), "node-a")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +114,7 @@ func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) 
 				case <-time.After(time.Millisecond):
 				}
 			}
-			dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(dr.kube, nil), r.registry, r.runtimeClient, r.metrics)
+			dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil), r.registry, r.runtimeClient, r.metrics)
 			return dr.dra
 		},
 	})

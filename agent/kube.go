@@ -12,11 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 )
 
@@ -29,7 +28,7 @@ const uidIndex = "uid"
 // informer has not delivered it yet (GetOrFetch). It keeps the client for features that need
 // other API objects.
 type PodLookup struct {
-	client       kubernetes.Interface
+	client       KubeAPI
 	node         string
 	informer     cache.SharedIndexInformer
 	fetchTimeout time.Duration
@@ -61,22 +60,23 @@ func WithPodFetchTimeout(d time.Duration) PodLookupOption {
 	}
 }
 
-// NewKubeClient builds a Kubernetes client from a kubeconfig file.
-func NewKubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-	}
-	cfg.UserAgent = "podgate"
-	return kubernetes.NewForConfig(cfg)
-}
-
 // NewPodLookup creates the lookup of the pods bound to nodeName. Start it with Run.
-func NewPodLookup(client kubernetes.Interface, nodeName string, opts ...PodLookupOption) (*PodLookup, error) {
+func NewPodLookup(client KubeAPI, nodeName string, opts ...PodLookupOption) (*PodLookup, error) {
 	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-	inf := coreinformers.NewFilteredPodInformer(client, metav1.NamespaceAll, 0,
-		cache.Indexers{uidIndex: podUIDIndex},
-		func(o *metav1.ListOptions) { o.FieldSelector = selector })
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return client.ListPods(ctx, metav1.NamespaceAll, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return client.WatchPods(ctx, metav1.NamespaceAll, o)
+		},
+	}
+	// A client that cannot stream the initial list as watch events (a fake) says so, as
+	// client-go's generated informers let it.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0,
+		cache.Indexers{uidIndex: podUIDIndex})
 	l := &PodLookup{
 		client:       client,
 		node:         nodeName,
@@ -145,7 +145,7 @@ func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }
 
 // Client returns the Kubernetes client the informer lists with, for features that need other
 // API objects, e.g. the ResourceClaims of a pod. Its requests are the caller's to bound in time.
-func (l *PodLookup) Client() kubernetes.Interface { return l.client }
+func (l *PodLookup) Client() KubeAPI { return l.client }
 
 // NodeName returns the name of the node whose pods the lookup holds.
 func (l *PodLookup) NodeName() string { return l.node }

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
@@ -132,7 +131,7 @@ func (l *PodLookup) fetchCallers(key podFetchKey) int {
 func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	ctx, cancel := context.WithTimeout(ctx, l.fetchTimeout)
 	defer cancel()
-	pod, err := l.client.CoreV1().Pods(key.namespace).Get(ctx, key.name, metav1.GetOptions{})
+	pod, err := l.client.GetPod(ctx, key.namespace, key.name)
 	l.requests.WithLabelValues("get", "pods", requestCode(err)).Inc()
 	if err != nil && ctx.Err() != nil {
 		err = l.noAnswer(key)

@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 // kubeTimeout bounds each wait for the informer; reaching it fails the test.
@@ -39,7 +40,7 @@ func startLookup(t *testing.T, opts []PodLookupOption, pods ...runtime.Object) (
 		selectors <- a.(k8stesting.ListAction).GetListRestrictions().Fields.String()
 		return false, nil, nil
 	})
-	l, err := NewPodLookup(client, "node-a", opts...)
+	l, err := NewPodLookup(kubefake.Wrap(client), "node-a", opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,8 +61,8 @@ func TestPodLookupScopedToNode(t *testing.T) {
 	if sel := <-selectors; sel != "spec.nodeName=node-a" {
 		t.Errorf("informer listed pods with field selector %q, want spec.nodeName=node-a", sel)
 	}
-	if l.NodeName() != "node-a" || l.Client() != client {
-		t.Errorf("NodeName = %q, Client is the lookup's clientset: %v; want node-a, true", l.NodeName(), l.Client() == client)
+	if l.NodeName() != "node-a" || l.Client() != kubefake.Wrap(client) {
+		t.Errorf("NodeName = %q, Client is the lookup's clientset: %v; want node-a, true", l.NodeName(), l.Client() == kubefake.Wrap(client))
 	}
 	pod, ok := l.Get("uid-1")
 	if !ok || pod.Name != "pod-1" {

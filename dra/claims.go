@@ -11,9 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 )
 
 // claimFetchTimeout bounds the GET of one ResourceClaim. RunPodSandbox waits on it; a healthy
@@ -50,7 +48,7 @@ func (c PodClaim) Drivers() []string {
 // read again (a pod's sandbox re-created by the kubelet): while a claim is reserved for a pod
 // its allocation cannot change.
 type ClaimResolver struct {
-	client kubernetes.Interface
+	client ResourceClaimGetter
 	// serves reports whether podgate prepares devices of a driver; nil: every driver.
 	serves func(driver string) bool
 
@@ -60,7 +58,7 @@ type ClaimResolver struct {
 
 // NewClaimResolver creates a resolver that reads claims with client. drivers limits the devices
 // it returns to those drivers; empty means every driver.
-func NewClaimResolver(client kubernetes.Interface, drivers []string) *ClaimResolver {
+func NewClaimResolver(client ResourceClaimGetter, drivers []string) *ClaimResolver {
 	r := &ClaimResolver{client: client, cache: map[types.NamespacedName]*resourceapi.ResourceClaim{}}
 	if len(drivers) > 0 {
 		allowed := slices.Clone(drivers)
@@ -151,7 +149,7 @@ func (r *ClaimResolver) fetch(ctx context.Context, pod *corev1.Pod, name string)
 	}
 	ctx, cancel := context.WithTimeout(ctx, claimFetchTimeout)
 	defer cancel()
-	claim, err := r.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+	claim, err := r.client.GetResourceClaim(ctx, pod.Namespace, name)
 	where := fmt.Sprintf("pod %s/%s claim %s/%s", pod.Namespace, pod.Name, pod.Namespace, name)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -184,7 +182,7 @@ func (r *ClaimResolver) Claim(ctx context.Context, namespace, name string) (*res
 	}
 	ctx, cancel := context.WithTimeout(ctx, claimFetchTimeout)
 	defer cancel()
-	claim, err := r.client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+	claim, err := r.client.GetResourceClaim(ctx, namespace, name)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("claim %s/%s: not found", namespace, name))

@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 func claimPod(refs ...corev1.PodResourceClaim) *corev1.Pod {
@@ -118,7 +120,7 @@ func TestPodClaims(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset(tc.claims...)
 			gets := countGets(client)
-			r := NewClaimResolver(client, tc.drivers)
+			r := NewClaimResolver(kubefake.Wrap(client), tc.drivers)
 			got, err := r.PodClaims(t.Context(), tc.pod)
 			if gets.Load() != tc.gets {
 				t.Errorf("%d GETs, want %d", gets.Load(), tc.gets)
@@ -146,7 +148,7 @@ func TestPodClaims(t *testing.T) {
 func TestPodClaimsReadOncePerPod(t *testing.T) {
 	client := fake.NewClientset(allocatedClaim("shared-net", []string{"net.example"}, "pod-uid", "pod-2"))
 	gets := countGets(client)
-	r := NewClaimResolver(client, nil)
+	r := NewClaimResolver(kubefake.Wrap(client), nil)
 	pod := claimPod(corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")})
 	for range 3 { // the kubelet re-creates a sandbox: the claim is not read again
 		if _, err := r.PodClaims(t.Context(), pod); err != nil {
@@ -178,7 +180,7 @@ func TestPodClaimsAPIDown(t *testing.T) {
 	client.PrependReactor("get", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	r := NewClaimResolver(client, nil)
+	r := NewClaimResolver(kubefake.Wrap(client), nil)
 	_, err := r.PodClaims(t.Context(), claimPod(corev1.PodResourceClaim{Name: "net", ResourceClaimName: ptr.To("shared-net")}))
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "ns/shared-net") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("PodClaims: %v, want Unavailable naming the claim and the cause", err)

@@ -11,7 +11,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 )
 
@@ -41,7 +40,7 @@ const hostInterfaceCacheTTL = 30 * time.Second
 // A device that is not in the slices, or lacks a string attribute, is an error of class
 // errdefs.ErrFailedPrecondition naming driver, pool, device and attribute; an API server that
 // does not answer or refuses is errdefs.ErrUnavailable.
-func HostInterfaceName(ctx context.Context, client kubernetes.Interface, nodeName, driver, pool, device, attribute string) (string, error) {
+func HostInterfaceName(ctx context.Context, client ResourceSliceLister, nodeName, driver, pool, device, attribute string) (string, error) {
 	if attribute == "" {
 		attribute = DefaultInterfaceNameAttribute
 	}
@@ -59,14 +58,14 @@ type poolDevice struct{ pool, device string }
 // generation of each pool. The API server filters by node and driver (selectable fields of
 // ResourceSlices since they exist; spec.pool.name only from Kubernetes 1.37, so the pool is
 // filtered here); the filter is repeated here for fakes and older servers.
-func listSliceDevices(ctx context.Context, client kubernetes.Interface, nodeName, driver string) (map[poolDevice]resourceapi.Device, error) {
+func listSliceDevices(ctx context.Context, client ResourceSliceLister, nodeName, driver string) (map[poolDevice]resourceapi.Device, error) {
 	listCtx, cancel := context.WithTimeout(ctx, sliceListTimeout)
 	defer cancel()
 	selector := fields.AndSelectors(
 		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName),
 		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver),
 	)
-	list, err := client.ResourceV1().ResourceSlices().List(listCtx, metav1.ListOptions{FieldSelector: selector.String()})
+	list, err := client.ListResourceSlices(listCtx, metav1.ListOptions{FieldSelector: selector.String()})
 	if err != nil {
 		where := fmt.Sprintf("list ResourceSlices of DRA driver %s on node %s", driver, nodeName)
 		if ctx.Err() != nil {
@@ -132,7 +131,7 @@ func lookupAttribute(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttri
 // pod, or of pods started together. A device the remembered slices do not have, or have
 // without the attribute, is looked up again at once. It is safe for concurrent use.
 type HostInterfaces struct {
-	client    kubernetes.Interface
+	client    ResourceSliceLister
 	nodeName  string
 	attribute string
 	ttl       time.Duration
@@ -150,7 +149,7 @@ type sliceDevices struct {
 
 // NewHostInterfaces creates a lookup of host interface names of nodeName's devices, read with
 // client from the device attribute named attribute ("" is [DefaultInterfaceNameAttribute]).
-func NewHostInterfaces(client kubernetes.Interface, nodeName, attribute string) *HostInterfaces {
+func NewHostInterfaces(client ResourceSliceLister, nodeName, attribute string) *HostInterfaces {
 	if attribute == "" {
 		attribute = DefaultInterfaceNameAttribute
 	}

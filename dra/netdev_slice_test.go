@@ -13,6 +13,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 // netSlice is a ResourceSlice of driver on node, of pool at generation, with devices whose
@@ -73,7 +75,7 @@ func TestHostInterfaceName(t *testing.T) {
 			if attribute == "" && tc.name != "default attribute" {
 				attribute = DefaultInterfaceNameAttribute
 			}
-			got, err := HostInterfaceName(t.Context(), client, "node-a", tc.driver, tc.pool, tc.device, attribute)
+			got, err := HostInterfaceName(t.Context(), kubefake.Wrap(client), "node-a", tc.driver, tc.pool, tc.device, attribute)
 			if tc.wantErr != "" {
 				if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("HostInterfaceName: %v; want a failed precondition containing %q", err, tc.wantErr)
@@ -96,7 +98,7 @@ func TestHostInterfaceNameAPIDown(t *testing.T) {
 	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused")
 	})
-	_, err := HostInterfaceName(t.Context(), client, "node-a", netDriver, "node-a", "nic0", "")
+	_, err := HostInterfaceName(t.Context(), kubefake.Wrap(client), "node-a", netDriver, "node-a", "nic0", "")
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("HostInterfaceName: %v; want unavailable with the cause", err)
 	}
@@ -110,7 +112,7 @@ func TestHostInterfacesCache(t *testing.T) {
 		return false, nil, nil
 	})
 	now := time.Unix(1000, 0)
-	h := NewHostInterfaces(client, "node-a", "")
+	h := NewHostInterfaces(kubefake.Wrap(client), "node-a", "")
 	h.now = func() time.Time { return now }
 	lookup := func(device, want string, wantLists int) {
 		t.Helper()
@@ -163,7 +165,7 @@ func TestHostInterfacesDescribe(t *testing.T) {
 		lists++
 		return false, nil, nil
 	})
-	h := NewHostInterfaces(client, "node-a", "")
+	h := NewHostInterfaces(kubefake.Wrap(client), "node-a", "")
 	for i, tt := range []struct {
 		device    string
 		wantName  string

@@ -10,9 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
@@ -55,7 +53,7 @@ type DeviceNetwork struct {
 // Errors are classified: the claim missing, replaced (another UID) or not allocated with the
 // devices is errdefs.ErrFailedPrecondition; an API server that does not answer or refuses is
 // errdefs.ErrUnavailable.
-func PublishNetworkData(ctx context.Context, client kubernetes.Interface, claim types.NamespacedName, claimUID types.UID, devices []DeviceNetwork) error {
+func PublishNetworkData(ctx context.Context, client ResourceClaimStatusClient, claim types.NamespacedName, claimUID types.UID, devices []DeviceNetwork) error {
 	err := updateDeviceStatus(ctx, client, claim, claimUID, "publish network data", errdefs.ErrFailedPrecondition, func(c *resourceapi.ResourceClaim) (bool, error) {
 		return setNetworkData(c, devices)
 	})
@@ -70,7 +68,7 @@ func PublishNetworkData(ctx context.Context, client kubernetes.Interface, claim 
 // Only the driver, pool, device and share of each DeviceNetwork matter. A claim that is gone
 // or was replaced has nothing to clear: that is success. Errors are classified as for
 // [PublishNetworkData].
-func ClearNetworkData(ctx context.Context, client kubernetes.Interface, claim types.NamespacedName, claimUID types.UID, devices []DeviceNetwork) error {
+func ClearNetworkData(ctx context.Context, client ResourceClaimStatusClient, claim types.NamespacedName, claimUID types.UID, devices []DeviceNetwork) error {
 	err := updateDeviceStatus(ctx, client, claim, claimUID, "clear network data", errdefs.ErrNotFound, func(c *resourceapi.ResourceClaim) (bool, error) {
 		return clearNetworkData(c, devices), nil
 	})
@@ -84,15 +82,14 @@ func ClearNetworkData(ctx context.Context, client kubernetes.Interface, claim ty
 // updateDeviceStatus reads the claim, lets change modify it and, when it did, updates the
 // claim's status; on a conflict it starts again from a fresh read. A claim that is missing or
 // has another UID is an error of class gone: each caller says what that means to it.
-func updateDeviceStatus(ctx context.Context, client kubernetes.Interface, key types.NamespacedName, uid types.UID, op string,
+func updateDeviceStatus(ctx context.Context, client ResourceClaimStatusClient, key types.NamespacedName, uid types.UID, op string,
 	gone interface{ WithMessage(string) error }, change func(*resourceapi.ResourceClaim) (bool, error),
 ) error {
-	claims := client.ResourceV1().ResourceClaims(key.Namespace)
 	where := fmt.Sprintf("%s of claim %s/%s", op, key.Namespace, key.Name)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		getCtx, cancel := context.WithTimeout(ctx, claimStatusCallTimeout)
 		defer cancel()
-		claim, err := claims.Get(getCtx, key.Name, metav1.GetOptions{})
+		claim, err := client.GetResourceClaim(getCtx, key.Namespace, key.Name)
 		switch {
 		case apierrors.IsNotFound(err):
 			return gone.WithMessage(where + ": claim not found")
@@ -107,7 +104,7 @@ func updateDeviceStatus(ctx context.Context, client kubernetes.Interface, key ty
 		}
 		updCtx, cancel := context.WithTimeout(ctx, claimStatusCallTimeout)
 		defer cancel()
-		_, err = claims.UpdateStatus(updCtx, claim, metav1.UpdateOptions{})
+		_, err = client.UpdateResourceClaimStatus(updCtx, claim)
 		if err != nil && !apierrors.IsConflict(err) {
 			return claimStatusAPIError(ctx, where, err)
 		}

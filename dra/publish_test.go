@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 var netClaimKey = types.NamespacedName{Namespace: "ns", Name: "nic"}
@@ -81,7 +83,7 @@ func countUpdates(client *fake.Clientset) *int {
 func TestPublishNetworkData(t *testing.T) {
 	client := fake.NewClientset(netClaim())
 	updates := countUpdates(client)
-	if err := PublishNetworkData(t.Context(), client, netClaimKey, "claim-uid", []DeviceNetwork{nic0Net, nic1Net}); err != nil {
+	if err := PublishNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{nic0Net, nic1Net}); err != nil {
 		t.Fatalf("PublishNetworkData: %v", err)
 	}
 	want := netClaim().Status.Devices
@@ -92,17 +94,17 @@ func TestPublishNetworkData(t *testing.T) {
 	}
 
 	// The same data again: nothing to update.
-	if err := PublishNetworkData(t.Context(), client, netClaimKey, "claim-uid", []DeviceNetwork{nic0Net, nic1Net}); err != nil || *updates != 1 {
+	if err := PublishNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{nic0Net, nic1Net}); err != nil || *updates != 1 {
 		t.Errorf("PublishNetworkData again: %v after %d updates, want nil after 1", err, *updates)
 	}
 
-	if err := ClearNetworkData(t.Context(), client, netClaimKey, "claim-uid", []DeviceNetwork{{Driver: netDriver, Pool: "node-a", Device: "nic0"}, nic1Net}); err != nil {
+	if err := ClearNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{{Driver: netDriver, Pool: "node-a", Device: "nic0"}, nic1Net}); err != nil {
 		t.Fatalf("ClearNetworkData: %v", err)
 	}
 	if got, want := claimStatusDevices(t, client), netClaim().Status.Devices; !reflect.DeepEqual(got, want) {
 		t.Errorf("status.devices after ClearNetworkData = %+v, want the driver's %+v", got, want)
 	}
-	if err := ClearNetworkData(t.Context(), client, netClaimKey, "claim-uid", []DeviceNetwork{nic0Net}); err != nil || *updates != 2 {
+	if err := ClearNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{nic0Net}); err != nil || *updates != 2 {
 		t.Errorf("ClearNetworkData again: %v after %d updates, want nil after 2", err, *updates)
 	}
 }
@@ -129,7 +131,7 @@ func TestPublishNetworkDataConflict(t *testing.T) {
 		}
 		return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "nic", errors.New("the object has been modified"))
 	})
-	if err := PublishNetworkData(t.Context(), client, netClaimKey, "claim-uid", []DeviceNetwork{nic1Net}); err != nil {
+	if err := PublishNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{nic1Net}); err != nil {
 		t.Fatalf("PublishNetworkData: %v", err)
 	}
 	got := claimStatusDevices(t, client)
@@ -185,11 +187,11 @@ func TestPublishNetworkDataErrors(t *testing.T) {
 			if tc.setup != nil {
 				tc.setup(client)
 			}
-			err := PublishNetworkData(t.Context(), client, netClaimKey, "claim-uid", devices)
+			err := PublishNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", devices)
 			if !errors.Is(err, tc.class) || !strings.Contains(err.Error(), tc.wantInMsg) {
 				t.Errorf("PublishNetworkData: %v; want class %v and %q", err, tc.class, tc.wantInMsg)
 			}
-			err = ClearNetworkData(t.Context(), client, netClaimKey, "claim-uid", devices)
+			err = ClearNetworkData(t.Context(), kubefake.Wrap(client), netClaimKey, "claim-uid", devices)
 			if tc.clearToo != (err != nil) || tc.clearToo && !errors.Is(err, tc.class) {
 				t.Errorf("ClearNetworkData: %v; want an error of class %v: %t", err, tc.class, tc.clearToo)
 			}
@@ -204,7 +206,7 @@ func TestPublishNetworkDataCallerGaveUp(t *testing.T) {
 		cancel()
 		return true, nil, context.Canceled
 	})
-	err := PublishNetworkData(ctx, client, netClaimKey, "claim-uid", []DeviceNetwork{nic1Net})
+	err := PublishNetworkData(ctx, kubefake.Wrap(client), netClaimKey, "claim-uid", []DeviceNetwork{nic1Net})
 	if !errors.Is(err, context.Canceled) || errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("PublishNetworkData: %v; want the caller's context.Canceled, not unavailable", err)
 	}

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/podgate/podgate/dra"
+)
+
+// KubeAPI is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
+// informer, fetched one by one when the informer has not seen a pod yet), ResourceClaims read
+// and their status written, ResourceSlices listed. KubeClient implements it; tests use
+// test/kubefake over client-go's fake clientset.
+type KubeAPI interface {
+	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error)
+	WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
+	dra.ResourceClaimGetter
+	dra.ResourceClaimStatusUpdater
+	dra.ResourceSliceLister
+}
+
+// KubeClient is a Kubernetes client that knows only the types podgate uses (core/v1 and
+// resource.k8s.io/v1). Like client-go's generated clients it speaks protobuf: JSON would
+// re-encode what it does not own, e.g. a claim's opaque parameters on a status update, which
+// the API server then refuses as a change of the immutable allocation. client-go's clientset would do the same requests, but it registers every
+// built-in API group at start, and those types' code and tables cost ≈ 10 MiB of resident
+// memory on every node (BENCHMARKS.md, "podgate's memory with 110 running pods").
+type KubeClient struct {
+	core, resource rest.Interface
+}
+
+var _ KubeAPI = (*KubeClient)(nil)
+
+// kubeScheme holds core/v1 and resource.k8s.io/v1 (each with the meta/v1 options types).
+var kubeScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(corev1.AddToScheme(s))
+	utilruntime.Must(resourceapi.AddToScheme(s))
+	return s
+}()
+
+var (
+	kubeCodecs = serializer.NewCodecFactory(kubeScheme)
+	kubeParams = runtime.NewParameterCodec(kubeScheme)
+)
+
+// NewKubeClient builds a Kubernetes client from a kubeconfig file.
+func NewKubeClient(kubeconfig string) (*KubeClient, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	cfg.UserAgent = "podgate"
+	return newKubeClientForConfig(cfg)
+}
+
+// newKubeClientForConfig builds the client for cfg: one HTTP client (connections, TLS, rate
+// limiter) shared by a REST client per API group.
+func newKubeClientForConfig(cfg *rest.Config) (*KubeClient, error) {
+	cfg = rest.CopyConfig(cfg)
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	cfg.NegotiatedSerializer = kubeCodecs.WithoutConversion()
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	group := func(apiPath string, gv schema.GroupVersion) (*rest.RESTClient, error) {
+		c := rest.CopyConfig(cfg)
+		c.APIPath, c.GroupVersion = apiPath, &gv
+		return rest.RESTClientForConfigAndClient(c, hc)
+	}
+	core, err := group("/api", corev1.SchemeGroupVersion)
+	if err != nil {
+		return nil, err
+	}
+	res, err := group("/apis", resourceapi.SchemeGroupVersion)
+	if err != nil {
+		return nil, err
+	}
+	return &KubeClient{core: core, resource: res}, nil
+}
+
+// GetPod reads a pod.
+func (c *KubeClient) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(pod)
+	return pod, err
+}
+
+// ListPods lists pods; namespace "" is every namespace.
+func (c *KubeClient) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error) {
+	list := &corev1.PodList{}
+	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(list)
+	return list, err
+}
+
+// WatchPods watches pods; namespace "" is every namespace.
+func (c *KubeClient) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Watch(ctx)
+}
+
+// GetResourceClaim implements dra.ResourceClaimGetter.
+func (c *KubeClient) GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+	claim := &resourceapi.ResourceClaim{}
+	err := c.resource.Get().UseProtobufAsDefault().Namespace(namespace).Resource("resourceclaims").Name(name).Do(ctx).Into(claim)
+	return claim, err
+}
+
+// UpdateResourceClaimStatus implements dra.ResourceClaimStatusUpdater.
+func (c *KubeClient) UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+	out := &resourceapi.ResourceClaim{}
+	err := c.resource.Put().UseProtobufAsDefault().Namespace(claim.Namespace).Resource("resourceclaims").Name(claim.Name).
+		SubResource("status").Body(claim).Do(ctx).Into(out)
+	return out, err
+}
+
+// ListResourceSlices implements dra.ResourceSliceLister.
+func (c *KubeClient) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
+	list := &resourceapi.ResourceSliceList{}
+	err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(list)
+	return list, err
+}
+
+// timeoutOf is the request timeout a list or watch asks for, as the generated clients set it.
+func timeoutOf(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
