@@ -77,8 +77,8 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 			b.ReportMetric(r.cpuPerCall(), path+"-cpu-µs/call")
 		}
 	}
-	b.ReportMetric(rssMiB(b, n.podgate.PID()), "podgate-rss-MiB")
-	b.ReportMetric(rssMiB(b, fwd.cmd.Process.Pid), "forwarder-rss-MiB")
+	b.ReportMetric(procMemory(b, n.podgate.PID())["VmRSS"], "podgate-rss-MiB")
+	b.ReportMetric(procMemory(b, fwd.cmd.Process.Pid)["VmRSS"], "forwarder-rss-MiB")
 
 	if profileDir != "" {
 		profileUnderLoad(b, profileDir, l, pids, map[string]string{"forwarder": fwd.pprofURL, "podgate": n.podgate.MetricsURL})
@@ -177,24 +177,4 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 		ticks += v
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond
-}
-
-// rssMiB reads a process's resident set size.
-func rssMiB(b *testing.B, pid int) float64 {
-	b.Helper()
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(string(data)) {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kib, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return kib / 1024
-		}
-	}
-	b.Fatal("no VmRSS")
-	return 0
 }

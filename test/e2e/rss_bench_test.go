@@ -1,22 +1,19 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/test/procstat"
 	"github.com/podgate/podgate/test/rig"
 )
 
@@ -306,45 +303,20 @@ func eightAtATime(n int, do func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// dropFromPageCache asks the kernel to drop a file's cached pages.
+// dropFromPageCache asks the kernel to drop a file's cached pages (procstat.DropFromPageCache).
 func dropFromPageCache(b *testing.B, path string) {
 	b.Helper()
-	f, err := os.Open(path)
-	if err != nil {
+	if err := procstat.DropFromPageCache(path); err != nil {
 		b.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		b.Fatalf("drop %s from the page cache: %v", path, err)
 	}
 }
 
 // procMemory reads VmRSS, RssAnon and RssFile (and RssShmem) of a process, in MiB.
 func procMemory(b *testing.B, pid int) map[string]float64 {
 	b.Helper()
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	mem, err := procstat.Memory(pid)
 	if err != nil {
 		b.Fatal(err)
-	}
-	defer f.Close()
-	mem := map[string]float64{}
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		k, v, ok := strings.Cut(s.Text(), ":")
-		if !ok || !strings.HasPrefix(k, "VmRSS") && !strings.HasPrefix(k, "Rss") {
-			continue
-		}
-		kib, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-		if err != nil {
-			b.Fatalf("%s: %v", k, err)
-		}
-		mem[k] = kib / 1024
-	}
-	if err := s.Err(); err != nil {
-		b.Fatal(err)
-	}
-	if _, ok := mem["VmRSS"]; !ok {
-		b.Fatal("no VmRSS in /proc/PID/status")
 	}
 	return mem
 }
