@@ -44,14 +44,14 @@ type node struct {
 
 // startNode starts the whole stack in the order the DRA tests need: the API server first, so
 // that podgate gets its kubeconfig, then podgate, then the kubelet on podgate's socket.
-func startNode(t *testing.T) *node {
+func startNode(t testing.TB) *node {
 	t.Helper()
 	return startNodeWith(t, true)
 }
 
 // startNodeWith is startNode; without withPodgate, the kubelet runs on containerd's socket and
 // podgate is not started (startPodgate starts it, with the same options).
-func startNodeWith(t *testing.T, withPodgate bool) *node {
+func startNodeWith(t testing.TB, withPodgate bool) *node {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
@@ -117,7 +117,7 @@ func startNodeWith(t *testing.T, withPodgate bool) *node {
 
 // startPodgate starts podgate with n.podgateOpts; it becomes n.podgate, which the node's cleanup
 // stops.
-func (n *node) startPodgate(t *testing.T) {
+func (n *node) startPodgate(t testing.TB) {
 	t.Helper()
 	p, err := harness.Start(t.Context(), podgateBin, n.podgateOpts)
 	if err != nil {
@@ -260,7 +260,7 @@ func readyStatus(node *corev1.Node) corev1.ConditionStatus {
 
 // checkCgroupsGone fails the test when the cgroup root of a stopped cluster is left in a
 // cgroup hierarchy.
-func checkCgroupsGone(t *testing.T, root string) {
+func checkCgroupsGone(t testing.TB, root string) {
 	t.Helper()
 	if root == "" {
 		return
@@ -327,7 +327,7 @@ func findSandbox(t *testing.T, c *rig.Client, uid string) *runtimeapi.PodSandbox
 }
 
 // waitFor polls cond until it is true; it fails the test after timeout with the last error.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
