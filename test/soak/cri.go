@@ -15,21 +15,8 @@ import (
 )
 
 // runCRI churns lifecycles with a CRI client making the kubelet's calls, one after the other.
-func runCRI(ctx context.Context, cfg config) (res result, err error) {
-	r, err := rig.Up(ctx, "")
-	if err != nil {
-		return res, err
-	}
-	defer func() { err = errors.Join(err, r.Down(context.WithoutCancel(ctx))) }()
-	work, err := os.MkdirTemp("/tmp", "pgs")
-	if err != nil {
-		return res, err
-	}
-	defer os.RemoveAll(work)
-	bin, err := harness.Build(ctx, work)
-	if err != nil {
-		return res, err
-	}
+func runCRI(ctx context.Context, cfg config, n node) (res result, err error) {
+	r, work, bin := n.rig, n.work, n.bin
 	pg, err := harness.Start(ctx, bin, harness.Options{Dir: work, RuntimeEndpoint: r.Endpoint})
 	if err != nil {
 		return res, err

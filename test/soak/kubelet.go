@@ -23,22 +23,8 @@ const downTimeout = 4 * time.Minute
 // podgate in front of it, and etcd, kube-apiserver and the kubelet of test/cluster, started in
 // the order test/cluster's own tests use (the API server first, so that podgate gets its
 // kubeconfig; then podgate; then the kubelet on podgate's socket).
-func runKubelet(ctx context.Context, cfg config) (res result, err error) {
-	r, err := rig.Up(ctx, "")
-	if err != nil {
-		return res, err
-	}
-	defer func() { err = errors.Join(err, r.Down(context.WithoutCancel(ctx))) }()
-	work, err := os.MkdirTemp("/tmp", "pgs")
-	if err != nil {
-		return res, err
-	}
-	// After the cluster's Down, which unmounts what the kubelet mounted below work/c.
-	defer os.RemoveAll(work)
-	bin, err := harness.Build(ctx, work)
-	if err != nil {
-		return res, err
-	}
+func runKubelet(ctx context.Context, cfg config, n node) (res result, err error) {
+	r, work, bin := n.rig, n.work, n.bin
 	// podgate stops after the cluster: Down has the kubelet stop the pods left through it.
 	var (
 		c  *cluster.Cluster

@@ -39,6 +39,7 @@ import (
 
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/rig"
 )
 
 // sample is podgate's footprint after some lifecycles.
@@ -96,10 +97,10 @@ func run(ctx context.Context, cfg config) error {
 	)
 	if cfg.mode == "kubelet" {
 		fmt.Printf("mode kubelet: %d pods through kube-apiserver and a kubelet (test/cluster), %d in flight\n", cfg.n, cfg.parallel)
-		res, err = runKubelet(ctx, cfg)
+		res, err = withNode(ctx, func(n node) (result, error) { return runKubelet(ctx, cfg, n) })
 	} else {
 		fmt.Printf("mode cri: %d lifecycles through a CRI client at kubelet-like calls\n", cfg.n)
-		res, err = runCRI(ctx, cfg)
+		res, err = withNode(ctx, func(n node) (result, error) { return runCRI(ctx, cfg, n) })
 	}
 	if err != nil {
 		return err
@@ -207,4 +208,32 @@ func poll(ctx context.Context, timeout, every time.Duration, cond func() (bool, 
 		case <-time.After(every):
 		}
 	}
+}
+
+// node is what both modes start from: the rig's containerd, a work directory, and the podgate
+// binary built into it.
+type node struct {
+	rig       *rig.Rig
+	work, bin string
+}
+
+// withNode brings the rig up, makes the work directory and builds podgate, runs run on them,
+// and takes them down again: the work directory after run returns (in kubelet mode, after the
+// cluster's Down has unmounted what the kubelet mounted below it), the rig last.
+func withNode(ctx context.Context, run func(node) (result, error)) (res result, err error) {
+	r, err := rig.Up(ctx, "")
+	if err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, r.Down(context.WithoutCancel(ctx))) }()
+	work, err := os.MkdirTemp("/tmp", "pgs")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(work)
+	bin, err := harness.Build(ctx, work)
+	if err != nil {
+		return res, err
+	}
+	return run(node{rig: r, work: work, bin: bin})
 }
