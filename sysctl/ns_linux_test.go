@@ -1,12 +1,15 @@
 package sysctl
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func needRoot(t *testing.T) {
@@ -38,16 +41,13 @@ func newIPCNS(t *testing.T) string {
 	path := fmt.Sprintf("/proc/%d/ns/ipc", cmd.Process.Pid)
 	// unshare execs sleep once the namespace exists: wait for the new namespace to show.
 	self, _ := os.Readlink("/proc/self/ns/ipc")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if l, err := os.Readlink(path); err == nil && l != self {
-			return path
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the unshared process never got its own IPC namespace")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		l, err := os.Readlink(path)
+		return err == nil && l != self, nil
+	}); err != nil {
+		t.Fatalf("the unshared process never got its own IPC namespace: %v", err)
 	}
+	return path
 }
 
 func TestWriteAndReadInsideNamespaces(t *testing.T) {

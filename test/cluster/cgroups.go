@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // cgroupParent holds the cgroup roots of all test clusters, one per kubelet.
@@ -132,24 +134,26 @@ func cgroupDirs(root string) ([]string, error) {
 // not stop) and removes the subtree in every hierarchy. The parent of all roots goes too when no
 // other cluster uses it.
 func removeCgroupRoot(ctx context.Context, root string) error {
-	deadline := time.Now().Add(killTimeout)
-	for {
+	var pids []int
+	var dirErr error
+	err := wait.PollUntilContextTimeout(ctx, pollInterval, killTimeout, true, func(context.Context) (bool, error) {
 		dirs, err := cgroupDirs(root)
 		if err != nil {
-			return err
+			dirErr = err
+			return false, err
 		}
-		pids := cgroupPids(dirs)
-		if len(pids) == 0 {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("processes %v still in cgroup %s after %s", pids, root, killTimeout)
-		}
+		pids = cgroupPids(dirs)
 		for _, pid := range pids {
 			// Gone already is fine: it is what we want.
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		time.Sleep(pollInterval)
+		return len(pids) == 0, nil
+	})
+	switch {
+	case dirErr != nil:
+		return dirErr
+	case err != nil:
+		return fmt.Errorf("processes %v still in cgroup %s after %s: %w", pids, root, killTimeout, err)
 	}
 	dirs, err := cgroupDirs(root)
 	if err != nil {

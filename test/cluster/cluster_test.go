@@ -3,6 +3,7 @@
 package cluster_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2/ktesting"
 
@@ -326,18 +328,17 @@ func findSandbox(t *testing.T, c *rig.Client, uid string) *runtimeapi.PodSandbox
 	return nil
 }
 
-// waitFor polls cond until it is true; it fails the test after timeout with the last error.
+// waitFor polls cond every 100ms until it is true; it fails the test after timeout with the
+// last error. An error does not end the wait: what cond looks at may not be there yet.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var last error
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		ok, err := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: timed out after %s (last error: %v)", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+		last = err
+		return ok, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %s: %v after %s (last error: %v)", what, err, timeout, last)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -306,31 +307,28 @@ func (c *Cluster) startDaemon(ctx context.Context, name string, timeout time.Dur
 	}
 }
 
-// waitReady polls check until it succeeds, the process exits, timeout passes or ctx ends.
+// waitReady polls check every pollInterval until it succeeds, the process exits, timeout passes
+// or ctx ends.
 func waitReady(ctx context.Context, p *process, timeout time.Duration, check func(context.Context) error) error {
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
-	for {
+	var last, exited error
+	err := wait.PollUntilContextTimeout(ctx, pollInterval, timeout, true, func(ctx context.Context) (bool, error) {
 		if done, err := p.exited(); done {
 			if strings.Contains(logSinceStart(p.logPath), "address already in use") {
 				err = errors.Join(errPortTaken, err)
 			}
-			return p.exitError(err)
+			exited = p.exitError(err)
+			return false, exited
 		}
-		last := check(ctx)
-		if last == nil {
-			return nil
-		}
-		select {
-		case <-p.done:
-		case <-tick.C:
-		case <-deadline.C:
-			return fmt.Errorf("%s not ready after %s: %w\nlast lines of %s:\n%s", p.name, timeout, last, p.logPath, logTail(p.logPath, 30))
-		case <-ctx.Done():
-			return fmt.Errorf("%s not ready: %w (last check: %w)", p.name, context.Cause(ctx), last)
-		}
+		last = check(ctx)
+		return last == nil, nil
+	})
+	switch {
+	case err == nil || exited != nil:
+		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s not ready: %w (last check: %w)", p.name, context.Cause(ctx), last)
+	default:
+		return fmt.Errorf("%s not ready after %s: %w\nlast lines of %s:\n%s", p.name, timeout, last, p.logPath, logTail(p.logPath, 30))
 	}
 }
 
@@ -347,23 +345,21 @@ func logSinceStart(path string) string {
 	return s
 }
 
-// poll calls cond until it returns true or an error, or until timeout passes or ctx ends.
-func poll(ctx context.Context, timeout time.Duration, cond func(context.Context) (bool, error)) error {
+// poll calls cond every pollInterval until it returns true or an error, or until timeout passes
+// or ctx ends; then it returns the context's cause (the caller's, if it gave one).
+func poll(ctx context.Context, timeout time.Duration, cond wait.ConditionWithContextFunc) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(pollInterval)
-	defer tick.Stop()
-	for {
+	var condErr error
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
 		done, err := cond(ctx)
-		if err != nil || done {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-tick.C:
-		}
+		condErr = err
+		return done, err
+	})
+	if err != nil && condErr == nil {
+		return context.Cause(ctx)
 	}
+	return err
 }
 
 // freePorts returns n loopback TCP ports that were free a moment ago. All n listeners are open at

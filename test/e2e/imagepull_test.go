@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/test/registry"
@@ -94,14 +95,11 @@ func runScenario(ctx context.Context, tb testing.TB, n *node, reg *registry.Regi
 // waitFor polls cond (every 10ms) until it holds; the scenario's timeout bounds it.
 func waitFor(ctx context.Context, tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			tb.Fatalf("waiting for %s: %v", what, ctx.Err())
-		case <-tick.C:
-		}
+	err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	})
+	if err != nil {
+		tb.Fatalf("waiting for %s: %v", what, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func TestSocketAndSecondInstance(t *testing.T) {
@@ -71,16 +72,11 @@ func TestContainerdRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// podgate reconnects with a backoff capped at 2s: ready again within a few attempts.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		code, body := get(t, n.podgate.MetricsURL+"/readyz")
-		if code == http.StatusOK {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readyz after containerd restart: %d %s", code, body)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		code, body = get(t, n.podgate.MetricsURL+"/readyz")
+		return code == http.StatusOK, nil
+	}); err != nil {
+		t.Fatalf("readyz after containerd restart: %d %s (%v)", code, body, err)
 	}
 	if _, err := n.through.Runtime.Status(ctx, false); err != nil {
 		t.Errorf("Status after restart: %v", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/test/rig"
@@ -229,15 +230,12 @@ func waitEvent(t *testing.T, events <-chan *runtimeapi.ContainerEventResponse, i
 // waitFileContains polls a container log file: containerd writes it asynchronously.
 func waitFileContains(t *testing.T, path, want string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		b, err := os.ReadFile(path)
-		if err == nil && strings.Contains(string(b), want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("log %s does not contain %q within 30s (read: %q, %v)", path, want, b, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var b []byte
+	var err error
+	if werr := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		b, err = os.ReadFile(path)
+		return err == nil && strings.Contains(string(b), want), nil
+	}); werr != nil {
+		t.Fatalf("log %s does not contain %q within 30s (read: %q, %v)", path, want, b, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	internalapi "k8s.io/cri-api/pkg/apis"
 	remote "k8s.io/cri-client/pkg"
 	"k8s.io/klog/v2"
@@ -382,12 +383,10 @@ func (r *Rig) StopContainerd(ctx context.Context) error {
 		return fmt.Errorf("stop containerd: %w", err)
 	}
 	// containerd is not our child (up.sh started it): poll for the process to go away.
-	for syscall.Kill(pid, 0) == nil {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stop containerd: pid %d still running: %w", pid, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+	if err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
+		return syscall.Kill(pid, 0) != nil, nil
+	}); err != nil {
+		return fmt.Errorf("stop containerd: pid %d still running: %w", pid, err)
 	}
 	return nil
 }

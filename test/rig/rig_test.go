@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2/ktesting"
 
@@ -249,17 +250,16 @@ func TestRigsSideBySide(t *testing.T) {
 // and returns the first line it sends.
 func dialUntil(t *testing.T, addr netip.AddrPort, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		line, err := readLine(addr)
-		if err == nil {
-			return line
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod server %s: %v", addr, err)
-		}
-		time.Sleep(100 * time.Millisecond) // the server is still starting
+	var line string
+	var last error
+	// Every 100ms: the server may still be starting.
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		line, last = readLine(addr)
+		return last == nil, nil
+	}); err != nil {
+		t.Fatalf("pod server %s: %v (%v)", addr, last, err)
 	}
+	return line
 }
 
 func readLine(addr netip.AddrPort) (string, error) {
@@ -350,21 +350,19 @@ func linksAliased(t *testing.T, alias string) []string {
 // waitExited polls the container's status until it has exited, for at most timeout.
 func waitExited(t *testing.T, c *rig.Client, id string, timeout time.Duration) *runtimeapi.ContainerStatus {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		resp, err := c.Runtime.ContainerStatus(t.Context(), id, false)
+	var st *runtimeapi.ContainerStatus
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		resp, err := c.Runtime.ContainerStatus(ctx, id, false)
 		if err != nil {
-			t.Fatalf("ContainerStatus: %v", err)
+			return false, fmt.Errorf("ContainerStatus: %w", err)
 		}
-		st := resp.GetStatus()
-		if st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("container %s not exited after %v: state %v", id, timeout, st.GetState())
-		}
-		time.Sleep(50 * time.Millisecond)
+		st = resp.GetStatus()
+		return st.GetState() == runtimeapi.ContainerState_CONTAINER_EXITED, nil
+	})
+	if err != nil {
+		t.Fatalf("container %s not exited after %v: state %v: %v", id, timeout, st.GetState(), err)
 	}
+	return st
 }
 
 // processesMentioning returns the pids of processes with an argument that is dir or lies in it.

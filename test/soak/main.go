@@ -37,6 +37,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
@@ -187,26 +189,25 @@ func metric(page, name string) float64 {
 	return -1
 }
 
-// poll calls cond until it is true, ctx ends or timeout passes; it returns the last error
+// poll calls cond every interval until it is true, ctx ends or timeout passes. An error from
+// cond does not end the wait (what it looks at may not be there yet): the last one is returned
 // with the timeout.
 func poll(ctx context.Context, timeout, every time.Duration, cond func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, every, timeout, true, func(context.Context) (bool, error) {
 		ok, err := cond()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return fmt.Errorf("timed out after %s (last error: %w)", timeout, err)
-			}
-			return fmt.Errorf("timed out after %s", timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(every):
-		}
+		last = err
+		return ok, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case last != nil:
+		return fmt.Errorf("timed out after %s (last error: %w)", timeout, last)
+	default:
+		return fmt.Errorf("timed out after %s", timeout)
 	}
 }
 
