@@ -9,8 +9,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // Memory returns VmRSS, RssAnon, RssFile and RssShmem of process pid from /proc/PID/status,
@@ -42,19 +40,4 @@ func Memory(pid int) (map[string]float64, error) {
 		return nil, fmt.Errorf("%s: no VmRSS", path)
 	}
 	return mem, nil
-}
-
-// DropFromPageCache asks the kernel to drop a file's cached pages. A binary the linker has just
-// written is entirely in the page cache, and the kernel's fault-around then maps more of it
-// into a process started from it than after a reboot: memory figures would depend on that.
-func DropFromPageCache(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		return fmt.Errorf("drop %s from the page cache: %w", path, err)
-	}
-	return nil
 }
