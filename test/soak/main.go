@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command soak churns pod lifecycles through podgate on the rig's real containerd, samples
 // podgate's RSS, goroutines and open fds from its metrics, and at the end checks that nothing is
 // left over: no sandbox or container in containerd, no network namespace, no veth on the rig's
