@@ -269,25 +269,25 @@ func (t seededT) replay() string { return fmt.Sprintf("[%s=%d]", seedEnv, t.seed
 
 // Errorf reports a failure that names the seed.
 func (t seededT) Errorf(format string, args ...any) {
-	t.T.Helper()
+	t.Helper()
 	t.T.Errorf("%s "+format, append([]any{t.replay()}, args...)...)
 }
 
 // Fatalf reports a failure that names the seed, and stops the test.
 func (t seededT) Fatalf(format string, args ...any) {
-	t.T.Helper()
+	t.Helper()
 	t.T.Fatalf("%s "+format, append([]any{t.replay()}, args...)...)
 }
 
 // Error reports a failure that names the seed.
 func (t seededT) Error(args ...any) {
-	t.T.Helper()
+	t.Helper()
 	t.T.Error(append([]any{t.replay()}, args...)...)
 }
 
 // Fatal reports a failure that names the seed, and stops the test.
 func (t seededT) Fatal(args ...any) {
-	t.T.Helper()
+	t.Helper()
 	t.T.Fatal(append([]any{t.replay()}, args...)...)
 }
 
@@ -517,9 +517,11 @@ func (lt *loadTest) wave(wave int, callers []caller) {
 func (lt *loadTest) pull(ctx context.Context, c caller) error {
 	resp, err := lt.p.client.PullImage(ctx, c.req)
 	switch {
+	case ctx.Err() != nil && err == nil:
+		return fmt.Errorf("pull %s gave up, got %v; want Canceled", c.req.GetImage().GetImage(), resp)
 	case ctx.Err() != nil:
 		if status.Code(err) != codes.Canceled {
-			return fmt.Errorf("pull %s gave up, got %v, %v; want Canceled", c.req.GetImage().GetImage(), resp, err)
+			return fmt.Errorf("pull %s gave up: %w; want Canceled", c.req.GetImage().GetImage(), err)
 		}
 	case err != nil:
 		return fmt.Errorf("pull %s: %w", c.req.GetImage().GetImage(), err)
