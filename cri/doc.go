@@ -13,4 +13,7 @@
 // through [Intercept]. Errors are mapped to gRPC codes once, in the instrumented boundary
 // ([Server] records per-method metrics there); an error that already is a gRPC status, such as
 // one from containerd, passes through unchanged.
+//
+// [StopGracefully] is the one graceful stop with a deadline of podgate's gRPC servers, this
+// proxy's and the PodResources server's.
 package cri

@@ -111,18 +111,7 @@ func (s *Server) Serve(l net.Listener) error {
 // then it cuts what is left.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.stopStream()
-	done := make(chan struct{})
-	go func() {
-		s.grpc.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		s.logger.Info("Grace period over, closing remaining CRI calls", "reason", context.Cause(ctx))
-		s.grpc.Stop()
-		<-done
-	}
+	StopGracefully(klog.NewContext(ctx, s.logger.WithValues("server", "CRI")), s.grpc)
 }
 
 // backendFor returns the backend that serves fullMethod, or nil for a service that is not CRI.

@@ -17,8 +17,10 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/podgate/podgate/cri"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
@@ -119,17 +121,7 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) {
 	s.health.Shutdown()
 	s.broadcaster.Close()
-	done := make(chan struct{})
-	go func() {
-		s.grpc.GracefulStop()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		s.grpc.Stop()
-		<-done
-	}
+	cri.StopGracefully(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("server", "PodResources")), s.grpc)
 	if s.kubelet != nil {
 		_ = s.kubelet.Close() // closing a client connection has nothing to report
 	}
