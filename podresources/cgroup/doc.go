@@ -11,9 +11,14 @@
 //
 // # Memory QoS
 //
-// [MemoryHigh] and [ApplyMemoryQoS] compute memory.min and memory.high the way KEP-2570 and the
-// kubelet do, and add them to a CRI request's unified map without overriding a key already
-// there. They are pure: the caller decides whether the node can do memory QoS ([Node]).
+// [MemoryQoS] computes a container's memory.min, memory.low and memory.high exactly as the
+// kubelet 1.36 does with its MemoryQoS feature gate (KEP-2570, with its memoryThrottlingFactor
+// and memoryReservationPolicy), and [MemoryQoSValues.AddTo] adds them to a CRI request's
+// unified map unless the kubelet did its own memory QoS. A container without a memory limit
+// is throttled below the node's allocatable memory: [NodeAllocatable] takes it from the
+// kubelet's configuration file ([ReadKubeletConfig]), else the Node object, else MemTotal
+// ([ReadMemTotal]), and says which. All of it is pure but the file reads: the caller decides
+// whether the node can do memory QoS ([Node]). [ApplyMemoryQoS] is the former rule, deprecated.
 //
 // # What was asked, what is held
 //
