@@ -15,6 +15,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
@@ -23,20 +26,22 @@ import (
 
 // Agent is one running podgate.
 type Agent struct {
-	cfg      *Configuration
+	cfg      *config.Configuration
 	registry *prometheus.Registry
 	version  string
 	// pods is the node's pods from the API server; nil without a kubeconfig.
-	pods *PodLookup
+	pods *kube.PodLookup
+	// api, when set (tests), is the Kubernetes API in place of the kubeconfig's.
+	api kube.API
 	// sandboxes is the pod registry; set by Run.
-	sandboxes *Registry
+	sandboxes *registry.Registry
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
 }
 
 // New creates an agent from a validated configuration. version is reported in metrics and logs.
-func New(cfg *Configuration, version string) *Agent {
+func New(cfg *config.Configuration, version string) *Agent {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -66,7 +71,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.openRegistry(logger); err != nil {
 		return err
 	}
-	if err := a.startKube(ctx); err != nil {
+	runKube, err := a.startKube(ctx)
+	if err != nil {
 		return err
 	}
 	p, err := a.buildProxy(ctx)
@@ -85,6 +91,9 @@ func (a *Agent) Run(ctx context.Context) error {
 				cancel(fmt.Errorf("serve %s: %w", s.name, err))
 			}
 		})
+	}
+	if runKube != nil {
+		running.Go(func() { runKube(ctx) })
 	}
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
 	running.Go(func() { p.resources.run(ctx) })
@@ -151,12 +160,12 @@ func (a *Agent) openRegistry(logger klog.Logger) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	cp := NewCheckpoint(a.cfg.StateDir)
+	cp := registry.NewCheckpoint(a.cfg.StateDir)
 	d, err := cp.ReadAll()
 	if err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	a.sandboxes = NewRegistry(cp, d)
+	a.sandboxes = registry.NewRegistry(cp, d)
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "podgate", Subsystem: "registry", Name: "checkpoint_write_errors_total",
 		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",

@@ -17,11 +17,12 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/test/testfs"
 )
 
-func testConfig(dir, backend string) *Configuration {
-	c := DefaultConfiguration()
+func testConfig(dir, backend string) *config.Configuration {
+	c := config.DefaultConfiguration()
 	c.CRISocket = filepath.Join(dir, "run", "cri.sock") // the directory does not exist yet
 	c.RuntimeEndpoint = "unix://" + backend
 	off := ""
@@ -34,7 +35,7 @@ func testConfig(dir, backend string) *Configuration {
 }
 
 // runAgent starts the agent and returns a function that stops it and returns Run's result.
-func runAgent(t *testing.T, cfg *Configuration) (stop func() error) {
+func runAgent(t *testing.T, cfg *config.Configuration) (stop func() error) {
 	t.Helper()
 	return runAgentOf(t, New(cfg, "test"))
 }
@@ -124,7 +125,7 @@ func TestRunStartsWithoutBackend(t *testing.T) {
 }
 
 // listenOnCRISocket makes cfg's CRI socket exist, with a listener behind it.
-func listenOnCRISocket(t *testing.T, cfg *Configuration) *net.UnixListener {
+func listenOnCRISocket(t *testing.T, cfg *config.Configuration) *net.UnixListener {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(cfg.CRISocket), 0o755); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 )
 
@@ -43,10 +45,10 @@ const configSourceAnnotation = "kubernetes.io/config.source"
 type draStages struct {
 	// off is why DRA is off (no Kubernetes API); empty when it is on.
 	off      string
-	pods     *PodLookup
+	pods     *kube.PodLookup
 	claims   *dra.ClaimResolver
 	drivers  *dra.Drivers
-	registry *Registry
+	registry *registry.Registry
 	runtime  runtimeapi.RuntimeServiceClient
 
 	// attacher moves devices into pods; nil when no driver's devices are attached.
@@ -66,7 +68,7 @@ type draStages struct {
 	unprepared *prometheus.CounterVec
 }
 
-func newDRAStages(pods *PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *draStages {
+func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *draStages {
 	d := &draStages{
 		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt,
 		preparing: map[types.UID]int{},
@@ -134,7 +136,7 @@ func (d *draStages) prepare(ctx context.Context, sb *sandboxRun) error {
 	return d.prepareClaims(ctx, ref, pod)
 }
 
-func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.Pod) error {
+func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod *corev1.Pod) error {
 	claims, err := d.claims.PodClaims(ctx, pod)
 	if err != nil || len(claims) == 0 {
 		return err
@@ -160,7 +162,7 @@ func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.P
 		return err
 	}
 	results, err := d.callDrivers(ctx, todo)
-	var fresh []ClaimRecord
+	var fresh []registry.ClaimRecord
 	for i := range rec.Claims {
 		c := &rec.Claims[i]
 		if devs, ok := results[c.UID]; ok && !c.Prepared {
@@ -171,7 +173,7 @@ func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.P
 	}
 	d.describeNetwork(ctx, fresh)
 	for _, c := range fresh {
-		i := slices.IndexFunc(rec.Claims, func(r ClaimRecord) bool { return r.UID == c.UID })
+		i := slices.IndexFunc(rec.Claims, func(r registry.ClaimRecord) bool { return r.UID == c.UID })
 		rec.Claims[i] = c
 	}
 	d.registry.UpdatePodClaims(rec)
@@ -185,15 +187,15 @@ func (d *draStages) prepareClaims(ctx context.Context, ref PodRef, pod *corev1.P
 // claims still to prepare (each with the drivers it needs). A claim already prepared for
 // another pod of the node (a shared claim) is not prepared again: the pod takes its devices, as
 // the kubelet's DRA manager does.
-func (d *draStages) obligation(ref PodRef, claims []dra.PodClaim) (PodClaims, []dra.PodClaim) {
+func (d *draStages) obligation(ref registry.PodRef, claims []dra.PodClaim) (registry.PodClaims, []dra.PodClaim) {
 	all := d.registry.AllPodClaims()
-	rec := PodClaims{Pod: ref}
-	if i := slices.IndexFunc(all, func(pc PodClaims) bool { return pc.Pod.UID == ref.UID }); i >= 0 {
+	rec := registry.PodClaims{Pod: ref}
+	if i := slices.IndexFunc(all, func(pc registry.PodClaims) bool { return pc.Pod.UID == ref.UID }); i >= 0 {
 		rec = all[i]
 	}
 	var todo []dra.PodClaim
 	for _, c := range claims {
-		i := slices.IndexFunc(rec.Claims, func(r ClaimRecord) bool { return r.UID == c.UID })
+		i := slices.IndexFunc(rec.Claims, func(r registry.ClaimRecord) bool { return r.UID == c.UID })
 		if i >= 0 && rec.Claims[i].Prepared {
 			continue
 		}
@@ -207,7 +209,7 @@ func (d *draStages) obligation(ref PodRef, claims []dra.PodClaim) (PodClaims, []
 			continue
 		}
 		if i < 0 {
-			rec.Claims = append(rec.Claims, ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()})
+			rec.Claims = append(rec.Claims, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()})
 		}
 		todo = append(todo, c)
 	}
@@ -215,7 +217,7 @@ func (d *draStages) obligation(ref PodRef, claims []dra.PodClaim) (PodClaims, []
 }
 
 // preparedElsewhere returns the record of claim where some pod holds it prepared.
-func preparedElsewhere(claim types.UID, all []PodClaims) (ClaimRecord, bool) {
+func preparedElsewhere(claim types.UID, all []registry.PodClaims) (registry.ClaimRecord, bool) {
 	for _, pc := range all {
 		for _, c := range pc.Claims {
 			if c.UID == claim && c.Prepared {
@@ -223,12 +225,12 @@ func preparedElsewhere(claim types.UID, all []PodClaims) (ClaimRecord, bool) {
 			}
 		}
 	}
-	return ClaimRecord{}, false
+	return registry.ClaimRecord{}, false
 }
 
 // callDrivers prepares claims, each driver's in one call, the drivers in parallel. It returns
 // the devices of every claim all of whose drivers prepared it.
-func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]DeviceRecord, error) {
+func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]registry.DeviceRecord, error) {
 	byDriver := map[string][]dra.Claim{}
 	for _, c := range claims {
 		for _, name := range c.Drivers() {
@@ -252,7 +254,7 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 			answers <- answer{driver: name, results: res, err: err}
 		}()
 	}
-	devices := map[types.UID][]DeviceRecord{}
+	devices := map[types.UID][]registry.DeviceRecord{}
 	failed := map[types.UID]bool{}
 	var errs []error
 	for range byDriver {
@@ -267,7 +269,7 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 				continue
 			}
 			for _, dev := range res.Devices {
-				devices[c.UID] = append(devices[c.UID], DeviceRecord{Driver: a.driver, Pool: dev.Pool, Device: dev.Name, Requests: dev.Requests, CDIDeviceIDs: dev.CDIDeviceIDs})
+				devices[c.UID] = append(devices[c.UID], registry.DeviceRecord{Driver: a.driver, Pool: dev.Pool, Device: dev.Name, Requests: dev.Requests, CDIDeviceIDs: dev.CDIDeviceIDs})
 			}
 			if _, ok := devices[c.UID]; !ok {
 				devices[c.UID] = nil // prepared, with no device to show
@@ -281,13 +283,13 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 }
 
 // sameJSONClaims reports whether two records hold the same claims, in order.
-func sameJSONClaims(a, b PodClaims) bool {
-	return slices.EqualFunc(a.Claims, b.Claims, func(x, y ClaimRecord) bool {
+func sameJSONClaims(a, b registry.PodClaims) bool {
+	return slices.EqualFunc(a.Claims, b.Claims, func(x, y registry.ClaimRecord) bool {
 		return x.UID == y.UID && x.Prepared == y.Prepared && x.PodClaimName == y.PodClaimName
 	})
 }
 
-func deviceNames(devs []DeviceRecord) []string {
+func deviceNames(devs []registry.DeviceRecord) []string {
 	out := make([]string, len(devs))
 	for i, d := range devs {
 		out[i] = d.Driver + "/" + d.Pool + "/" + d.Device
@@ -382,7 +384,7 @@ func (d *draStages) reconcile(ctx context.Context) {
 		delete(d.retry, pc.Pod.UID)
 		d.mu.Unlock()
 		// Released: the claims it shared are now the remaining holders' to unprepare.
-		all = slices.DeleteFunc(all, func(o PodClaims) bool { return o.Pod.UID == pc.Pod.UID })
+		all = slices.DeleteFunc(all, func(o registry.PodClaims) bool { return o.Pod.UID == pc.Pod.UID })
 	}
 }
 
@@ -412,7 +414,7 @@ func (d *draStages) failed(uid types.UID) time.Duration {
 }
 
 // podGone reports whether the pod is deleted in the API server and has no running sandbox.
-func (d *draStages) podGone(ctx context.Context, ref PodRef) (bool, error) {
+func (d *draStages) podGone(ctx context.Context, ref registry.PodRef) (bool, error) {
 	if d.inFlight(ref.UID) {
 		return false, nil
 	}
@@ -431,7 +433,7 @@ func (d *draStages) podGone(ctx context.Context, ref PodRef) (bool, error) {
 			return false, err
 		}
 	}
-	if slices.ContainsFunc(d.registry.PodSandboxes(ref.UID), func(r SandboxRecord) bool { return r.Ready }) {
+	if slices.ContainsFunc(d.registry.PodSandboxes(ref.UID), func(r registry.SandboxRecord) bool { return r.Ready }) {
 		return false, nil
 	}
 	// Sandboxes made past podgate count too: the kubelet labels each with its pod's UID.
@@ -447,7 +449,7 @@ func (d *draStages) podGone(ctx context.Context, ref PodRef) (bool, error) {
 
 // release unprepares the gone pod's claims that no other pod holds, and forgets the pod's
 // claims once every one is released.
-func (d *draStages) release(ctx context.Context, pc PodClaims, all []PodClaims) error {
+func (d *draStages) release(ctx context.Context, pc registry.PodClaims, all []registry.PodClaims) error {
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "podUID", pc.Pod.UID)
 	byDriver := map[string][]dra.Claim{}
 	for _, c := range pc.Claims {
@@ -487,12 +489,12 @@ func (d *draStages) release(ctx context.Context, pc PodClaims, all []PodClaims) 
 }
 
 // heldByOther reports whether a pod other than uid has claim in its records.
-func heldByOther(claim, uid types.UID, all []PodClaims) bool {
+func heldByOther(claim, uid types.UID, all []registry.PodClaims) bool {
 	for _, pc := range all {
 		if pc.Pod.UID == uid {
 			continue
 		}
-		if slices.ContainsFunc(pc.Claims, func(c ClaimRecord) bool { return c.UID == claim }) {
+		if slices.ContainsFunc(pc.Claims, func(c registry.ClaimRecord) bool { return c.UID == claim }) {
 			return true
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 )
 
@@ -21,7 +22,7 @@ type draAttach struct {
 	drivers  []string
 	hostIfs  *dra.HostInterfaces
 	claims   *dra.ClaimResolver
-	registry *Registry
+	registry *registry.Registry
 	// publish writes the devices' network data into their claims' status; nil: off.
 	publish func(ctx context.Context, claim types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error
 	clear   func(ctx context.Context, claim types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error
@@ -29,7 +30,7 @@ type draAttach struct {
 	results *prometheus.CounterVec
 }
 
-func newDRAAttach(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver, reg *Registry, r prometheus.Registerer) *draAttach {
+func newDRAAttach(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver, reg *registry.Registry, r prometheus.Registerer) *draAttach {
 	a := &draAttach{
 		drivers: slices.Clone(drivers), hostIfs: hostIfs, claims: claims, registry: reg,
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -92,39 +93,39 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 
 // attachTarget is one prepared device to move into the pod.
 type attachTarget struct {
-	claim  ClaimRecord
-	device DeviceRecord
+	claim  registry.ClaimRecord
+	device registry.DeviceRecord
 }
 
-func (a *draAttach) attachOne(ctx context.Context, netns string, t attachTarget) (AttachedDevice, error) {
+func (a *draAttach) attachOne(ctx context.Context, netns string, t attachTarget) (registry.AttachedDevice, error) {
 	claim, err := a.claims.Claim(ctx, t.claim.Namespace, t.claim.Name)
 	if err != nil {
-		return AttachedDevice{}, err
+		return registry.AttachedDevice{}, err
 	}
 	result, ok := allocationResult(claim, t.device)
 	if !ok {
-		return AttachedDevice{}, errors.New("not in the claim's allocation")
+		return registry.AttachedDevice{}, errors.New("not in the claim's allocation")
 	}
 	cfg, _, err := dra.InterfaceConfigFor(claim, result)
 	if err != nil {
-		return AttachedDevice{}, err
+		return registry.AttachedDevice{}, err
 	}
 	host, err := a.hostIfs.Name(ctx, t.device.Driver, t.device.Pool, t.device.Device)
 	if err != nil {
-		return AttachedDevice{}, err
+		return registry.AttachedDevice{}, err
 	}
 	att, err := dra.Attach(ctx, host, netns, cfg)
 	if err != nil {
 		a.hostIfs.Forget(t.device.Driver) // the slices may be stale
-		return AttachedDevice{}, err
+		return registry.AttachedDevice{}, err
 	}
-	return AttachedDevice{
+	return registry.AttachedDevice{
 		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
 		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device, Interface: att,
 	}, nil
 }
 
-func allocationResult(claim *resourceapi.ResourceClaim, dev DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
+func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
 	if claim.Status.Allocation == nil {
 		return resourceapi.DeviceRequestAllocationResult{}, false
 	}
@@ -138,9 +139,9 @@ func allocationResult(claim *resourceapi.ResourceClaim, dev DeviceRecord) (resou
 
 // publishOne writes an attached device's network data into its claim's status. A failure is
 // reported, not fatal: the device works in the pod either way.
-func (d *draStages) publishOne(ctx context.Context, dev *AttachedDevice) {
+func (d *draStages) publishOne(ctx context.Context, dev *registry.AttachedDevice) {
 	a := d.attacher
-	err := a.publish(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.network()})
+	err := a.publish(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()})
 	if err != nil {
 		a.results.WithLabelValues("publish", "error").Inc()
 		klog.FromContext(ctx).Error(err, "Publish network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
@@ -148,10 +149,6 @@ func (d *draStages) publishOne(ctx context.Context, dev *AttachedDevice) {
 	}
 	a.results.WithLabelValues("publish", "success").Inc()
 	dev.Published = true
-}
-
-func (dev AttachedDevice) network() dra.DeviceNetwork {
-	return dev.Interface.DeviceNetwork(resourceapi.DeviceRequestAllocationResult{Driver: dev.Driver, Pool: dev.Pool, Device: dev.Device})
 }
 
 // attachUndo gives back what the stage attached when a later stage fails.
@@ -162,18 +159,18 @@ func (d *draStages) attachUndo(ctx context.Context, sb *sandboxRun) error {
 // detach gives the sandbox's devices back before StopPodSandbox is forwarded. A device that
 // cannot be given back is logged and counted, and the stop goes on: a pod's stop is never held
 // by podgate.
-func (d *draStages) detach(ctx context.Context, rec SandboxRecord) error {
+func (d *draStages) detach(ctx context.Context, rec registry.SandboxRecord) error {
 	if len(rec.Attached) == 0 {
 		return nil
 	}
 	if err := d.giveBack(ctx, rec); err != nil {
 		klog.FromContext(ctx).Error(err, "Give DRA network devices back to the host", "podSandboxID", rec.ID)
 	}
-	d.registry.Update(rec.ID, func(r *SandboxRecord) { r.Attached = nil })
+	d.registry.Update(rec.ID, func(r *registry.SandboxRecord) { r.Attached = nil })
 	return nil
 }
 
-func (d *draStages) giveBack(ctx context.Context, rec SandboxRecord) error {
+func (d *draStages) giveBack(ctx context.Context, rec registry.SandboxRecord) error {
 	a := d.attacher
 	var errs []error
 	for i := len(rec.Attached) - 1; i >= 0; i-- {
@@ -186,7 +183,7 @@ func (d *draStages) giveBack(ctx context.Context, rec SandboxRecord) error {
 		a.results.WithLabelValues("detach", "success").Inc()
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
 		if dev.Published && a.clear != nil {
-			if err := a.clear(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.network()}); err != nil {
+			if err := a.clear(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()}); err != nil {
 				klog.FromContext(ctx).Error(err, "Clear published network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podgate/podgate/agent/registry"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -49,7 +50,7 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 					req: &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
 						Metadata: &runtimeapi.PodSandboxMetadata{Name: p.Name, Namespace: p.Namespace, Uid: string(p.UID)},
 					}},
-					rec:    SandboxRecord{Pod: PodRef{UID: p.UID, Name: p.Name, Namespace: p.Namespace}},
+					rec:    registry.SandboxRecord{Pod: registry.PodRef{UID: p.UID, Name: p.Name, Namespace: p.Namespace}},
 					logger: klog.Background(),
 				}
 				if err := stage.run(ctx, sb); err != nil {

@@ -6,15 +6,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 )
 
 // specContainers lists a pod's containers as the kubelet's PodResources lists them (the
 // restartable init containers, then the containers), with the claims each uses.
-func specContainers(pod *corev1.Pod) []ContainerClaims {
-	var out []ContainerClaims
+func specContainers(pod *corev1.Pod) []registry.ContainerClaims {
+	var out []registry.ContainerClaims
 	add := func(c *corev1.Container) {
-		cc := ContainerClaims{Name: c.Name}
+		cc := registry.ContainerClaims{Name: c.Name}
 		for _, rc := range c.Resources.Claims {
 			cc.Claims = append(cc.Claims, rc.Name)
 		}
@@ -36,7 +37,7 @@ func specContainers(pod *corev1.Pod) []ContainerClaims {
 // from the claim's configuration. A meta-CNI plugin reads them from the PodResources service
 // while CNI runs. A device that is no network interface (or whose data cannot be read) keeps
 // none; that is not an error of the prepare.
-func (d *draStages) describeNetwork(ctx context.Context, claims []ClaimRecord) {
+func (d *draStages) describeNetwork(ctx context.Context, claims []registry.ClaimRecord) {
 	if d.hostIfs == nil {
 		return
 	}
@@ -60,7 +61,7 @@ func (d *draStages) describeNetwork(ctx context.Context, claims []ClaimRecord) {
 			if !ok {
 				continue
 			}
-			n := &DeviceNetworkRecord{HostInterface: host, InterfaceName: host}
+			n := &registry.DeviceNetworkRecord{HostInterface: host, InterfaceName: host}
 			if result, ok := allocationResult(claim, *dev); ok {
 				cfg, _, err := dra.InterfaceConfigFor(claim, result)
 				if err != nil {

@@ -24,6 +24,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/dratest"
 	"github.com/podgate/podgate/test/kubefake"
@@ -92,7 +94,7 @@ func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) 
 				}
 			}
 			dr.driver = dratest.Start(t, regDir, plugDir, testDriver)
-			pods, err := NewPodLookup(kubefake.Wrap(dr.kube), "node-a")
+			pods, err := kube.NewPodLookup(kubefake.Wrap(dr.kube), "node-a")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,16 +158,16 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	if n := dr.gets.Load(); n != 1 {
 		t.Errorf("%d API GETs for a pod with one claim, want 1", n)
 	}
-	want := []ClaimRecord{{
+	want := []registry.ClaimRecord{{
 		UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}, Prepared: true,
-		Devices: []DeviceRecord{{Driver: testDriver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
+		Devices: []registry.DeviceRecord{{Driver: testDriver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
 	}}
 	got, ok := dr.registry.PodClaims(pod.UID)
 	if !ok || !sameJSON(t, got.Claims, want) {
 		t.Errorf("registry: %+v, want %+v", got, want)
 	}
 	dr.registry.Flush()
-	onDisk, err := NewCheckpoint(dr.stateDir).ReadAll()
+	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
 	if err != nil || len(onDisk.PodClaims) != 1 || !sameJSON(t, onDisk.PodClaims[0].Claims, want) {
 		t.Errorf("checkpoint: %+v (%v), want the claims", onDisk.PodClaims, err)
 	}
@@ -253,7 +255,7 @@ func TestDRARefusesSandbox(t *testing.T) {
 func TestDRANoDriverCallWithoutTheObligationOnDisk(t *testing.T) {
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
-	if err := os.Mkdir(filepath.Join(dr.stateDir, CheckpointFile), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(dr.stateDir, registry.CheckpointFile), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	_, err := dr.runPod(t, pod)
@@ -302,7 +304,7 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 		t.Error("claims record kept after the unprepare")
 	}
 	dr.registry.Flush()
-	if onDisk, _ := NewCheckpoint(dr.stateDir).ReadAll(); len(onDisk.PodClaims) != 0 {
+	if onDisk, _ := registry.NewCheckpoint(dr.stateDir).ReadAll(); len(onDisk.PodClaims) != 0 {
 		t.Errorf("checkpoint keeps %+v", onDisk.PodClaims)
 	}
 }
@@ -355,17 +357,17 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	// checkpoint; the pod is gone since.
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second)
-	if err := dr.registry.SetPodClaims(PodClaims{
-		Pod:    PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
-		Claims: []ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
+	if err := dr.registry.SetPodClaims(registry.PodClaims{
+		Pod:    registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
+		Claims: []registry.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	onDisk, err := NewCheckpoint(dr.stateDir).ReadAll()
+	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
-	restarted := NewRegistry(NewCheckpoint(dr.stateDir), onDisk)
+	restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
 	d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
 	d.reconcile(t.Context())
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"unprepare default/net"}) {

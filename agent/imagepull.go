@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 )
@@ -14,17 +15,17 @@ import (
 // registerImagePulls plugs the image pull governor into PullImage. It is always on: without
 // caps it still shares concurrent pulls of one image and drops pulls whose pod is gone.
 func (a *Agent) registerImagePulls(server *cri.Server) *imagepull.Governor {
-	g := imagepull.New(a.cfg.ImagePulls.limits(), imagepull.WithRegisterer(a.registry))
+	g := imagepull.New(a.cfg.ImagePulls.Limits(), imagepull.WithRegisterer(a.registry))
 	if a.pods != nil {
 		a.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
 	}
-	g.Register(server, pullPriority(a.pods, a.cfg.ImagePulls.sandboxPriority()))
+	g.Register(server, pullPriority(a.pods, a.cfg.ImagePulls.SandboxPriority()))
 	return g
 }
 
 // pullPriority takes a pull's priority from its pod in the API server when podgate knows the
 // pod, and from the sandbox config otherwise.
-func pullPriority(pods *PodLookup, fallback imagepull.SandboxPriority) imagepull.Prioritizer {
+func pullPriority(pods *kube.PodLookup, fallback imagepull.SandboxPriority) imagepull.Prioritizer {
 	return func(_ context.Context, req *runtimeapi.PullImageRequest) imagepull.Priority {
 		uid := req.GetSandboxConfig().GetMetadata().GetUid()
 		if pods != nil && uid != "" {

@@ -6,211 +6,51 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/agent/kube"
 )
 
-// uidIndex indexes the pod informer's cache by pod UID: the CRI names pods by UID.
-const uidIndex = "uid"
-
-// PodLookup is podgate's view of the pods bound to its node, from an informer scoped with a
-// spec.nodeName field selector: podgate never watches the whole cluster. Features look pods up
-// by UID and subscribe to their deletion; steps that cannot do without the pod fetch it when the
-// informer has not delivered it yet (GetOrFetch). It keeps the client for features that need
-// other API objects.
-type PodLookup struct {
-	client       KubeAPI
-	node         string
-	informer     cache.SharedIndexInformer
-	fetchTimeout time.Duration
-	registerer   prometheus.Registerer
-	requests     *prometheus.CounterVec
-
-	mu        sync.Mutex
-	onDeleted []func(*corev1.Pod)
-	// fetches are the GETs in flight, so that a burst of calls for one pod costs one request.
-	fetches map[podFetchKey]*podFetch
-}
-
-// PodLookupOption configures a PodLookup.
-type PodLookupOption func(*PodLookup)
-
-// WithKubeMetrics registers the lookup's metrics with reg: podgate_kube_requests_total, the API
-// requests made on behalf of pod starts. Without it they are counted but not exported.
-func WithKubeMetrics(reg prometheus.Registerer) PodLookupOption {
-	return func(l *PodLookup) { l.registerer = reg }
-}
-
-// WithPodFetchTimeout bounds each GET that GetOrFetch makes, in place of podFetchTimeout. A
-// duration that is not positive keeps the default.
-func WithPodFetchTimeout(d time.Duration) PodLookupOption {
-	return func(l *PodLookup) {
-		if d > 0 {
-			l.fetchTimeout = d
-		}
-	}
-}
-
-// NewPodLookup creates the lookup of the pods bound to nodeName. Start it with Run.
-func NewPodLookup(client KubeAPI, nodeName string, opts ...PodLookupOption) (*PodLookup, error) {
-	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return client.ListPods(ctx, metav1.NamespaceAll, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return client.WatchPods(ctx, metav1.NamespaceAll, o)
-		},
-	}
-	// A client that cannot stream the initial list as watch events (a fake) says so, as
-	// client-go's generated informers let it.
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0,
-		cache.Indexers{uidIndex: podUIDIndex})
-	l := &PodLookup{
-		client:       client,
-		node:         nodeName,
-		informer:     inf,
-		fetchTimeout: podFetchTimeout,
-		requests:     newKubeRequests(),
-		fetches:      make(map[podFetchKey]*podFetch),
-	}
-	for _, o := range opts {
-		o(l)
-	}
-	if err := inf.SetTransform(stripManagedFields); err != nil {
-		return nil, fmt.Errorf("pod informer: %w", err)
-	}
-	if l.registerer != nil {
-		if err := l.registerer.Register(l.requests); err != nil {
-			return nil, fmt.Errorf("register kube metrics: %w", err)
-		}
-	}
-	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(_, obj any) {
-			// Graceful deletion sets deletionTimestamp long before the object goes: the pod
-			// will not start, so what waits for it may stop now.
-			if pod, ok := obj.(*corev1.Pod); ok && pod.DeletionTimestamp != nil {
-				l.deleted(pod)
-			}
-		},
-		DeleteFunc: func(obj any) {
-			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = tomb.Obj
-			}
-			if pod, ok := obj.(*corev1.Pod); ok {
-				l.deleted(pod)
-			}
-		},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("pod informer: %w", err)
-	}
-	return l, nil
-}
-
-// stripManagedFields drops a pod's managedFields before the informer caches it: server-side
-// apply's field ownership is a few KiB per pod that podgate never reads, held for every pod of
-// the node for as long as it runs.
-func stripManagedFields(obj any) (any, error) {
-	if pod, ok := obj.(*corev1.Pod); ok {
-		pod.ManagedFields = nil
-	}
-	return obj, nil
-}
-
-func podUIDIndex(obj any) ([]string, error) {
-	pod, ok := obj.(*corev1.Pod)
-	if !ok {
-		return nil, fmt.Errorf("pod index: unexpected %T", obj)
-	}
-	return []string{string(pod.UID)}, nil
-}
-
-// Run runs the informer until ctx ends.
-func (l *PodLookup) Run(ctx context.Context) { l.informer.RunWithContext(ctx) }
-
-// HasSynced reports whether the informer has listed the node's pods once.
-func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }
-
-// Client returns the Kubernetes client the informer lists with, for features that need other
-// API objects, e.g. the ResourceClaims of a pod. Its requests are the caller's to bound in time.
-func (l *PodLookup) Client() KubeAPI { return l.client }
-
-// NodeName returns the name of the node whose pods the lookup holds.
-func (l *PodLookup) NodeName() string { return l.node }
-
-// Get returns the pod with this UID, if it is bound to this node and the informer knows it.
-// The pod is the cache's: do not modify it.
-func (l *PodLookup) Get(uid types.UID) (*corev1.Pod, bool) {
-	objs, err := l.informer.GetIndexer().ByIndex(uidIndex, string(uid))
-	if err != nil || len(objs) == 0 {
-		return nil, false
-	}
-	pod, ok := objs[0].(*corev1.Pod)
-	return pod, ok
-}
-
-// OnDeleted calls fn when a pod of this node is deleted: when its deletionTimestamp is set
-// (possibly more than once, on later updates) and when it is removed. fn must not block.
-func (l *PodLookup) OnDeleted(fn func(*corev1.Pod)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.onDeleted = append(l.onDeleted, fn)
-}
-
-func (l *PodLookup) deleted(pod *corev1.Pod) {
-	l.mu.Lock()
-	fns := l.onDeleted
-	l.mu.Unlock()
-	for _, fn := range fns {
-		fn(pod)
-	}
-}
-
-// startKube starts the pod lookup when a kubeconfig is configured; without one it says once
-// what is off. The informer runs until ctx ends; start-up does not wait for it to sync, so
-// that podgate serves CRI while the API server is unreachable.
-func (a *Agent) startKube(ctx context.Context) error {
+// startKube creates the pod lookup when the Kubernetes API is configured (a kubeconfig, or a
+// client a test gave); without it, it says once what is off. It returns what Run must run
+// until ctx ends (nil without the API): the informer, and a line in the log once it synced.
+// Start-up does not wait for the sync, so that podgate serves CRI while the API server is
+// unreachable.
+func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err error) {
 	logger := klog.FromContext(ctx)
-	if a.cfg.Kubeconfig == "" {
+	if a.cfg.Kubeconfig == "" && a.api == nil {
 		logger.Info("Kubernetes API access off: no kubeconfig; image pulls are not cancelled when their pod is deleted, and pull priority comes from the sandbox config",
 			"priorityLabel", a.cfg.ImagePulls.PriorityLabel, "priorityNamespaces", a.cfg.ImagePulls.PriorityNamespaces)
-		return nil
+		return nil, nil
 	}
 	node := a.cfg.NodeName
 	if node == "" {
 		h, err := os.Hostname()
 		if err != nil {
-			return fmt.Errorf("nodeName: unset and no host name: %w", err)
+			return nil, fmt.Errorf("nodeName: unset and no host name: %w", err)
 		}
 		node = strings.ToLower(h) // as the kubelet names its node
 	}
-	client, err := NewKubeClient(a.cfg.Kubeconfig)
-	if err != nil {
-		return err
+	api := a.api
+	if api == nil {
+		if api, err = kube.NewClient(a.cfg.Kubeconfig); err != nil {
+			return nil, err
+		}
 	}
-	pods, err := NewPodLookup(client, node, WithKubeMetrics(a.registry))
+	pods, err := kube.NewPodLookup(api, node, kube.WithMetrics(a.registry))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	a.pods = pods
-	go pods.Run(ctx)
-	go func() {
+	logger.Info("Kubernetes API access on", "kubeconfig", a.cfg.Kubeconfig, "node", node)
+	return func(ctx context.Context) {
+		var wg sync.WaitGroup
+		wg.Go(func() { pods.Run(ctx) })
 		if cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
 			logger.Info("Pod informer synced", "node", node)
 		}
-	}()
-	logger.Info("Kubernetes API access on", "kubeconfig", a.cfg.Kubeconfig, "node", node)
-	return nil
+		wg.Wait()
+	}, nil
 }

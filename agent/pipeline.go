@@ -26,6 +26,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 )
 
@@ -55,7 +56,7 @@ type stage struct {
 	// undo reverses a successful run when a later stage fails.
 	undo func(ctx context.Context, sb *sandboxRun) error
 	// stop runs before StopPodSandbox is forwarded, for a sandbox the registry knows.
-	stop func(ctx context.Context, rec SandboxRecord) error
+	stop func(ctx context.Context, rec registry.SandboxRecord) error
 	// removed runs once the runtime has removed the sandbox (or says it has none by that ID).
 	removed func(ctx context.Context, id string) error
 }
@@ -68,7 +69,7 @@ type sandboxRun struct {
 	next cri.Forward[*runtimeapi.RunPodSandboxRequest, *runtimeapi.RunPodSandboxResponse]
 	resp *runtimeapi.RunPodSandboxResponse
 	// rec is the sandbox's registry record as the stages build it.
-	rec    SandboxRecord
+	rec    registry.SandboxRecord
 	logger klog.Logger
 	// answered holds work that starts once RunPodSandbox has succeeded, just before the
 	// kubelet gets the answer (a background verification).
@@ -77,7 +78,7 @@ type sandboxRun struct {
 	ended []func()
 	// runtimeView reads the sandbox's verbose status once (later calls return the first
 	// answer): its netns, pause PID, IPs. Set by the status stage.
-	runtimeView func() SandboxRecord
+	runtimeView func() registry.SandboxRecord
 }
 
 // fromRuntime fills rec with the sandbox's status now, for a stage that needs the sandbox's
@@ -87,7 +88,7 @@ func (sb *sandboxRun) fromRuntime() {
 		return
 	}
 	v := sb.runtimeView()
-	sb.rec.fillFromRuntime(&v)
+	sb.rec.FillFromRuntime(&v)
 }
 
 // onAnswer adds fn to what runs once every stage has succeeded.
@@ -99,7 +100,7 @@ func (sb *sandboxRun) onEnd(fn func()) { sb.ended = append(sb.ended, fn) }
 // sandboxPipeline runs the stages on RunPodSandbox, StopPodSandbox and RemovePodSandbox.
 type sandboxPipeline struct {
 	stages   []stage
-	registry *Registry
+	registry *registry.Registry
 	// runtime is the backend runtime, for the forward stage's undo and for sandbox status.
 	runtime runtimeapi.RuntimeServiceClient
 
@@ -110,7 +111,7 @@ type sandboxPipeline struct {
 	background backgroundWork
 }
 
-func newSandboxPipeline(reg *Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, dra *draStages, r prometheus.Registerer) *sandboxPipeline {
+func newSandboxPipeline(reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, dra *draStages, r prometheus.Registerer) *sandboxPipeline {
 	p := &sandboxPipeline{
 		registry:   reg,
 		runtime:    rt,
@@ -150,10 +151,10 @@ func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.Run
 	sb := &sandboxRun{
 		req:  req,
 		next: next,
-		rec: SandboxRecord{
-			Pod:            PodRef{UID: types.UID(md.GetUid()), Name: md.GetName(), Namespace: md.GetNamespace(), Attempt: md.GetAttempt()},
+		rec: registry.SandboxRecord{
+			Pod:            registry.PodRef{UID: types.UID(md.GetUid()), Name: md.GetName(), Namespace: md.GetNamespace(), Attempt: md.GetAttempt()},
 			RuntimeHandler: req.GetRuntimeHandler(),
-			Origin:         OriginStarted,
+			Origin:         registry.OriginStarted,
 			CgroupParent:   req.GetConfig().GetLinux().GetCgroupParent(),
 			CreatedAt:      time.Now().UTC(),
 		},
@@ -224,7 +225,7 @@ func (p *sandboxPipeline) stopPodSandbox(ctx context.Context, req *runtimeapi.St
 	if err != nil {
 		return nil, err
 	}
-	p.registry.Update(id, func(r *SandboxRecord) { r.Ready = false })
+	p.registry.Update(id, func(r *registry.SandboxRecord) { r.Ready = false })
 	logger.Info("Pod sandbox stopped")
 	return resp, nil
 }
@@ -300,12 +301,12 @@ func (p *sandboxPipeline) statusStage() stage {
 		name: "status",
 		run: func(ctx context.Context, sb *sandboxRun) error {
 			id, logger := sb.rec.ID, sb.logger
-			base := SandboxRecord{ID: id, RuntimeHandler: sb.rec.RuntimeHandler, CgroupParent: sb.rec.CgroupParent, Origin: sb.rec.Origin}
+			base := registry.SandboxRecord{ID: id, RuntimeHandler: sb.rec.RuntimeHandler, CgroupParent: sb.rec.CgroupParent, Origin: sb.rec.Origin}
 			// The view may be read after the kubelet's call has ended.
 			vctx := context.WithoutCancel(ctx)
-			sb.runtimeView = sync.OnceValue(func() SandboxRecord {
+			sb.runtimeView = sync.OnceValue(func() registry.SandboxRecord {
 				v := base
-				if err := inspectSandbox(vctx, p.runtime, &v); err != nil {
+				if err := registry.InspectSandbox(vctx, p.runtime, &v); err != nil {
 					v.Status = err.Error()
 					logger.Error(err, "Read new pod sandbox's status", "podSandboxID", id)
 				}
@@ -315,7 +316,7 @@ func (p *sandboxPipeline) statusStage() stage {
 			sb.onAnswer(func() {
 				p.background.Go(func() {
 					v := view()
-					p.registry.Update(id, func(r *SandboxRecord) { r.fillFromRuntime(&v) })
+					p.registry.Update(id, func(r *registry.SandboxRecord) { r.FillFromRuntime(&v) })
 				})
 			})
 			return nil

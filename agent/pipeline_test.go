@@ -17,6 +17,8 @@ import (
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -30,7 +32,7 @@ type pipelineRig struct {
 	// runtimeClient talks to the runtime past podgate.
 	runtimeClient runtimeapi.RuntimeServiceClient
 	pipeline      *sandboxPipeline
-	registry      *Registry
+	registry      *registry.Registry
 	stateDir      string
 	client        runtimeapi.RuntimeServiceClient
 	metrics       *prometheus.Registry
@@ -80,15 +82,15 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	}
 	t.Cleanup(func() { backend.Close() })
 	srv := cri.NewServer(backend, backend)
-	cfg := DefaultConfiguration()
+	cfg := config.DefaultConfiguration()
 	cfg.Sysctls.PodDefaults = map[string]string{"net.ipv4.tcp_keepalive_time": "600"}
 	policy, err := cfg.Sysctls.SysctlPolicy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.registry = NewRegistry(NewCheckpoint(r.stateDir), CheckpointData{})
+	r.registry = registry.NewRegistry(registry.NewCheckpoint(r.stateDir), registry.CheckpointData{})
 	r.runtimeClient = srv.RuntimeClient()
-	sys := newSysctlStages(policy, VerifyWarn, r.registry, r.metrics)
+	sys := newSysctlStages(policy, config.VerifyWarn, r.registry, r.metrics)
 	r.sys = sys
 	d := draOff("test")
 	if o.dra != nil {
@@ -153,7 +155,7 @@ func (r *pipelineRig) checkNothingLeft(t *testing.T) {
 		t.Errorf("the registry holds %v", got)
 	}
 	r.registry.Flush()
-	onDisk, err := NewCheckpoint(r.stateDir).Read()
+	onDisk, err := registry.NewCheckpoint(r.stateDir).Read()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +210,7 @@ func TestCheckpointWriteFailureDoesNotFailPods(t *testing.T) {
 	failures := make(chan error, 10)
 	r.registry.OnWriteError(func(err error) { failures <- err })
 	// A directory where the checkpoint goes: renaming the new file over it fails.
-	if err := os.Mkdir(filepath.Join(r.stateDir, CheckpointFile), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(r.stateDir, registry.CheckpointFile), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	id, err := r.run(t, "p")
@@ -243,7 +245,7 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 	if !ok {
 		t.Fatalf("sandbox %s not recorded", id)
 	}
-	if rec.Pod != (PodRef{UID: "uid-p", Name: "p", Namespace: "ns"}) || rec.Origin != OriginStarted || !rec.Ready {
+	if rec.Pod != (registry.PodRef{UID: "uid-p", Name: "p", Namespace: "ns"}) || rec.Origin != registry.OriginStarted || !rec.Ready {
 		t.Errorf("record %+v", rec)
 	}
 	if len(rec.IPs) == 0 || rec.IPs[0] != apitest.FakePodSandboxIPs[0] {
@@ -259,7 +261,7 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.registry.Flush()
-	if onDisk, err := NewCheckpoint(r.stateDir).Read(); err != nil || !sameRecords(t, onDisk, r.registry.Sandboxes()) {
+	if onDisk, err := registry.NewCheckpoint(r.stateDir).Read(); err != nil || !sameJSON(t, onDisk, r.registry.Sandboxes()) {
 		t.Errorf("checkpoint %+v (%v), want the registry %+v", onDisk, err, r.registry.Sandboxes())
 	}
 	if _, err := r.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {

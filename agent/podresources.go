@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
@@ -21,9 +23,9 @@ import (
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
 // the PodResources services.
 type podResourcesSource struct {
-	registry  *Registry
+	registry  *registry.Registry
 	pulls     *imagepull.Governor // nil: no pulls shown
-	pods      *PodLookup          // nil without the Kubernetes API
+	pods      *kube.PodLookup     // nil without the Kubernetes API
 	resources *resourceStages     // nil: no containers shown
 }
 
@@ -52,7 +54,7 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 // claims were prepared, else those of the pod in the informer.
 func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bool) {
 	uid := types.UID(p.GetUid())
-	var cs []ContainerClaims
+	var cs []registry.ContainerClaims
 	if pc, ok := s.registry.PodClaims(uid); ok && len(pc.Containers) > 0 {
 		cs = pc.Containers
 	} else if s.pods != nil {
@@ -91,8 +93,8 @@ func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 }
 
 // publishChanges tells the watches of every change of the registry.
-func publishChanges(reg *Registry, b *podresources.Broadcaster) {
-	reg.OnPodChange(func(rev uint64, before, after *PodState) {
+func publishChanges(reg *registry.Registry, b *podresources.Broadcaster) {
+	reg.OnPodChange(func(rev uint64, before, after *registry.PodState) {
 		if ev := podEvent(rev, before, after); ev != nil {
 			b.Publish(ev)
 		}
@@ -100,7 +102,7 @@ func publishChanges(reg *Registry, b *podresources.Broadcaster) {
 }
 
 // podEvent is the watch event of a change; nil when nothing a watcher sees changed.
-func podEvent(rev uint64, before, after *PodState) *pb.WatchEvent {
+func podEvent(rev uint64, before, after *registry.PodState) *pb.WatchEvent {
 	switch {
 	case before == nil && after == nil:
 		return nil
@@ -125,7 +127,7 @@ func allPrepared(p *pb.Pod) bool {
 }
 
 // podMessage is a pod's state as the extension service shows it.
-func podMessage(st *PodState) *pb.Pod {
+func podMessage(st *registry.PodState) *pb.Pod {
 	ref := st.Ref()
 	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
 	if n := len(st.Sandboxes); n > 0 {
@@ -142,13 +144,13 @@ func podMessage(st *PodState) *pb.Pod {
 	return p
 }
 
-func sandboxMessage(rec *SandboxRecord) *pb.Sandbox {
+func sandboxMessage(rec *registry.SandboxRecord) *pb.Sandbox {
 	state := pb.Sandbox_NOT_READY
 	if rec.Ready {
 		state = pb.Sandbox_READY
 	}
 	return &pb.Sandbox{
-		Id: rec.ID, State: state, RuntimeHandler: rec.RuntimeHandler, Adopted: rec.Origin == OriginAdopted,
+		Id: rec.ID, State: state, RuntimeHandler: rec.RuntimeHandler, Adopted: rec.Origin == registry.OriginAdopted,
 		Netns: rec.NetNS, HostNetwork: rec.HostNetwork, Ips: slices.Clone(rec.IPs),
 		CreatedAt: timestamppb.New(rec.CreatedAt),
 		Sysctls: &pb.Sysctls{
@@ -160,7 +162,7 @@ func sandboxMessage(rec *SandboxRecord) *pb.Sandbox {
 
 // claimMessage shows a claim; a device that podgate attached to one of the pod's sandboxes
 // shows what the pod got (its name, addresses and MAC in the pod).
-func claimMessage(c ClaimRecord, sandboxes []SandboxRecord) *pb.Claim {
+func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord) *pb.Claim {
 	m := &pb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID), PodClaimName: c.PodClaimName, Prepared: c.Prepared}
 	for _, d := range c.Devices {
 		dev := &pb.Device{Driver: d.Driver, Pool: d.Pool, Device: d.Device, Requests: slices.Clone(d.Requests), CdiDeviceIds: slices.Clone(d.CDIDeviceIDs)}
@@ -183,7 +185,7 @@ func claimMessage(c ClaimRecord, sandboxes []SandboxRecord) *pb.Claim {
 
 // attachedDevice finds the device among what podgate attached to the pod's newest sandbox
 // that holds any.
-func attachedDevice(c ClaimRecord, d DeviceRecord, sandboxes []SandboxRecord) (AttachedDevice, bool) {
+func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes []registry.SandboxRecord) (registry.AttachedDevice, bool) {
 	for i := len(sandboxes) - 1; i >= 0; i-- {
 		for _, a := range sandboxes[i].Attached {
 			if a.ClaimUID == c.UID && a.Driver == d.Driver && a.Pool == d.Pool && a.Device == d.Device {
@@ -191,7 +193,7 @@ func attachedDevice(c ClaimRecord, d DeviceRecord, sandboxes []SandboxRecord) (A
 			}
 		}
 	}
-	return AttachedDevice{}, false
+	return registry.AttachedDevice{}, false
 }
 
 // openPodResources takes the PodResources socket.

@@ -13,34 +13,35 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/test/testfs"
 )
 
 // benchRegistry is a full node in the pod registry: 110 pods (the kubelet's default maximum)
 // of 4 containers, each with a sandbox and one prepared pod-level network claim.
-func benchRegistry(b *testing.B) *Registry {
+func benchRegistry(b *testing.B) *registry.Registry {
 	b.Helper()
-	r := NewRegistry(nil, CheckpointData{})
+	r := registry.NewRegistry(nil, registry.CheckpointData{})
 	for i := range 110 {
-		ref := PodRef{UID: types.UID(fmt.Sprintf("uid-%03d", i)), Name: fmt.Sprintf("pod-%03d", i), Namespace: fmt.Sprintf("ns-%d", i%10)}
+		ref := registry.PodRef{UID: types.UID(fmt.Sprintf("uid-%03d", i)), Name: fmt.Sprintf("pod-%03d", i), Namespace: fmt.Sprintf("ns-%d", i%10)}
 		rec := sampleRecord(fmt.Sprintf("sandbox-%03d", i))
 		rec.Pod = ref
 		if err := r.Add(rec); err != nil {
 			b.Fatal(err)
 		}
-		pc := PodClaims{
+		pc := registry.PodClaims{
 			Pod: ref,
-			Claims: []ClaimRecord{{
+			Claims: []registry.ClaimRecord{{
 				UID: ref.UID + "-net", Namespace: ref.Namespace, Name: ref.Name + "-net", PodClaimName: "net", Drivers: []string{"net.example.com"},
 				Prepared: true,
-				Devices: []DeviceRecord{{
+				Devices: []registry.DeviceRecord{{
 					Driver: "net.example.com", Pool: "node-a", Device: fmt.Sprintf("vf-%d", i), Requests: []string{"nic"},
 					CDIDeviceIDs: []string{fmt.Sprintf("net.example.com/vf=%d", i)},
-					Network:      &DeviceNetworkRecord{HostInterface: fmt.Sprintf("ens1f0v%d", i), InterfaceName: "net1", MTU: 9000},
+					Network:      &registry.DeviceNetworkRecord{HostInterface: fmt.Sprintf("ens1f0v%d", i), InterfaceName: "net1", MTU: 9000},
 				}},
 			}},
-			Containers: []ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
+			Containers: []registry.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
 		}
 		r.UpdatePodClaims(pc)
 	}
@@ -101,12 +102,12 @@ func BenchmarkPodResourcesList(b *testing.B) {
 	}
 }
 
-func servePodResources(b *testing.B, reg *Registry) v1.PodResourcesListerClient {
+func servePodResources(b *testing.B, reg *registry.Registry) v1.PodResourcesListerClient {
 	b.Helper()
 	return podResourcesClient(b, servePodResourcesSocket(b, reg))
 }
 
-func servePodResourcesSocket(b *testing.B, reg *Registry) string {
+func servePodResourcesSocket(b *testing.B, reg *registry.Registry) string {
 	b.Helper()
 	s, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: reg}, QPS: 1e9, Burst: 1e9})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
@@ -24,9 +25,9 @@ type podChanges struct {
 	events []*pb.WatchEvent
 }
 
-func watchRegistry(r *Registry) *podChanges {
+func watchRegistry(r *registry.Registry) *podChanges {
 	c := &podChanges{}
-	r.OnPodChange(func(rev uint64, before, after *PodState) {
+	r.OnPodChange(func(rev uint64, before, after *registry.PodState) {
 		if ev := podEvent(rev, before, after); ev != nil {
 			c.events = append(c.events, ev)
 		}
@@ -42,20 +43,20 @@ func (c *podChanges) types() []pb.WatchEvent_Type {
 	return out
 }
 
-func webClaims(prepared bool) PodClaims {
-	pc := PodClaims{
-		Pod: PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
-		Claims: []ClaimRecord{{
+func webClaims(prepared bool) registry.PodClaims {
+	pc := registry.PodClaims{
+		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
+		Claims: []registry.ClaimRecord{{
 			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
 		}},
-		Containers: []ContainerClaims{{Name: "app"}, {Name: "side"}},
+		Containers: []registry.ContainerClaims{{Name: "app"}, {Name: "side"}},
 	}
 	if prepared {
 		pc.Claims[0].Prepared = true
-		pc.Claims[0].Devices = []DeviceRecord{{
+		pc.Claims[0].Devices = []registry.DeviceRecord{{
 			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
 			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
-			Network:      &DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
+			Network:      &registry.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
 		}}
 	}
 	return pc
@@ -66,7 +67,7 @@ func webClaims(prepared bool) PodClaims {
 // updated by its sandbox, removed once neither sandbox nor claims are left; a change that
 // changes nothing visible is not told.
 func TestRegistryPodChanges(t *testing.T) {
-	r := NewRegistry(nil, CheckpointData{})
+	r := registry.NewRegistry(nil, registry.CheckpointData{})
 	changes := watchRegistry(r)
 
 	if err := r.SetPodClaims(webClaims(false)); err != nil {
@@ -74,12 +75,12 @@ func TestRegistryPodChanges(t *testing.T) {
 	}
 	r.UpdatePodClaims(webClaims(true))
 	rec := sampleRecord("web")
-	rec.Pod = PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
+	rec.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
 	if err := r.Add(rec); err != nil {
 		t.Fatal(err)
 	}
-	r.Update(rec.ID, func(*SandboxRecord) {}) // nothing changes
-	r.Update(rec.ID, func(s *SandboxRecord) { s.Ready = false })
+	r.Update(rec.ID, func(*registry.SandboxRecord) {}) // nothing changes
+	r.Update(rec.ID, func(s *registry.SandboxRecord) { s.Ready = false })
 	r.Remove(rec.ID)
 	r.RemovePodClaims("uid-web")
 
@@ -114,22 +115,22 @@ func TestRegistryPodChanges(t *testing.T) {
 // network data; an attached device shows what the pod got.
 func TestPodMessage(t *testing.T) {
 	old := sampleRecord("old")
-	old.Pod = PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
+	old.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
 	old.Ready = false
 	cur := sampleRecord("cur")
 	cur.Pod = old.Pod
 	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
-	cur.Attached = []AttachedDevice{{
+	cur.Attached = []registry.AttachedDevice{{
 		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
 		Interface: dra.Attached{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
 	}}
 	pc := webClaims(true)
-	got := podMessage(&PodState{UID: "uid-web", Sandboxes: []SandboxRecord{old, cur}, Claims: &pc})
+	got := podMessage(&registry.PodState{UID: "uid-web", Sandboxes: []registry.SandboxRecord{old, cur}, Claims: &pc})
 	want := &pb.Pod{
 		Uid: "uid-web", Name: "web", Namespace: "ns",
 		Sandbox: &pb.Sandbox{
 			Id: "cur", State: pb.Sandbox_READY, Netns: cur.NetNS, Ips: cur.IPs, CreatedAt: timestamppb.New(cur.CreatedAt),
-			Sysctls: &pb.Sysctls{Asked: cur.Sysctls.Asked, Applied: cur.Sysctls.Applied, Verification: SysctlsOK},
+			Sysctls: &pb.Sysctls{Asked: cur.Sysctls.Asked, Applied: cur.Sysctls.Applied, Verification: registry.SysctlsOK},
 		},
 		Claims: []*pb.Claim{{
 			Namespace: "ns", Name: "web-nic", Uid: "claim-uid", PodClaimName: "nic", Prepared: true,

@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -18,6 +16,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
@@ -56,7 +57,7 @@ type resourceStages struct {
 	factor    float64
 	verify    string // ResourcesVerifyWarn or ResourcesVerifyFail
 	recheck   time.Duration
-	pods      *PodLookup
+	pods      *kube.PodLookup
 	runtime   runtimeapi.RuntimeServiceClient
 	// allocatable is the node's memory, the limit of a container without one.
 	allocatable func(ctx context.Context) int64
@@ -73,7 +74,7 @@ type resourceStages struct {
 	ownTime *prometheus.HistogramVec
 }
 
-func newResourceStages(cfg Resources, node cgroup.Node, pods *PodLookup, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *resourceStages {
+func newResourceStages(cfg config.Resources, node cgroup.Node, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *resourceStages {
 	s := &resourceStages{
 		node: node, factor: cfg.MemoryThrottlingFactor, verify: cfg.Verify, recheck: cfg.RecheckPeriod.Duration, pods: pods, runtime: rt,
 		pageSize: int64(os.Getpagesize()), containers: map[string]*containerRecord{},
@@ -235,7 +236,7 @@ func (s *resourceStages) updateContainerResources(ctx context.Context, req *runt
 	}
 	rec.Asked = asked
 	s.mu.Unlock()
-	if s.verify != ResourcesVerifyFail {
+	if s.verify != config.ResourcesVerifyFail {
 		bctx := context.WithoutCancel(ctx)
 		s.background.Go(func() { _ = s.verifyContainer(bctx, id, "update") })
 		return resp, nil
@@ -359,31 +360,12 @@ func timed[Req, Resp any](t *stageTimer, next func(context.Context, Req) (Resp, 
 	}
 }
 
-// containerInfo is the part of containerd's verbose container status ("info") podgate reads.
-type containerInfo struct {
-	RuntimeSpec *specs.Spec `json:"runtimeSpec"`
-}
-
 // cgroupsPath reads the container's linux.cgroupsPath from its runtime spec, and remembers it.
 func (s *resourceStages) cgroupsPath(ctx context.Context, id string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	st, err := s.runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	path, err := registry.ContainerCgroupsPath(ctx, s.runtime, id)
 	if err != nil {
-		return "", fmt.Errorf("container status: %w", err)
+		return "", err
 	}
-	raw, ok := st.GetInfo()["info"]
-	if !ok {
-		return "", errors.New("container status has no verbose info")
-	}
-	var info containerInfo
-	if err := json.Unmarshal([]byte(raw), &info); err != nil {
-		return "", fmt.Errorf("container status info: %w", err)
-	}
-	if info.RuntimeSpec == nil || info.RuntimeSpec.Linux == nil || info.RuntimeSpec.Linux.CgroupsPath == "" {
-		return "", errors.New("container's runtime spec has no linux.cgroupsPath")
-	}
-	path := info.RuntimeSpec.Linux.CgroupsPath
 	s.mu.Lock()
 	if rec, ok := s.containers[id]; ok {
 		rec.CgroupsPath = path

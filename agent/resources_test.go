@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
@@ -55,8 +56,8 @@ func createRequest(uid, container string, res *runtimeapi.LinuxContainerResource
 // without a limit takes the node's memory; a key the kubelet set stays.
 func TestMemoryQoS(t *testing.T) {
 	pod := podWithMemoryRequest("qos", "app", "256Mi")
-	_, pods, _ := startLookup(t, nil, pod)
-	s := newResourceStages(Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: ResourcesVerifyWarn, RecheckPeriod: &Duration{}},
+	_, pods := startLookup(t, pod)
+	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
 		v2Node, pods, noStatus{}, prometheus.NewRegistry())
 	s.pageSize = 4096
 	s.allocatable = func(context.Context) int64 { return 4 << 30 }
@@ -114,9 +115,9 @@ func TestMemoryQoS(t *testing.T) {
 // memory QoS changes nothing and says why.
 func TestMemoryQoSNotApplicable(t *testing.T) {
 	pod := podWithMemoryRequest("hybrid", "app", "256Mi")
-	_, pods, _ := startLookup(t, nil, pod)
+	_, pods := startLookup(t, pod)
 	node := cgroup.Node{Mode: cgroup.ModeHybrid, V2Controllers: []string{"hugetlb"}, MemoryQoSReason: "hybrid hierarchy: the memory controller is on cgroup v1"}
-	s := newResourceStages(Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: ResourcesVerifyWarn, RecheckPeriod: &Duration{}},
+	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
 		node, pods, nil, prometheus.NewRegistry())
 	req := createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30})
 	orig := proto.Clone(req)
@@ -157,7 +158,7 @@ func TestUpdateVerifyFail(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cpu, name, "cpu.cfs_quota_us"), []byte("50000"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := newResourceStages(Resources{MemoryThrottlingFactor: 0.9, Verify: ResourcesVerifyFail, RecheckPeriod: &Duration{}},
+	s := newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyFail, RecheckPeriod: &config.Duration{}},
 		cgroup.Detect(), nil, nil, prometheus.NewRegistry())
 	s.containers["ctr"] = &containerRecord{ID: "ctr", CgroupsPath: name, Verification: cgroupOK}
 	ok := func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {

@@ -5,6 +5,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/podgate/podgate/agent/config"
 )
 
 // The profiling pages are served only when enableProfilingHandler is set; /metrics is served
@@ -20,7 +22,7 @@ func TestProfilingHandler(t *testing.T) {
 		{"on", "enableProfilingHandler: true\n", http.StatusOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Parse([]byte("apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\n" + tc.config))
+			cfg, err := config.Parse([]byte("apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\n" + tc.config))
 			if err != nil {
 				t.Fatal(err)
 			}

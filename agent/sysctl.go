@@ -15,6 +15,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/sysctl"
 )
@@ -34,7 +36,7 @@ const verifyTimeout = 30 * time.Second
 type sysctlStages struct {
 	policy   *sysctl.Policy
 	verify   string
-	registry *Registry
+	registry *registry.Registry
 
 	mu      sync.Mutex
 	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
@@ -47,7 +49,7 @@ type sysctlStages struct {
 	duration      *prometheus.HistogramVec
 }
 
-func newSysctlStages(policy *sysctl.Policy, verify string, registry *Registry, reg prometheus.Registerer) *sysctlStages {
+func newSysctlStages(policy *sysctl.Policy, verify string, registry *registry.Registry, reg prometheus.Registerer) *sysctlStages {
 	g := &sysctlStages{
 		policy:     policy,
 		verify:     verify,
@@ -105,9 +107,9 @@ func (g *sysctlStages) check(ctx context.Context, sb *sandboxRun) error {
 		logger.Info("Refused pod sandbox: sysctl", "err", err)
 		return err
 	}
-	sb.rec.Sysctls = SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: SysctlsNone}
+	sb.rec.Sysctls = registry.SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: registry.SysctlsNone}
 	if len(want) > 0 {
-		sb.rec.Sysctls.Verification = SysctlsPending
+		sb.rec.Sysctls.Verification = registry.SysctlsPending
 	}
 	if len(added) > 0 {
 		// A changed copy: the cri package forwards the kubelet's bytes when req is unchanged.
@@ -135,7 +137,7 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 		return nil
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
-	if g.verify == VerifyFail {
+	if g.verify == config.VerifyFail {
 		sb.fromRuntime()
 		res := g.timedVerify(ctx, logger, sb.rec, want)
 		res.record(&sb.rec.Sysctls)
@@ -144,14 +146,14 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 		}
 		return res.failure
 	}
-	rec, view := sb.rec.clone(), sb.runtimeView
+	rec, view := sb.rec.Clone(), sb.runtimeView
 	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
 	return nil
 }
 
 // verifyInBackground starts the verification of a sandbox whose RunPodSandbox is answering
 // and records its result in the registry. view gives the sandbox's namespaces.
-func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec SandboxRecord, view func() SandboxRecord, want map[string]string) {
+func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, view func() registry.SandboxRecord, want map[string]string) {
 	done := make(chan struct{})
 	g.mu.Lock()
 	g.pending[rec.ID] = done
@@ -162,10 +164,10 @@ func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logge
 		defer cancel()
 		if view != nil {
 			v := view()
-			rec.fillFromRuntime(&v)
+			rec.FillFromRuntime(&v)
 		}
 		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
-		g.registry.Update(rec.ID, func(r *SandboxRecord) { res.record(&r.Sysctls) })
+		g.registry.Update(rec.ID, func(r *registry.SandboxRecord) { res.record(&r.Sysctls) })
 		g.mu.Lock()
 		delete(g.pending, rec.ID)
 		g.mu.Unlock()
@@ -185,11 +187,11 @@ type verifyResult struct {
 	failure      error
 }
 
-func (res verifyResult) record(r *SysctlRecord) {
+func (res verifyResult) record(r *registry.SysctlRecord) {
 	r.Verification, r.Mismatches, r.Error = res.verification, res.mismatches, res.errText
 }
 
-func (g *sysctlStages) timedVerify(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) verifyResult {
+func (g *sysctlStages) timedVerify(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, want map[string]string) verifyResult {
 	start := time.Now()
 	defer func() { g.duration.WithLabelValues("verify").Observe(time.Since(start).Seconds()) }()
 	return g.verifyPod(ctx, logger, rec, want)
@@ -213,7 +215,7 @@ func (g *sysctlStages) createContainer(ctx context.Context, req *runtimeapi.Crea
 }
 
 // verifyPod reads the sandbox's sysctls inside its namespaces and applies the verify policy.
-func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec SandboxRecord, want map[string]string) verifyResult {
+func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, want map[string]string) verifyResult {
 	wantByName := make(map[sysctl.Name]string, len(want))
 	for k, v := range want {
 		n, _ := sysctl.ParseName(k) // the check stage accepted every name
@@ -222,8 +224,8 @@ func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec Sa
 	mismatch, target, err := g.mismatches(ctx, rec, wantByName)
 	if err != nil {
 		g.verified.WithLabelValues("error").Inc()
-		res := verifyResult{verification: SysctlsError, errText: err.Error()}
-		if g.verify == VerifyFail {
+		res := verifyResult{verification: registry.SysctlsError, errText: err.Error()}
+		if g.verify == config.VerifyFail {
 			res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("verify sysctls: %v", err))
 			return res
 		}
@@ -232,14 +234,14 @@ func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec Sa
 	}
 	if len(mismatch) == 0 {
 		g.verified.WithLabelValues("ok").Inc()
-		return verifyResult{verification: SysctlsOK}
+		return verifyResult{verification: registry.SysctlsOK}
 	}
 	res := verifyResult{mismatches: make([]string, len(mismatch))}
 	for i, m := range mismatch {
 		res.mismatches[i] = m.String()
 	}
 	switch g.verify {
-	case VerifyRepair:
+	case config.VerifyRepair:
 		fix := make(map[sysctl.Name]string, len(mismatch))
 		for _, m := range mismatch {
 			fix[m.name] = wantByName[m.name]
@@ -247,20 +249,20 @@ func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec Sa
 		if err := sysctl.Write(target, fix); err != nil {
 			g.verified.WithLabelValues("error").Inc()
 			logger.Error(err, "Could not repair pod sysctls", "mismatches", res.mismatches)
-			res.verification, res.errText = SysctlsError, err.Error()
+			res.verification, res.errText = registry.SysctlsError, err.Error()
 			return res
 		}
 		g.verified.WithLabelValues("repaired").Inc()
 		logger.Info("Repaired pod sysctls inside the pod", "mismatches", res.mismatches)
-		res.verification = SysctlsRepaired
-	case VerifyFail:
+		res.verification = registry.SysctlsRepaired
+	case config.VerifyFail:
 		g.verified.WithLabelValues("failed").Inc()
-		res.verification = SysctlsMismatch
+		res.verification = registry.SysctlsMismatch
 		res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("sysctls do not hold in the pod: %v", mismatch))
 	default:
 		g.verified.WithLabelValues("mismatch").Inc()
 		logger.Info("Pod sysctls do not hold in the pod", "mismatches", res.mismatches)
-		res.verification = SysctlsMismatch
+		res.verification = registry.SysctlsMismatch
 	}
 	return res
 }
@@ -272,7 +274,7 @@ type sysctlMismatch struct {
 
 func (m sysctlMismatch) String() string { return fmt.Sprintf("%s=%q (want %q)", m.name, m.got, m.want) }
 
-func (g *sysctlStages) mismatches(ctx context.Context, rec SandboxRecord, want map[sysctl.Name]string) ([]sysctlMismatch, sysctl.Target, error) {
+func (g *sysctlStages) mismatches(ctx context.Context, rec registry.SandboxRecord, want map[sysctl.Name]string) ([]sysctlMismatch, sysctl.Target, error) {
 	target, err := sandboxTarget(rec)
 	if err != nil {
 		return nil, target, err
@@ -300,7 +302,7 @@ func (g *sysctlStages) mismatches(ctx context.Context, rec SandboxRecord, want m
 
 // sandboxTarget names the sandbox's namespaces from its record, which the forward stage read
 // from the runtime: the network namespace CNI used, and the pause process's IPC namespace.
-func sandboxTarget(rec SandboxRecord) (sysctl.Target, error) {
+func sandboxTarget(rec registry.SandboxRecord) (sysctl.Target, error) {
 	if rec.PID <= 0 {
 		if rec.Status != "" {
 			return sysctl.Target{}, errors.New(rec.Status)

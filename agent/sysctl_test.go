@@ -23,6 +23,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -156,9 +158,9 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 		recorded  string // the registry's verification result; "" = no record
 		cleanedUp bool
 	}{
-		{VerifyRepair, codes.OK, want, "repaired", SysctlsRepaired, false},
-		{VerifyFail, codes.FailedPrecondition, "", "failed", "", true},
-		{VerifyWarn, codes.OK, "", "mismatch", SysctlsMismatch, false},
+		{config.VerifyRepair, codes.OK, want, "repaired", registry.SysctlsRepaired, false},
+		{config.VerifyFail, codes.FailedPrecondition, "", "failed", "", true},
+		{config.VerifyWarn, codes.OK, "", "mismatch", registry.SysctlsMismatch, false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
 			rt := &nsRuntime{pid: sandboxProcess(t)}
@@ -228,17 +230,17 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 
 // checkRecorded checks that the registry and its checkpoint hold sandbox id with this sysctl
 // verification result, or, when verification is "", that neither holds it.
-func checkRecorded(t *testing.T, reg *Registry, stateDir, id, verification string) {
+func checkRecorded(t *testing.T, reg *registry.Registry, stateDir, id, verification string) {
 	t.Helper()
-	onDisk, err := NewCheckpoint(stateDir).Read()
+	onDisk, err := registry.NewCheckpoint(stateDir).Read()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		where string
-		recs  []SandboxRecord
+		recs  []registry.SandboxRecord
 	}{{"registry", reg.Sandboxes()}, {"checkpoint", onDisk}} {
-		i := slices.IndexFunc(c.recs, func(r SandboxRecord) bool { return r.ID == id })
+		i := slices.IndexFunc(c.recs, func(r registry.SandboxRecord) bool { return r.ID == id })
 		switch {
 		case verification == "" && i >= 0:
 			t.Errorf("%s still holds sandbox %s: %+v", c.where, id, c.recs[i])

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/registry"
 )
 
 // podgate check-config refuses, with exit status 1 and the key named, what would stop podgate at
@@ -23,7 +23,7 @@ func TestCheckConfigResolvesStartUp(t *testing.T) {
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	checkpoint := filepath.Join(stateDir, agent.CheckpointFile)
+	checkpoint := filepath.Join(stateDir, registry.CheckpointFile)
 	if err := os.WriteFile(checkpoint, []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -4,17 +4,16 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
-
-	"github.com/podgate/podgate/agent"
 )
 
 // newCommand builds podgate's command line, in the Kubernetes components' style (cobra + pflag):
 // the root command runs the agent through serve; version, check-config, completion and help are
 // subcommands.
-func newCommand(stdout, stderr io.Writer, serve func(*agent.Configuration) error) *cobra.Command {
+func newCommand(stdout, stderr io.Writer, serve func(*config.Configuration) error) *cobra.Command {
 	var o options
 	root := &cobra.Command{
 		Use:   "podgate",
@@ -110,7 +109,7 @@ func newConfigCommand() *cobra.Command {
 
 // defaultsYAML is agent.DefaultConfiguration() as a configuration file.
 func defaultsYAML() ([]byte, error) {
-	out, err := yaml.Marshal(agent.DefaultConfiguration())
+	out, err := yaml.Marshal(config.DefaultConfiguration())
 	if err != nil {
 		return nil, fmt.Errorf("marshal the default configuration: %w", err)
 	}
@@ -121,7 +120,7 @@ func defaultsYAML() ([]byte, error) {
 // It checks what start-up resolves without the running node (Configuration.Check), so that a
 // file it calls ok does not stop podgate at start-up on a group, kubeconfig or checkpoint.
 func checkConfig(file string, stdout, stderr io.Writer) error {
-	cfg, err := agent.LoadFile(file)
+	cfg, err := config.LoadFile(file)
 	if err == nil {
 		err = cfg.Check()
 	}
@@ -150,12 +149,12 @@ type options struct {
 
 func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.configFile, "config", "", "configuration file (apiVersion podgate.dev/v1alpha1, kind AgentConfiguration)")
-	fs.StringVar(&o.criSocket, "cri-socket", agent.DefaultCRISocket, "unix socket podgate serves CRI on")
-	fs.StringVar(&o.runtimeEndpoint, "runtime-endpoint", agent.DefaultRuntimeEndpoint, "backend runtime CRI endpoint (containerd)")
+	fs.StringVar(&o.criSocket, "cri-socket", config.DefaultCRISocket, "unix socket podgate serves CRI on")
+	fs.StringVar(&o.runtimeEndpoint, "runtime-endpoint", config.DefaultRuntimeEndpoint, "backend runtime CRI endpoint (containerd)")
 	fs.StringVar(&o.imageEndpoint, "image-endpoint", "", "backend image service endpoint (default: the runtime endpoint)")
-	fs.StringVar(&o.metricsAddress, "metrics-address", agent.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
-	fs.StringVar(&o.podResources, "podresources-socket", agent.DefaultPodResourcesSocket, `unix socket podgate serves PodResources on ("" disables)`)
-	fs.StringVar(&o.stateDir, "state-dir", agent.DefaultStateDir, "directory for podgate's state")
+	fs.StringVar(&o.metricsAddress, "metrics-address", config.DefaultMetricsAddress, `host:port for /metrics, /healthz, /readyz ("" or "0" disables)`)
+	fs.StringVar(&o.podResources, "podresources-socket", config.DefaultPodResourcesSocket, `unix socket podgate serves PodResources on ("" disables)`)
+	fs.StringVar(&o.stateDir, "state-dir", config.DefaultStateDir, "directory for podgate's state")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (empty: no API access)")
 	fs.StringVar(&o.nodeName, "node-name", "", "this node's name in the Kubernetes API (default: the host name)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -165,11 +164,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 
 // configuration reads the config file (if --config is given), then applies the flags that were
 // set on the command line, which win over the file.
-func (o *options) configuration(fs *pflag.FlagSet) (*agent.Configuration, error) {
-	cfg := agent.DefaultConfiguration()
+func (o *options) configuration(fs *pflag.FlagSet) (*config.Configuration, error) {
+	cfg := config.DefaultConfiguration()
 	if o.configFile != "" {
 		var err error
-		if cfg, err = agent.LoadFile(o.configFile); err != nil {
+		if cfg, err = config.LoadFile(o.configFile); err != nil {
 			return nil, err
 		}
 	}

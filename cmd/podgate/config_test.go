@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/config"
 )
 
 // configDefaults runs `podgate config defaults` and returns what it prints.
@@ -39,11 +39,11 @@ func TestDefaultConfigFilesAreValidAndTheDefaults(t *testing.T) {
 			t.Errorf("podgate check-config %s: exit %d; output:\n%s", file, code, stdout.String()+stderr.String())
 			continue
 		}
-		cfg, err := agent.LoadFile(file)
+		cfg, err := config.LoadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := agent.DefaultConfiguration(); !reflect.DeepEqual(cfg, want) {
+		if want := config.DefaultConfiguration(); !reflect.DeepEqual(cfg, want) {
 			t.Errorf("%s is not the default configuration:\n got %+v\nwant %+v", file, cfg, want)
 		}
 	}

@@ -8,10 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/podgate/podgate/agent/config"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
-
-	"github.com/podgate/podgate/agent"
 )
 
 // TestMakeInstall runs `make install` and `make uninstall` into a scratch DESTDIR, as a package
@@ -60,7 +59,7 @@ func TestMakeInstall(t *testing.T) {
 			t.Errorf("systemd-analyze verify of the installed unit: %v\n%s", err, out)
 		}
 	}
-	if _, err := agent.LoadFile(filepath.Join(dest, "etc/podgate/config.yaml")); err != nil {
+	if _, err := config.LoadFile(filepath.Join(dest, "etc/podgate/config.yaml")); err != nil {
 		t.Errorf("installed config: %v", err)
 	}
 	dropIn, err := os.ReadFile(filepath.Join(dest, "etc/kubernetes/kubelet.conf.d/50-podgate.conf"))
@@ -71,7 +70,7 @@ func TestMakeInstall(t *testing.T) {
 	if err := yaml.UnmarshalStrict(dropIn, &kc); err != nil {
 		t.Fatalf("kubelet drop-in: %v", err)
 	}
-	want := "unix://" + agent.DefaultCRISocket
+	want := "unix://" + config.DefaultCRISocket
 	if kc.Kind != "KubeletConfiguration" || kc.APIVersion != "kubelet.config.k8s.io/v1beta1" || kc.ContainerRuntimeEndpoint != want || kc.ImageServiceEndpoint != want {
 		t.Errorf("kubelet drop-in = %s/%s runtime %q image %q; want KubeletConfiguration with both endpoints %s",
 			kc.APIVersion, kc.Kind, kc.ContainerRuntimeEndpoint, kc.ImageServiceEndpoint, want)

@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/config"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -40,7 +41,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	return execute(newCommand(stdout, stderr, func(cfg *agent.Configuration) error {
+	return execute(newCommand(stdout, stderr, func(cfg *config.Configuration) error {
 		return serve(cfg, stderr)
 	}), args, stderr)
 }
@@ -84,7 +85,7 @@ func execute(root *cobra.Command, args []string, stderr io.Writer) int {
 }
 
 // serve runs the agent until SIGTERM or SIGINT.
-func serve(cfg *agent.Configuration, stderr io.Writer) error {
+func serve(cfg *config.Configuration, stderr io.Writer) error {
 	if err := setupLogging(cfg.Logging, stderr); err != nil {
 		return &exitError{code: 2, err: err}
 	}
@@ -122,7 +123,7 @@ func gcPercent(lookupEnv func(string) (string, bool)) (int, bool) {
 }
 
 // setupLogging configures klog: its own text format, or JSON lines through log/slog.
-func setupLogging(l agent.Logging, stderr io.Writer) error {
+func setupLogging(l config.Logging, stderr io.Writer) error {
 	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(fs)
 	if err := fs.Set("v", fmt.Sprint(l.Verbosity)); err != nil {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/config"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -23,9 +23,9 @@ func writeConfig(t *testing.T, body string) string {
 
 // configure parses args as podgate's command line and returns the configuration the agent would
 // run with, without running it.
-func configure(args []string, stderr io.Writer) (*agent.Configuration, error) {
-	var cfg *agent.Configuration
-	root := newCommand(io.Discard, stderr, func(c *agent.Configuration) error {
+func configure(args []string, stderr io.Writer) (*config.Configuration, error) {
+	var cfg *config.Configuration
+	root := newCommand(io.Discard, stderr, func(c *config.Configuration) error {
 		cfg = c
 		return nil
 	})
@@ -201,7 +201,7 @@ func TestExitStatusOfTheAgent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ran := false
-			root := newCommand(io.Discard, io.Discard, func(*agent.Configuration) error {
+			root := newCommand(io.Discard, io.Discard, func(*config.Configuration) error {
 				ran = true
 				return tc.err
 			})

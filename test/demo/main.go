@@ -28,7 +28,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/registry"
 	prv1alpha1 "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
@@ -155,7 +155,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	}
 	fmt.Fprintf(out, "    container output (from its CRI log file): %s\n", logLine)
 
-	step(out, "What podgate recorded of the pod (its pod registry, kept in %s)", agent.CheckpointFile)
+	step(out, "What podgate recorded of the pod (its pod registry, kept in %s)", registry.CheckpointFile)
 	recs, err := recorded(ctx, filepath.Join(work, "state"))
 	if err != nil {
 		return err
@@ -230,15 +230,15 @@ sysctls:
 
 // recorded reads podgate's registry checkpoint once it holds a sandbox whose sysctls are
 // verified: podgate writes it in the background, moments after the verification.
-func recorded(ctx context.Context, stateDir string) ([]agent.SandboxRecord, error) {
+func recorded(ctx context.Context, stateDir string) ([]registry.SandboxRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
-		recs, err := agent.NewCheckpoint(stateDir).Read()
+		recs, err := registry.NewCheckpoint(stateDir).Read()
 		if err != nil {
 			return nil, err
 		}
-		if len(recs) > 0 && recs[0].Sysctls.Verification != agent.SysctlsPending {
+		if len(recs) > 0 && recs[0].Sysctls.Verification != registry.SysctlsPending {
 			return recs, nil
 		}
 		select {

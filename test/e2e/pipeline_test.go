@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -45,9 +45,9 @@ func roundedValue(t *testing.T) (asked, got string) {
 	return "", ""
 }
 
-func readCheckpoint(t *testing.T, p *harness.Podgate) []agent.SandboxRecord {
+func readCheckpoint(t *testing.T, p *harness.Podgate) []registry.SandboxRecord {
 	t.Helper()
-	recs, err := agent.NewCheckpoint(filepath.Join(filepath.Dir(p.Socket), "state")).Read()
+	recs, err := registry.NewCheckpoint(filepath.Join(filepath.Dir(p.Socket), "state")).Read()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,9 +56,9 @@ func readCheckpoint(t *testing.T, p *harness.Podgate) []agent.SandboxRecord {
 
 // waitCheckpoint waits until the checkpoint of a running podgate, which follows its registry
 // in the background, satisfies ok; it fails the test after a minute.
-func waitCheckpoint(t *testing.T, p *harness.Podgate, ok func([]agent.SandboxRecord) bool) []agent.SandboxRecord {
+func waitCheckpoint(t *testing.T, p *harness.Podgate, ok func([]registry.SandboxRecord) bool) []registry.SandboxRecord {
 	t.Helper()
-	var recs []agent.SandboxRecord
+	var recs []registry.SandboxRecord
 	waitWithin(t, time.Minute, "the checkpoint as expected", func() bool {
 		recs = readCheckpoint(t, p)
 		return ok(recs)
@@ -104,8 +104,8 @@ sysctls:
 		t.Fatalf("RunPodSandbox asking %s=1000: %v", roundedSysctl, err)
 	}
 	// The failed sandbox never reaches the checkpoint; the good one does, verified.
-	waitCheckpoint(t, n.podgate, func(recs []agent.SandboxRecord) bool {
-		return len(recs) == 1 && recs[0].ID == id && recs[0].Sysctls.Verification == agent.SysctlsOK &&
+	waitCheckpoint(t, n.podgate, func(recs []registry.SandboxRecord) bool {
+		return len(recs) == 1 && recs[0].ID == id && recs[0].Sysctls.Verification == registry.SysctlsOK &&
 			recs[0].NetNS != "" && recs[0].PID != 0 && len(recs[0].IPs) != 0
 	})
 	metrics, err := n.podgate.Metrics(ctx)
@@ -152,7 +152,7 @@ sysctls:
 		t.Fatalf("stop podgate: exit %d, %v", code, err)
 	}
 	before := readCheckpoint(t, n.podgate)
-	if len(before) != 2 || before[0].Origin != agent.OriginStarted {
+	if len(before) != 2 || before[0].Origin != registry.OriginStarted {
 		t.Fatalf("checkpoint before the restart: %+v", before)
 	}
 
@@ -170,9 +170,9 @@ sysctls:
 	}
 	n.podgate = p // the node's cleanup stops this one
 	waitMetric(t, p, `podgate_registry_rebuilds_total{result="ok"} 1`)
-	after := waitCheckpoint(t, p, func(recs []agent.SandboxRecord) bool { return len(recs) == 3 })
-	i := slices.IndexFunc(after, func(r agent.SandboxRecord) bool { return r.ID == past })
-	if i < 0 || after[i].Origin != agent.OriginAdopted || after[i].Sysctls.Verification != agent.SysctlsUnverified || after[i].NetNS == "" {
+	after := waitCheckpoint(t, p, func(recs []registry.SandboxRecord) bool { return len(recs) == 3 })
+	i := slices.IndexFunc(after, func(r registry.SandboxRecord) bool { return r.ID == past })
+	if i < 0 || after[i].Origin != registry.OriginAdopted || after[i].Sysctls.Verification != registry.SysctlsUnverified || after[i].NetNS == "" {
 		t.Errorf("sandbox started past podgate: %+v; want adopted, sysctls unverified, its netns known", after)
 	} else {
 		after = slices.Delete(after, i, i+1)

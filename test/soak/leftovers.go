@@ -10,7 +10,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
@@ -58,7 +58,7 @@ func leftovers(ctx context.Context, pg *harness.Podgate, r *rig.Rig, work string
 		if err != nil {
 			return false, err
 		}
-		rs, err := agent.NewCheckpoint(filepath.Join(work, "state")).Read()
+		rs, err := registry.NewCheckpoint(filepath.Join(work, "state")).Read()
 		if err != nil {
 			return false, err
 		}

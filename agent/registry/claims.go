@@ -1,4 +1,4 @@
-package agent
+package registry
 
 import (
 	"slices"
@@ -61,7 +61,8 @@ type PodClaims struct {
 	Containers []ContainerClaims `json:"containers,omitempty"`
 }
 
-func (p *PodClaims) clone() PodClaims {
+// Clone returns a deep copy of p.
+func (p *PodClaims) Clone() PodClaims {
 	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: slices.Clone(p.Containers)}
 	for i := range c.Containers {
 		c.Containers[i].Claims = slices.Clone(c.Containers[i].Claims)
@@ -96,7 +97,7 @@ func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
 	if !ok {
 		return PodClaims{}, false
 	}
-	return pc.clone(), true
+	return pc.Clone(), true
 }
 
 // AllPodClaims returns every pod's claims, ordered by pod UID.
@@ -109,7 +110,7 @@ func (r *Registry) AllPodClaims() []PodClaims {
 func (r *Registry) allPodClaimsLocked() []PodClaims {
 	out := make([]PodClaims, 0, len(r.claims))
 	for _, pc := range r.claims {
-		out = append(out, pc.clone())
+		out = append(out, pc.Clone())
 	}
 	slices.SortFunc(out, func(a, b PodClaims) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
 	return out
@@ -119,7 +120,7 @@ func (r *Registry) allPodClaimsLocked() []PodClaims {
 // before it returns: call it before a driver is asked to prepare, so that a crash never loses
 // the obligation to unprepare. On a write error nothing changes.
 func (r *Registry) SetPodClaims(pc PodClaims) error {
-	c := pc.clone()
+	c := pc.Clone()
 	r.mu.Lock()
 	before := r.beforeLocked(pc.Pod.UID)
 	prev := r.claims[pc.Pod.UID]
@@ -145,7 +146,7 @@ func (r *Registry) SetPodClaims(pc PodClaims) error {
 // in the background. For what a crash may lose: the drivers' answers (a repeated prepare is
 // harmless), not an obligation.
 func (r *Registry) UpdatePodClaims(pc PodClaims) {
-	c := pc.clone()
+	c := pc.Clone()
 	r.mu.Lock()
 	before := r.beforeLocked(pc.Pod.UID)
 	r.claims[pc.Pod.UID] = &c

@@ -1,14 +1,13 @@
-package agent
+package config
 
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"os/user"
 	"strconv"
 
-	"k8s.io/client-go/tools/clientcmd"
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
 )
 
 // Check runs Validate and then resolves what start-up resolves without the running node: the
@@ -21,8 +20,8 @@ func (c *Configuration) Check() error {
 		c.Validate(),
 		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
 		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
-		prefixed("kubeconfig", checkKubeconfig(c.Kubeconfig)),
-		prefixed("stateDir", checkStateDir(c.StateDir)),
+		prefixed("kubeconfig", kube.CheckKubeconfig(c.Kubeconfig)),
+		prefixed("stateDir", registry.CheckStateDir(c.StateDir)),
 	)
 }
 
@@ -56,44 +55,4 @@ func checkGroup(g string) error {
 	default:
 		return fmt.Errorf("group %q: %w", g, err)
 	}
-}
-
-// checkKubeconfig loads the kubeconfig file and builds the client start-up builds (which reads
-// the certificate files the kubeconfig names), without contacting the API server.
-func checkKubeconfig(path string) error {
-	if path == "" {
-		return nil
-	}
-	if _, err := clientcmd.LoadFromFile(path); err != nil {
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			return err // names the file already
-		}
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if _, err := newKubeClientForConfig(cfg); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
-}
-
-// checkStateDir checks what start-up's openRegistry would trip on: stateDir being something
-// else than a directory, or a checkpoint that does not read. A stateDir that does not exist yet
-// is fine: podgate creates it.
-func checkStateDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%q: not a directory", dir)
-	}
-	_, err = NewCheckpoint(dir).ReadAll()
-	return err
 }

@@ -1,4 +1,4 @@
-package agent
+package registry
 
 import (
 	"slices"
@@ -53,12 +53,12 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 		return p
 	}
 	for uid, pc := range r.claims {
-		c := pc.clone()
+		c := pc.Clone()
 		state(uid).Claims = &c
 	}
 	for _, e := range r.entries {
 		p := state(e.Pod.UID)
-		p.Sandboxes = append(p.Sandboxes, e.clone())
+		p.Sandboxes = append(p.Sandboxes, e.Clone())
 	}
 	out := make([]PodState, 0, len(pods))
 	for _, p := range pods {
@@ -116,7 +116,7 @@ func newerPod(a, b *PodState) bool {
 func (r *Registry) podStateLocked(uid types.UID) *PodState {
 	p := &PodState{UID: uid, Sandboxes: r.sortedLocked(func(e *SandboxRecord) bool { return e.Pod.UID == uid })}
 	if pc, ok := r.claims[uid]; ok {
-		c := pc.clone()
+		c := pc.Clone()
 		p.Claims = &c
 	}
 	if len(p.Sandboxes) == 0 && p.Claims == nil {

@@ -1,4 +1,4 @@
-package agent
+package config
 
 import (
 	"strings"
@@ -49,7 +49,7 @@ func TestImagePullsConfig(t *testing.T) {
 				if err != nil {
 					t.Fatalf("valid config: %v", err)
 				}
-				got := c.ImagePulls.limits()
+				got := c.ImagePulls.Limits()
 				if got.MaxParallel != tt.want.MaxParallel || len(got.PerRegistry) != len(tt.want.PerRegistry) {
 					t.Errorf("limits %+v, want %+v", got, tt.want)
 				}
@@ -77,7 +77,7 @@ func TestImagePullsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := c.ImagePulls.sandboxPriority()
+	sp := c.ImagePulls.SandboxPriority()
 	if sp.Label != DefaultPriorityLabel || len(sp.Namespaces) != 1 || sp.Namespaces[0] != "kube-system" {
 		t.Errorf("priority fallback %+v, want %s in kube-system", sp, DefaultPriorityLabel)
 	}

@@ -1,4 +1,4 @@
-package agent
+package kube
 
 import (
 	"context"
@@ -133,7 +133,7 @@ func TestGetOrFetch(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			client, l, _ := startLookup(t, []PodLookupOption{WithKubeMetrics(reg)}, tt.cached...)
+			client, l, _ := startLookup(t, []PodLookupOption{WithMetrics(reg)}, tt.cached...)
 			gets := answerGets(client, tt.answer)
 
 			got, err := l.GetOrFetch(t.Context(), pod.UID, pod.Namespace, pod.Name)
@@ -243,7 +243,7 @@ func TestGetOrFetchBurst(t *testing.T) {
 	const callers = 8
 	pod := testPod("1", "")
 	reg := prometheus.NewRegistry()
-	client, l, _ := startLookup(t, []PodLookupOption{WithKubeMetrics(reg)})
+	client, l, _ := startLookup(t, []PodLookupOption{WithMetrics(reg)})
 	release := make(chan struct{})
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })

@@ -1,4 +1,4 @@
-package agent
+package config
 
 import (
 	"os"
@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/podgate/podgate/agent/registry"
 )
 
 const checkKubeconfigYAML = `apiVersion: v1
@@ -52,12 +54,12 @@ func TestCheckConfiguration(t *testing.T) {
 	if err := os.Mkdir(damaged, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	damagedFile := writeCheckFile(t, damaged, CheckpointFile, "{not json")
+	damagedFile := writeCheckFile(t, damaged, registry.CheckpointFile, "{not json")
 	good := filepath.Join(dir, "good")
 	if err := os.Mkdir(good, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewCheckpoint(good).Write(CheckpointData{}); err != nil {
+	if err := registry.NewCheckpoint(good).Write(registry.CheckpointData{}); err != nil {
 		t.Fatal(err)
 	}
 	notDir := writeCheckFile(t, dir, "file", "")

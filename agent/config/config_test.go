@@ -1,4 +1,4 @@
-package agent
+package config
 
 import (
 	"os"
@@ -128,7 +128,7 @@ func TestParseErrorsNamePathAndLine(t *testing.T) {
 		},
 		{name: "string for an int", doc: "imagePulls:\n  maxParallel: lots\n", want: []string{"imagePulls.maxParallel: cannot decode string into int32 (line 4)"}},
 		{name: "list item of the wrong type", doc: "dra:\n  drivers:\n  - a.example.com\n  - [b]\n", want: []string{"dra.drivers[1]: cannot decode array into string (line 6)"}},
-		{name: "scalar for a section", doc: "\nlogging: loud\n", want: []string{"logging: cannot decode string into agent.Logging (line 4)"}},
+		{name: "scalar for a section", doc: "\nlogging: loud\n", want: []string{"logging: cannot decode string into config.Logging (line 4)"}},
 		{name: "bad duration", doc: "dra:\n  callTimeout: soon\n", want: []string{`dra.callTimeout: time: invalid duration "soon" (line 4)`}},
 		{name: "duplicate key", doc: "stateDir: /a\nstateDir: /b\n", want: []string{`stateDir: duplicate key "stateDir" (line 4, first at line 3)`}},
 		{

@@ -1,4 +1,4 @@
-package agent
+package registry
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -100,7 +102,13 @@ type AttachedDevice struct {
 	Published bool `json:"published,omitempty"`
 }
 
-func (r *SandboxRecord) clone() SandboxRecord {
+// Network is the device's network data, as the claim's status and PodResources show it.
+func (dev AttachedDevice) Network() dra.DeviceNetwork {
+	return dev.Interface.DeviceNetwork(resourceapi.DeviceRequestAllocationResult{Driver: dev.Driver, Pool: dev.Pool, Device: dev.Device})
+}
+
+// Clone returns a deep copy of r.
+func (r *SandboxRecord) Clone() SandboxRecord {
 	c := *r
 	c.IPs = slices.Clone(r.IPs)
 	c.Sysctls.Asked = maps.Clone(r.Sysctls.Asked)
@@ -181,11 +189,11 @@ func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	}
 	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {
-		rec := d.Sandboxes[i].clone()
+		rec := d.Sandboxes[i].Clone()
 		r.entries[rec.ID] = &rec
 	}
 	for i := range d.PodClaims {
-		pc := d.PodClaims[i].clone()
+		pc := d.PodClaims[i].Clone()
 		r.claims[pc.Pod.UID] = &pc
 	}
 	return r
@@ -199,7 +207,7 @@ func (r *Registry) Sandbox(id string) (SandboxRecord, bool) {
 	if !ok {
 		return SandboxRecord{}, false
 	}
-	return e.clone(), true
+	return e.Clone(), true
 }
 
 // Sandboxes implements SandboxLister.
@@ -220,7 +228,7 @@ func (r *Registry) sortedLocked(keep func(*SandboxRecord) bool) []SandboxRecord 
 	var out []SandboxRecord // most callers keep few: no room for every entry up front
 	for _, e := range r.entries {
 		if keep(e) {
-			out = append(out, e.clone())
+			out = append(out, e.Clone())
 		}
 	}
 	slices.SortFunc(out, compareSandboxes)
@@ -252,7 +260,7 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
 	}
-	c := rec.clone()
+	c := rec.Clone()
 	r.mu.Lock()
 	if old, ok := r.entries[rec.ID]; ok && old.Pod.UID != rec.Pod.UID {
 		before := r.beforeLocked(old.Pod.UID)
@@ -352,12 +360,12 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 			continue
 		}
 		if old, ok := r.entries[rec.ID]; ok {
-			refreshed := old.clone()
+			refreshed := old.Clone()
 			refreshed.refreshFromRuntime(&rec)
 			r.entries[rec.ID] = &refreshed
 			continue
 		}
-		c := rec.clone()
+		c := rec.Clone()
 		r.entries[rec.ID] = &c
 		added++
 	}
@@ -380,13 +388,13 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 // refreshFromRuntime copies what the runtime reports from seen into r, readiness included.
 func (r *SandboxRecord) refreshFromRuntime(seen *SandboxRecord) {
 	r.Ready = seen.Ready
-	r.fillFromRuntime(seen)
+	r.FillFromRuntime(seen)
 }
 
-// fillFromRuntime copies what the runtime reports of the sandbox's make-up from seen into r:
+// FillFromRuntime copies what the runtime reports of the sandbox's make-up from seen into r:
 // netns, pause PID, IPs, cgroup parent. Readiness is left alone: a status read while
 // RunPodSandbox answered may land after the sandbox was stopped.
-func (r *SandboxRecord) fillFromRuntime(seen *SandboxRecord) {
+func (r *SandboxRecord) FillFromRuntime(seen *SandboxRecord) {
 	r.NetNS, r.HostNetwork, r.PID = seen.NetNS, seen.HostNetwork, seen.PID
 	r.CgroupParent, r.IPs, r.Status = seen.CgroupParent, slices.Clone(seen.IPs), seen.Status
 	r.CgroupsPath = seen.CgroupsPath

@@ -1,4 +1,4 @@
-package agent
+package config
 
 import (
 	"errors"
@@ -82,8 +82,8 @@ func (p *ImagePulls) validate() error {
 	return errors.Join(errs...)
 }
 
-// limits returns the governor's caps, registry hosts normalised. The section is valid.
-func (p *ImagePulls) limits() imagepull.Limits {
+// Limits returns the governor's caps, registry hosts normalised. The section is valid.
+func (p *ImagePulls) Limits() imagepull.Limits {
 	var l imagepull.Limits
 	if p.MaxParallel != nil {
 		l.MaxParallel = int(*p.MaxParallel)
@@ -98,8 +98,8 @@ func (p *ImagePulls) limits() imagepull.Limits {
 	return l
 }
 
-// sandboxPriority is the priority fallback without the API.
-func (p *ImagePulls) sandboxPriority() imagepull.SandboxPriority {
+// SandboxPriority is the priority fallback without the API.
+func (p *ImagePulls) SandboxPriority() imagepull.SandboxPriority {
 	return imagepull.SandboxPriority{Label: p.PriorityLabel, Namespaces: p.PriorityNamespaces}
 }
 

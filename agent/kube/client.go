@@ -1,4 +1,4 @@
-package agent
+package kube
 
 import (
 	"context"
@@ -19,11 +19,11 @@ import (
 	"github.com/podgate/podgate/dra"
 )
 
-// KubeAPI is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
+// API is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
 // informer, fetched one by one when the informer has not seen a pod yet), ResourceClaims read
-// and their status written, ResourceSlices listed. KubeClient implements it; tests use
+// and their status written, ResourceSlices listed. Client implements it; tests use
 // test/kubefake over client-go's fake clientset.
-type KubeAPI interface {
+type API interface {
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error)
 	WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
@@ -32,17 +32,17 @@ type KubeAPI interface {
 	dra.ResourceSliceLister
 }
 
-// KubeClient is a Kubernetes client that knows only the types podgate uses (core/v1 and
+// Client is a Kubernetes client that knows only the types podgate uses (core/v1 and
 // resource.k8s.io/v1). Like client-go's generated clients it speaks protobuf: JSON would
 // re-encode what it does not own, e.g. a claim's opaque parameters on a status update, which
 // the API server then refuses as a change of the immutable allocation. client-go's clientset would do the same requests, but it registers every
 // built-in API group at start, and those types' code and tables cost ≈ 10 MiB of resident
 // memory on every node (BENCHMARKS.md, "podgate's memory with 110 running pods").
-type KubeClient struct {
+type Client struct {
 	core, resource rest.Interface
 }
 
-var _ KubeAPI = (*KubeClient)(nil)
+var _ API = (*Client)(nil)
 
 // kubeScheme holds core/v1 and resource.k8s.io/v1 (each with the meta/v1 options types).
 var kubeScheme = func() *runtime.Scheme {
@@ -57,19 +57,19 @@ var (
 	kubeParams = runtime.NewParameterCodec(kubeScheme)
 )
 
-// NewKubeClient builds a Kubernetes client from a kubeconfig file.
-func NewKubeClient(kubeconfig string) (*KubeClient, error) {
+// NewClient builds a Kubernetes client from a kubeconfig file.
+func NewClient(kubeconfig string) (*Client, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.UserAgent = "podgate"
-	return newKubeClientForConfig(cfg)
+	return newClientForConfig(cfg)
 }
 
-// newKubeClientForConfig builds the client for cfg: one HTTP client (connections, TLS, rate
+// newClientForConfig builds the client for cfg: one HTTP client (connections, TLS, rate
 // limiter) shared by a REST client per API group.
-func newKubeClientForConfig(cfg *rest.Config) (*KubeClient, error) {
+func newClientForConfig(cfg *rest.Config) (*Client, error) {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
@@ -92,18 +92,18 @@ func newKubeClientForConfig(cfg *rest.Config) (*KubeClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KubeClient{core: core, resource: res}, nil
+	return &Client{core: core, resource: res}, nil
 }
 
 // GetPod reads a pod.
-func (c *KubeClient) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+func (c *Client) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	pod := &corev1.Pod{}
 	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(pod)
 	return pod, err
 }
 
 // ListPods lists pods; namespace "" is every namespace.
-func (c *KubeClient) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error) {
+func (c *Client) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error) {
 	list := &corev1.PodList{}
 	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
 		Timeout(timeoutOf(opts)).Do(ctx).Into(list)
@@ -111,21 +111,21 @@ func (c *KubeClient) ListPods(ctx context.Context, namespace string, opts metav1
 }
 
 // WatchPods watches pods; namespace "" is every namespace.
-func (c *KubeClient) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+func (c *Client) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
 	return c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
 		Timeout(timeoutOf(opts)).Watch(ctx)
 }
 
 // GetResourceClaim implements dra.ResourceClaimGetter.
-func (c *KubeClient) GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+func (c *Client) GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	claim := &resourceapi.ResourceClaim{}
 	err := c.resource.Get().UseProtobufAsDefault().Namespace(namespace).Resource("resourceclaims").Name(name).Do(ctx).Into(claim)
 	return claim, err
 }
 
 // UpdateResourceClaimStatus implements dra.ResourceClaimStatusUpdater.
-func (c *KubeClient) UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
+func (c *Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
 	out := &resourceapi.ResourceClaim{}
 	err := c.resource.Put().UseProtobufAsDefault().Namespace(claim.Namespace).Resource("resourceclaims").Name(claim.Name).
 		SubResource("status").Body(claim).Do(ctx).Into(out)
@@ -133,7 +133,7 @@ func (c *KubeClient) UpdateResourceClaimStatus(ctx context.Context, claim *resou
 }
 
 // ListResourceSlices implements dra.ResourceSliceLister.
-func (c *KubeClient) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
+func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
 	list := &resourceapi.ResourceSliceList{}
 	err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
 		Timeout(timeoutOf(opts)).Do(ctx).Into(list)

@@ -1,4 +1,4 @@
-package agent
+package registry
 
 import (
 	"context"
@@ -14,9 +14,46 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// statusTimeout bounds one PodSandboxStatus call: containerd answers from memory in
-// milliseconds; more means it is stuck, and the kubelet is waiting for RunPodSandbox.
+// statusTimeout bounds one PodSandboxStatus or ContainerStatus call: containerd answers from
+// memory in milliseconds; more means it is stuck, and the kubelet may be waiting.
 const statusTimeout = 10 * time.Second
+
+// decodeInfo decodes the runtime's verbose status ("info", containerd's JSON) into v. what names
+// the status in errors ("sandbox status", "container status"). This is the one parser of it.
+func decodeInfo(what string, info map[string]string, v any) error {
+	raw, ok := info["info"]
+	if !ok {
+		return fmt.Errorf("%s has no verbose info", what)
+	}
+	if err := json.Unmarshal([]byte(raw), v); err != nil {
+		return fmt.Errorf("%s info: %w", what, err)
+	}
+	return nil
+}
+
+// containerInfo is the part of containerd's verbose container status ("info") podgate reads.
+type containerInfo struct {
+	RuntimeSpec *specs.Spec `json:"runtimeSpec"`
+}
+
+// ContainerCgroupsPath reads the container's linux.cgroupsPath from its runtime spec, in its
+// verbose status.
+func ContainerCgroupsPath(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		return "", fmt.Errorf("container status: %w", err)
+	}
+	var info containerInfo
+	if err := decodeInfo("container status", st.GetInfo(), &info); err != nil {
+		return "", err
+	}
+	if info.RuntimeSpec == nil || info.RuntimeSpec.Linux == nil || info.RuntimeSpec.Linux.CgroupsPath == "" {
+		return "", errors.New("container's runtime spec has no linux.cgroupsPath")
+	}
+	return info.RuntimeSpec.Linux.CgroupsPath, nil
+}
 
 // sandboxInfo is the part of containerd's verbose sandbox status ("info") podgate reads.
 type sandboxInfo struct {
@@ -26,10 +63,10 @@ type sandboxInfo struct {
 	RuntimeSpec    *specs.Spec                  `json:"runtimeSpec"`
 }
 
-// inspectSandbox reads the sandbox's verbose status, once, and fills in what the runtime
+// InspectSandbox reads the sandbox's verbose status, once, and fills in what the runtime
 // knows of it: readiness, IPs, network namespace, pause PID, cgroup parent. What rec already
 // holds from the pipeline (the pod, the runtime handler asked for) is kept.
-func inspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec *SandboxRecord) error {
+func InspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec *SandboxRecord) error {
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: rec.ID, Verbose: true})
@@ -46,13 +83,9 @@ func inspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec
 	for _, ip := range s.GetNetwork().GetAdditionalIps() {
 		rec.IPs = append(rec.IPs, ip.GetIp())
 	}
-	raw, ok := st.GetInfo()["info"]
-	if !ok {
-		return errors.New("sandbox status has no verbose info")
-	}
 	var info sandboxInfo
-	if err := json.Unmarshal([]byte(raw), &info); err != nil {
-		return fmt.Errorf("sandbox status info: %w", err)
+	if err := decodeInfo("sandbox status", st.GetInfo(), &info); err != nil {
+		return err
 	}
 	rec.PID = info.PID
 	if rec.RuntimeHandler == "" {
@@ -100,7 +133,7 @@ func recordFromRuntime(ctx context.Context, rt runtimeapi.RuntimeServiceClient, 
 		CreatedAt:      time.Unix(0, sb.GetCreatedAt()).UTC(),
 		Sysctls:        SysctlRecord{Verification: SysctlsUnverified},
 	}
-	if err := inspectSandbox(ctx, rt, &rec); err != nil {
+	if err := InspectSandbox(ctx, rt, &rec); err != nil {
 		if status.Code(err) == codes.NotFound {
 			return runtimeRecord{gone: true}
 		}

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"time"
 
@@ -10,10 +9,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 )
-
-// rebuildAttemptTimeout bounds one rebuild attempt: a list and a status call per sandbox,
-// which containerd answers from memory.
-const rebuildAttemptTimeout = time.Minute
 
 // rebuildBackoff spaces the attempts while the runtime is unreachable (podgate may start
 // before containerd): soon at first, at most every 30 seconds.
@@ -27,7 +22,7 @@ func (a *Agent) rebuildRegistry(ctx context.Context, rt runtimeapi.RuntimeServic
 	attempt := 0
 	err := wait.ExponentialBackoffWithContext(ctx, rebuildBackoff, func(ctx context.Context) (bool, error) {
 		attempt++
-		known, added, dropped, err := rebuildOnce(ctx, a.sandboxes, rt)
+		known, added, dropped, err := a.sandboxes.Rebuild(ctx, rt)
 		if err != nil {
 			a.rebuilds.WithLabelValues("error").Inc()
 			logger.V(1).Info("Pod registry not rebuilt yet", "attempt", attempt, "err", err)
@@ -44,27 +39,4 @@ func (a *Agent) rebuildRegistry(ctx context.Context, rt runtimeapi.RuntimeServic
 	if err != nil && ctx.Err() == nil {
 		logger.Error(err, "Pod registry not rebuilt")
 	}
-}
-
-// rebuildOnce lists the runtime's sandboxes, reads each one's status, and reconciles the
-// registry with them.
-func rebuildOnce(ctx context.Context, reg *Registry, rt runtimeapi.RuntimeServiceClient) (known, added, dropped int, err error) {
-	ctx, cancel := context.WithTimeout(ctx, rebuildAttemptTimeout)
-	defer cancel()
-	end := reg.beginRebuild()
-	defer end()
-	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("list sandboxes: %w", err)
-	}
-	seen := make([]SandboxRecord, 0, len(resp.GetItems()))
-	for _, sb := range resp.GetItems() {
-		rec := recordFromRuntime(ctx, rt, sb)
-		if rec.gone {
-			continue // removed between the list and its status
-		}
-		seen = append(seen, rec.SandboxRecord)
-	}
-	added, dropped = reg.reconcile(seen)
-	return len(seen), added, dropped, nil
 }
