@@ -189,6 +189,8 @@ type proxy struct {
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
 	pulls   *imagepull.Governor
+	// pullInterceptor is the governor as PullImage's hook.
+	pullInterceptor cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resourceStages
 }
@@ -223,12 +225,10 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
 	a.buildDRA(ctx, p)
 	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
-	p.pipeline.register(p.server)
-	p.sysctls.register(p.server)
 	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, p.runtime, a.registry)
-	p.resources.register(p.server)
 	p.resources.logNode(klog.FromContext(ctx))
-	p.pulls = a.registerImagePulls(p.server)
+	p.pulls, p.pullInterceptor = a.newImagePulls()
+	p.register()
 	return p, nil
 }
 

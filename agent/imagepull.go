@@ -12,15 +12,14 @@ import (
 	"github.com/podgate/podgate/cri/imagepull"
 )
 
-// registerImagePulls plugs the image pull governor into PullImage. It is always on: without
+// newImagePulls makes the image pull governor and its PullImage hook. It is always on: without
 // caps it still shares concurrent pulls of one image and drops pulls whose pod is gone.
-func (a *Agent) registerImagePulls(server *cri.Server) *imagepull.Governor {
+func (a *Agent) newImagePulls() (*imagepull.Governor, cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]) {
 	g := imagepull.New(a.cfg.ImagePulls.Limits(), imagepull.WithRegisterer(a.registry))
 	if a.pods != nil {
 		a.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
 	}
-	g.Register(server, pullPriority(a.pods, a.cfg.ImagePulls.SandboxPriority()))
-	return g
+	return g, g.Interceptor(pullPriority(a.pods, a.cfg.ImagePulls.SandboxPriority()))
 }
 
 // pullPriority takes a pull's priority from its pod in the API server when podgate knows the

@@ -126,13 +126,6 @@ func (s *resourceStages) logNode(logger klog.Logger) {
 	logger.Info("Cgroups", kv...)
 }
 
-func (s *resourceStages) register(srv *cri.Server) {
-	cri.Intercept(srv, cri.CreateContainer, s.createContainer)
-	cri.Intercept(srv, cri.StartContainer, s.startContainer)
-	cri.Intercept(srv, cri.UpdateContainerResources, s.updateContainerResources)
-	cri.Intercept(srv, cri.RemoveContainer, s.removeContainer)
-}
-
 func (s *resourceStages) createContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest, next cri.Forward[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]) (*runtimeapi.CreateContainerResponse, error) {
 	t := s.startTimer("CreateContainer")
 	defer t.done()

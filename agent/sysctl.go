@@ -78,11 +78,6 @@ func newSysctlStages(policy *sysctl.Policy, verify string, registry *registry.Re
 	return g
 }
 
-// register holds CreateContainer while its sandbox's sysctls are being verified.
-func (g *sysctlStages) register(s *cri.Server) {
-	cri.Intercept(s, cri.CreateContainer, g.createContainer)
-}
-
 // checkStage validates the pod's sysctls and completes them with the node's defaults. A
 // refusal is InvalidArgument, before anything reaches the runtime.
 func (g *sysctlStages) checkStage() stage {
