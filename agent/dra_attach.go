@@ -67,7 +67,10 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	sb.fromRuntime()
+	if err := sb.fromRuntime(); err != nil {
+		// The devices were asked for and cannot be moved without the pod's namespace.
+		return fmt.Errorf("attach DRA devices to sandbox %s: %w", sb.rec.ID, err)
+	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
 	if sb.rec.HostNetwork || sb.rec.NetNS == "" {
 		logger.Info("DRA network devices not attached: the pod has no network namespace of its own", "devices", len(todo), "status", sb.rec.Status)

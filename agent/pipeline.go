@@ -77,18 +77,20 @@ type sandboxRun struct {
 	// ended holds what runs when the call ends, whether it succeeded or not.
 	ended []func()
 	// runtimeView reads the sandbox's verbose status once (later calls return the first
-	// answer): its netns, pause PID, IPs. Set by the status stage.
-	runtimeView func() registry.SandboxRecord
+	// answer): its netns, pause PID, IPs, and the runtime's error when it did not answer, with
+	// its class. Set by the status stage.
+	runtimeView func() (registry.SandboxRecord, error)
 }
 
 // fromRuntime fills rec with the sandbox's status now, for a stage that needs the sandbox's
-// namespaces before RunPodSandbox answers.
-func (sb *sandboxRun) fromRuntime() {
+// namespaces before RunPodSandbox answers. The error is the runtime's, class kept.
+func (sb *sandboxRun) fromRuntime() error {
 	if sb.runtimeView == nil {
-		return
+		return nil
 	}
-	v := sb.runtimeView()
+	v, err := sb.runtimeView()
 	sb.rec.FillFromRuntime(&v)
+	return err
 }
 
 // onAnswer adds fn to what runs once every stage has succeeded.
@@ -304,18 +306,19 @@ func (p *sandboxPipeline) statusStage() stage {
 			base := registry.SandboxRecord{ID: id, RuntimeHandler: sb.rec.RuntimeHandler, CgroupParent: sb.rec.CgroupParent, Origin: sb.rec.Origin}
 			// The view may be read after the kubelet's call has ended.
 			vctx := context.WithoutCancel(ctx)
-			sb.runtimeView = sync.OnceValue(func() registry.SandboxRecord {
+			sb.runtimeView = sync.OnceValues(func() (registry.SandboxRecord, error) {
 				v := base
-				if err := registry.InspectSandbox(vctx, p.runtime, &v); err != nil {
-					v.Status = err.Error()
+				err := registry.InspectSandbox(vctx, p.runtime, &v)
+				if err != nil {
+					v.Status = err.Error() // what the registry's readers see
 					logger.Error(err, "Read new pod sandbox's status", "podSandboxID", id)
 				}
-				return v
+				return v, err
 			})
 			view := sb.runtimeView
 			sb.onAnswer(func() {
 				p.background.Go(func() {
-					v := view()
+					v, _ := view() // logged by the view
 					p.registry.Update(id, func(r *registry.SandboxRecord) { r.FillFromRuntime(&v) })
 				})
 			})

@@ -52,12 +52,25 @@ type rigOptions struct {
 	dra func(r *pipelineRig) *draStages
 	// onRun runs in the runtime's RunPodSandbox, before it creates the sandbox.
 	onRun func()
+	// statusErr, when set, is the runtime's answer to PodSandboxStatus.
+	statusErr error
+	// verify is sysctls.verify; empty: warn.
+	verify string
 }
 
-// hookedRuntime is cri-client's fake runtime with a hook in RunPodSandbox.
+// hookedRuntime is cri-client's fake runtime with a hook in RunPodSandbox and, optionally, a
+// failing PodSandboxStatus.
 type hookedRuntime struct {
 	*fake.RemoteRuntime
-	onRun func()
+	onRun     func()
+	statusErr error
+}
+
+func (h hookedRuntime) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	if h.statusErr != nil {
+		return nil, h.statusErr
+	}
+	return h.RemoteRuntime.PodSandboxStatus(ctx, req)
 }
 
 func (h hookedRuntime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -75,7 +88,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 		t.Fatal(err)
 	}
 	r.runtime = fake.NewFakeRemoteRuntime()
-	rtPath := serveRuntime(t, dir, hookedRuntime{RemoteRuntime: r.runtime, onRun: o.onRun})
+	rtPath := serveRuntime(t, dir, hookedRuntime{RemoteRuntime: r.runtime, onRun: o.onRun, statusErr: o.statusErr})
 	backend, err := cri.NewBackend(t.Context(), "runtime", rtPath)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +103,11 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	}
 	r.registry = registry.NewRegistry(registry.NewCheckpoint(r.stateDir), registry.CheckpointData{})
 	r.runtimeClient = srv.RuntimeClient()
-	sys := newSysctlStages(policy, config.VerifyWarn, r.registry, r.metrics)
+	verify := config.VerifyWarn
+	if o.verify != "" {
+		verify = o.verify
+	}
+	sys := newSysctlStages(policy, verify, r.registry, r.metrics)
 	r.sys = sys
 	d := draOff("test")
 	if o.dra != nil {
@@ -190,6 +207,26 @@ func TestPipelineFailureAtEveryStageLeavesNothing(t *testing.T) {
 			if called := strings.Join(r.runtime.RuntimeService.GetCalls(), ","); forwarded != strings.Contains(called, "RemovePodSandbox") {
 				t.Errorf("runtime calls %s; forwarded before the failure: %v", called, forwarded)
 			}
+		})
+	}
+}
+
+// TestRuntimeErrorsKeepTheirClass: with verify: fail the sysctl verification needs the new
+// sandbox's status; when containerd does not give it, the kubelet gets containerd's own code,
+// not FailedPrecondition, with what podgate was doing in the message, and nothing is left.
+func TestRuntimeErrorsKeepTheirClass(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unavailable, codes.DeadlineExceeded} {
+		t.Run(code.String(), func(t *testing.T) {
+			r := newPipelineRigWith(t, rigOptions{verify: config.VerifyFail, statusErr: status.Error(code, "containerd says no")})
+			_, err := r.run(t, "p")
+			st := status.Convert(err)
+			if st.Code() != code {
+				t.Errorf("RunPodSandbox: code %s (%v), want containerd's %s", st.Code(), err, code)
+			}
+			if !strings.HasPrefix(st.Message(), "verify sysctls of sandbox ") || !strings.HasSuffix(st.Message(), ": containerd says no") {
+				t.Errorf("message %q: want what podgate was doing, then containerd's message", st.Message())
+			}
+			r.checkNothingLeft(t)
 		})
 	}
 }

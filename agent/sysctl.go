@@ -133,7 +133,13 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
 	if g.verify == config.VerifyFail {
-		sb.fromRuntime()
+		if err := sb.fromRuntime(); err != nil {
+			// Without the sandbox's namespaces nothing can be verified; the runtime's error
+			// keeps its class (Unavailable, DeadlineExceeded) on its way to the kubelet.
+			verifyResult{verification: registry.SysctlsError, errText: err.Error()}.record(&sb.rec.Sysctls)
+			g.verified.WithLabelValues("error").Inc()
+			return fmt.Errorf("verify sysctls of sandbox %s: %w", sb.rec.ID, err)
+		}
 		res := g.timedVerify(ctx, logger, sb.rec, want)
 		res.record(&sb.rec.Sysctls)
 		if res.failure != nil {
@@ -148,7 +154,7 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 
 // verifyInBackground starts the verification of a sandbox whose RunPodSandbox is answering
 // and records its result in the registry. view gives the sandbox's namespaces.
-func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, view func() registry.SandboxRecord, want map[string]string) {
+func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, view func() (registry.SandboxRecord, error), want map[string]string) {
 	done := make(chan struct{})
 	g.mu.Lock()
 	g.pending[rec.ID] = done
@@ -158,7 +164,7 @@ func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logge
 	g.background.Go(func() {
 		defer cancel()
 		if view != nil {
-			v := view()
+			v, _ := view() // an error is in v.Status, which the verification reports
 			rec.FillFromRuntime(&v)
 		}
 		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
@@ -202,7 +208,7 @@ func (g *sysctlStages) createContainer(ctx context.Context, req *runtimeapi.Crea
 		select {
 		case <-done:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("wait for the sysctl verification of sandbox %s: %w", req.GetPodSandboxId(), context.Cause(ctx))
 		}
 		g.duration.WithLabelValues("wait").Observe(time.Since(start).Seconds())
 	}
@@ -221,7 +227,7 @@ func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec re
 		g.verified.WithLabelValues("error").Inc()
 		res := verifyResult{verification: registry.SysctlsError, errText: err.Error()}
 		if g.verify == config.VerifyFail {
-			res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("verify sysctls: %v", err))
+			res.failure = classOr(errdefs.ErrFailedPrecondition, fmt.Errorf("verify sysctls of sandbox %s: %w", rec.ID, err))
 			return res
 		}
 		logger.Error(err, "Could not verify pod sysctls")
@@ -253,7 +259,7 @@ func (g *sysctlStages) verifyPod(ctx context.Context, logger klog.Logger, rec re
 	case config.VerifyFail:
 		g.verified.WithLabelValues("failed").Inc()
 		res.verification = registry.SysctlsMismatch
-		res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("sysctls do not hold in the pod: %v", mismatch))
+		res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("verify sysctls of sandbox %s: they do not hold in the pod: %v", rec.ID, mismatch))
 	default:
 		g.verified.WithLabelValues("mismatch").Inc()
 		logger.Info("Pod sysctls do not hold in the pod", "mismatches", res.mismatches)
@@ -279,8 +285,8 @@ func (g *sysctlStages) mismatches(ctx context.Context, rec registry.SandboxRecor
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	if err := ctx.Err(); err != nil {
-		return nil, target, err
+	if ctx.Err() != nil {
+		return nil, target, context.Cause(ctx)
 	}
 	got, err := sysctl.Read(target, names)
 	if err != nil {

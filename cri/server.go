@@ -151,10 +151,11 @@ func toStatus(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
-	// FromError also finds a status wrapped by an interceptor ("prepare claim x: <status>")
-	// and keeps the wrapped message.
+	// FromError also finds a status wrapped by an interceptor ("prepare claim x: <status>").
+	// Its message is then the whole chain's, with the inner status printed as "rpc error: code
+	// = … desc = …": the code is said once, by the status itself.
 	if st, ok := status.FromError(err); ok {
-		return st.Err()
+		return wrappedStatus(err, st).Err()
 	}
 	// The first class in the chain wins: "driver x: unavailable: context deadline exceeded"
 	// is the driver's failure (Unavailable), not the caller's deadline. Context errors are
@@ -168,6 +169,22 @@ func toStatus(ctx context.Context, err error) error {
 		return status.Error(status.FromContextError(ctx.Err()).Code(), err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// wrappedStatus is st, found in err, with the inner status's text in err's message replaced by
+// its own message: "prepare claim x: driver not registered", not "prepare claim x: rpc error:
+// code = FailedPrecondition desc = driver not registered". Details are kept.
+func wrappedStatus(err error, st *status.Status) *status.Status {
+	var inner interface {
+		error
+		GRPCStatus() *status.Status
+	}
+	if !errors.As(err, &inner) || inner == err {
+		return st
+	}
+	p := st.Proto()
+	p.Message = strings.Replace(err.Error(), inner.Error(), inner.GRPCStatus().Message(), 1)
+	return status.FromProto(p)
 }
 
 func methodNames(ms []grpc.MethodDesc, ss []grpc.StreamDesc) []string {

@@ -474,7 +474,7 @@ var classifiedErrors = []struct {
 	{"unclassified", errors.New("disk full"), codes.Internal, "disk full", false},
 	{"unclassified after the caller left", errors.New("disk full"), codes.Canceled, "disk full", true},
 	{"status passes through", fmt.Errorf("prepare claim gpu: %w", status.Error(codes.FailedPrecondition, "driver not registered")),
-		codes.FailedPrecondition, "prepare claim gpu: rpc error: code = FailedPrecondition desc = driver not registered", false},
+		codes.FailedPrecondition, "prepare claim gpu: driver not registered", false},
 }
 
 func TestToStatus(t *testing.T) {

@@ -1,8 +1,10 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,46 +100,72 @@ func newClientForConfig(cfg *rest.Config) (*Client, error) {
 // GetPod reads a pod.
 func (c *Client) GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 	pod := &corev1.Pod{}
-	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(pod)
-	return pod, err
+	if err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(pod); err != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	return pod, nil
 }
 
 // ListPods lists pods; namespace "" is every namespace.
 func (c *Client) ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error) {
 	list := &corev1.PodList{}
-	err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
-		Timeout(timeoutOf(opts)).Do(ctx).Into(list)
-	return list, err
+	if err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(list); err != nil {
+		return nil, fmt.Errorf("list pods (%s): %w", describeList(namespace, opts), err)
+	}
+	return list, nil
 }
 
 // WatchPods watches pods; namespace "" is every namespace.
 func (c *Client) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	return c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
+	w, err := c.core.Get().UseProtobufAsDefault().Namespace(namespace).Resource("pods").VersionedParams(&opts, kubeParams).
 		Timeout(timeoutOf(opts)).Watch(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("watch pods (%s): %w", describeList(namespace, opts), err)
+	}
+	return w, nil
 }
 
 // GetResourceClaim implements dra.ResourceClaimGetter.
 func (c *Client) GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	claim := &resourceapi.ResourceClaim{}
-	err := c.resource.Get().UseProtobufAsDefault().Namespace(namespace).Resource("resourceclaims").Name(name).Do(ctx).Into(claim)
-	return claim, err
+	if err := c.resource.Get().UseProtobufAsDefault().Namespace(namespace).Resource("resourceclaims").Name(name).Do(ctx).Into(claim); err != nil {
+		return nil, fmt.Errorf("get ResourceClaim %s/%s: %w", namespace, name, err)
+	}
+	return claim, nil
 }
 
 // UpdateResourceClaimStatus implements dra.ResourceClaimStatusUpdater.
 func (c *Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
 	out := &resourceapi.ResourceClaim{}
-	err := c.resource.Put().UseProtobufAsDefault().Namespace(claim.Namespace).Resource("resourceclaims").Name(claim.Name).
-		SubResource("status").Body(claim).Do(ctx).Into(out)
-	return out, err
+	if err := c.resource.Put().UseProtobufAsDefault().Namespace(claim.Namespace).Resource("resourceclaims").Name(claim.Name).
+		SubResource("status").Body(claim).Do(ctx).Into(out); err != nil {
+		return nil, fmt.Errorf("update status of ResourceClaim %s/%s: %w", claim.Namespace, claim.Name, err)
+	}
+	return out, nil
 }
 
 // ListResourceSlices implements dra.ResourceSliceLister.
 func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
 	list := &resourceapi.ResourceSliceList{}
-	err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
-		Timeout(timeoutOf(opts)).Do(ctx).Into(list)
-	return list, err
+	if err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(list); err != nil {
+		return nil, fmt.Errorf("list ResourceSlices (%s): %w", describeList("", opts), err)
+	}
+	return list, nil
+}
+
+// describeList says what a list or watch asked for: the namespace and selectors, for errors.
+func describeList(namespace string, opts metav1.ListOptions) string {
+	parts := []string{"namespace " + cmp.Or(namespace, "*")}
+	if opts.FieldSelector != "" {
+		parts = append(parts, "fields "+opts.FieldSelector)
+	}
+	if opts.LabelSelector != "" {
+		parts = append(parts, "labels "+opts.LabelSelector)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // timeoutOf is the request timeout a list or watch asks for, as the generated clients set it.
