@@ -12,22 +12,22 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"google.golang.org/grpc"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/dratest"
 )
 
 func TestDriverAppearsAndGoes(t *testing.T) {
 	n := newNode(t)
 	d := startDiscovery(t, n)
-	td := startDriver(t, n, driverSpec{name: "net.example.com"})
+	td := startDriver(t, n, "net.example.com")
 
 	drv := d.waitFor(t, "net.example.com")
-	if drv.Name() != "net.example.com" || drv.Endpoint() != td.endpoint || drv.RegistrationSocket() != td.regPath {
-		t.Errorf("driver = %s at %s from %s, want net.example.com at %s from %s", drv.Name(), drv.Endpoint(), drv.RegistrationSocket(), td.endpoint, td.regPath)
+	if drv.Name() != "net.example.com" || drv.Endpoint() != td.Endpoint || drv.RegistrationSocket() != td.RegistrationSocket {
+		t.Errorf("driver = %s at %s from %s, want net.example.com at %s from %s", drv.Name(), drv.Endpoint(), drv.RegistrationSocket(), td.Endpoint, td.RegistrationSocket)
 	}
 	wantVersions := []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService}
 	if got := drv.Versions(); !slices.Equal(got, wantVersions) {
@@ -44,7 +44,7 @@ func TestDriverAppearsAndGoes(t *testing.T) {
 	}
 
 	// The driver stops: its listener's close removes the registration socket.
-	td.stopReg()
+	td.StopRegistration()
 	d.waitUntil(t, "forgotten", func() bool { _, ok := d.Get("net.example.com"); return !ok })
 	if got := d.Names(); len(got) != 0 {
 		t.Errorf("Names() = %q after the driver left", got)
@@ -61,8 +61,8 @@ func TestDriverAppearsAndGoes(t *testing.T) {
 
 func TestInitialScan(t *testing.T) {
 	n := newNode(t)
-	startDriver(t, n, driverSpec{name: "a.example.com"})
-	startDriver(t, n, driverSpec{name: "b.example.com"})
+	startDriver(t, n, "a.example.com")
+	startDriver(t, n, "b.example.com")
 	// A stale socket (its driver died without removing it) must not hold up the first sync.
 	stale := staleSocket(t, filepath.Join(n.registry, "dead.example.com-reg.sock"))
 
@@ -87,34 +87,35 @@ func TestInitialScan(t *testing.T) {
 func TestIgnored(t *testing.T) {
 	tests := []struct {
 		name      string
-		spec      driverSpec
+		driver    string
+		fake      []dratest.Option
 		opts      []dra.Option
 		event     string
 		wantError bool // counted as invalid
 	}{
-		{name: "CSI plugin", spec: driverSpec{name: "csi.example.com", pluginType: registerapi.CSIPlugin, advertise: []string{"1.0.0"}}, event: "ignored"},
-		{name: "device plugin", spec: driverSpec{name: "dp.example.com", pluginType: registerapi.DevicePlugin, advertise: []string{"v1beta1"}}, event: "ignored"},
-		{name: "driver not in dra.drivers", spec: driverSpec{name: "other.example.com"}, opts: []dra.Option{dra.WithDriverNames("net.example.com")}, event: "ignored"},
-		{name: "hidden socket", spec: driverSpec{name: "net.example.com", regFile: ".net.example.com-reg.sock", draFile: "hidden.sock"}, event: "skipped"},
-		{name: "no DRA service podgate speaks", spec: driverSpec{name: "old.example.com", advertise: []string{"v1alpha3.Node"}}, event: "invalid", wantError: true},
-		{name: "no versions", spec: driverSpec{name: "old.example.com", advertise: []string{}}, event: "invalid", wantError: true},
-		{name: "no driver name", spec: driverSpec{name: "", regFile: "anon-reg.sock"}, event: "invalid", wantError: true},
+		{name: "CSI plugin", driver: "csi.example.com", fake: []dratest.Option{dratest.WithPluginType(registerapi.CSIPlugin), dratest.WithVersions("1.0.0")}, event: "ignored"},
+		{name: "device plugin", driver: "dp.example.com", fake: []dratest.Option{dratest.WithPluginType(registerapi.DevicePlugin), dratest.WithVersions("v1beta1")}, event: "ignored"},
+		{name: "driver not in dra.drivers", driver: "other.example.com", opts: []dra.Option{dra.WithDriverNames("net.example.com")}, event: "ignored"},
+		{name: "hidden socket", driver: "net.example.com", fake: []dratest.Option{dratest.WithSocketNames(".net.example.com-reg.sock", "hidden.sock")}, event: "skipped"},
+		{name: "no DRA service podgate speaks", driver: "old.example.com", fake: []dratest.Option{dratest.WithVersions("v1alpha3.Node")}, event: "invalid", wantError: true},
+		{name: "no versions", driver: "old.example.com", fake: []dratest.Option{dratest.WithVersions()}, event: "invalid", wantError: true},
+		{name: "no driver name", driver: "", fake: []dratest.Option{dratest.WithSocketNames("anon-reg.sock", "anon.sock")}, event: "invalid", wantError: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t)
 			d := startDiscovery(t, n, tt.opts...)
-			td := startDriver(t, n, tt.spec)
-			d.trace.wait(t, tt.event, td.regPath, 1)
+			td := startDriver(t, n, tt.driver, tt.fake...)
+			d.trace.wait(t, tt.event, td.RegistrationSocket, 1)
 
 			// A proper driver started afterwards is found: the watch goes on.
-			startDriver(t, n, driverSpec{name: "net.example.com"})
+			startDriver(t, n, "net.example.com")
 			d.waitFor(t, "net.example.com")
 			if got := d.Names(); !slices.Equal(got, []string{"net.example.com"}) {
 				t.Errorf("Names() = %q, want only net.example.com", got)
 			}
-			if tt.event == "skipped" && td.reg.getInfoCalls() != 0 {
-				t.Errorf("a hidden socket was asked GetInfo %d times", td.reg.getInfoCalls())
+			if tt.event == "skipped" && td.Registration().GetInfoCalls() != 0 {
+				t.Errorf("a hidden socket was asked GetInfo %d times", td.Registration().GetInfoCalls())
 			}
 			invalid, _ := d.metric(t, "podgate_dra_driver_discovery_errors_total", map[string]string{"reason": "invalid"})
 			if (invalid > 0) != tt.wantError {
@@ -147,17 +148,18 @@ func TestUnansweredSocket(t *testing.T) {
 				staleSocket(t, path)
 				return func() {
 					mustRemove(t, path)
-					serveRegistration(t, path, info(n))
+					dratest.NewRegistration(info(n)).Serve(t, path)
 				}
 			},
 		},
 		{
 			name: "GetInfo fails",
 			broken: func(t *testing.T, n *node, path string) func() {
-				r := &fakeRegistration{info: info(n), err: errors.New("not ready")}
-				serveFakeRegistration(t, path, r)
+				r := dratest.NewRegistration(info(n))
+				r.SetErr(errors.New("not ready"))
+				r.Serve(t, path)
 				// No file change: the backoff alone brings the retry.
-				return func() { r.setErr(nil) }
+				return func() { r.SetErr(nil) }
 			},
 		},
 		{
@@ -166,7 +168,7 @@ func TestUnansweredSocket(t *testing.T) {
 				stop := silentSocket(t, path)
 				return func() {
 					stop()
-					serveRegistration(t, path, info(n))
+					dratest.NewRegistration(info(n)).Serve(t, path)
 				}
 			},
 		},
@@ -174,7 +176,7 @@ func TestUnansweredSocket(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t)
-			serve(t, filepath.Join(n.plugins, name+".sock"), func(s *grpc.Server) { drapbv1.RegisterDRAPluginServer(s, newFakeDriver()) })
+			startDriver(t, n, name, dratest.WithServices(drapbv1.DRAPluginService), dratest.WithoutRegistration())
 			d := startDiscovery(t, n, dra.WithGetInfoTimeout(200*time.Millisecond))
 			path := filepath.Join(n.registry, name+"-reg.sock")
 			fix := tt.broken(t, n, path)
@@ -202,15 +204,16 @@ func TestUnansweredSocket(t *testing.T) {
 func TestRetryOnFileChange(t *testing.T) {
 	const name = "net.example.com"
 	n := newNode(t)
-	serve(t, filepath.Join(n.plugins, name+".sock"), func(s *grpc.Server) { drapbv1.RegisterDRAPluginServer(s, newFakeDriver()) })
+	drv := startDriver(t, n, name, dratest.WithServices(drapbv1.DRAPluginService), dratest.WithoutRegistration())
 	d := startDiscovery(t, n, dra.WithRetryBackoff(time.Hour, time.Hour))
 	path := filepath.Join(n.registry, name+"-reg.sock")
-	r := &fakeRegistration{err: errors.New("not ready"), info: &registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: name,
-		Endpoint: filepath.Join(n.plugins, name+".sock"), SupportedVersions: []string{drapbv1.DRAPluginService}}}
-	serveFakeRegistration(t, path, r)
+	r := dratest.NewRegistration(&registerapi.PluginInfo{Type: registerapi.DRAPlugin, Name: name,
+		Endpoint: drv.Endpoint, SupportedVersions: []string{drapbv1.DRAPluginService}})
+	r.SetErr(errors.New("not ready"))
+	r.Serve(t, path)
 	d.trace.wait(t, "getinfo_failed", path, 1)
 
-	r.setErr(nil)
+	r.SetErr(nil)
 	if err := os.Chmod(path, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -223,25 +226,24 @@ func TestRollingUpdate(t *testing.T) {
 	const name = "net.example.com"
 	n := newNode(t)
 	d := startDiscovery(t, n)
-	older := startDriver(t, n, driverSpec{name: name, regFile: name + "-old-reg.sock", draFile: "old.sock"})
-	if drv := d.waitFor(t, name); drv.Endpoint() != older.endpoint {
-		t.Fatalf("endpoint %s, want %s", drv.Endpoint(), older.endpoint)
+	older := startDriver(t, n, name, dratest.WithSocketNames(name+"-old-reg.sock", "old.sock"))
+	if drv := d.waitFor(t, name); drv.Endpoint() != older.Endpoint {
+		t.Fatalf("endpoint %s, want %s", drv.Endpoint(), older.Endpoint)
 	}
-	newer := startDriver(t, n, driverSpec{name: name, regFile: name + "-new-reg.sock", draFile: "new.sock"})
-	d.waitUntil(t, "on the newer endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == newer.endpoint })
+	newer := startDriver(t, n, name, dratest.WithSocketNames(name+"-new-reg.sock", "new.sock"))
+	d.waitUntil(t, "on the newer endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == newer.Endpoint })
 
-	newer.stopReg()
-	newer.stopDRA()
-	d.waitUntil(t, "back on the older endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == older.endpoint })
+	newer.Stop()
+	d.waitUntil(t, "back on the older endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == older.Endpoint })
 	claims := []dra.Claim{{Namespace: "default", Name: "c", UID: "uid-c"}}
 	if _, err := mustGet(t, d, name).Prepare(context.Background(), claims); err != nil {
 		t.Fatalf("Prepare on the older endpoint: %v", err)
 	}
-	if older.fake.prepareCount("uid-c") != 1 {
-		t.Error("the older driver did not prepare the claim")
+	if got := older.Calls(); !slices.Equal(got, []string{"prepare default/c"}) {
+		t.Errorf("the older driver got %q, want the claim prepared", got)
 	}
 
-	older.stopReg()
+	older.StopRegistration()
 	d.waitUntil(t, "forgotten", func() bool { _, ok := d.Get(name); return !ok })
 }
 
@@ -251,20 +253,19 @@ func TestEndpointChanges(t *testing.T) {
 	const name = "net.example.com"
 	n := newNode(t)
 	d := startDiscovery(t, n)
-	first := startDriver(t, n, driverSpec{name: name, draFile: "first.sock"})
+	first := startDriver(t, n, name, dratest.WithSocketNames(name+"-reg.sock", "first.sock"))
 	claims := []dra.Claim{{Namespace: "default", Name: "c", UID: "uid-c"}}
 	if _, err := d.waitFor(t, name).Prepare(context.Background(), claims); err != nil {
 		t.Fatalf("Prepare on the first endpoint: %v", err)
 	}
-	first.stopReg()
-	first.stopDRA()
-	second := startDriver(t, n, driverSpec{name: name, draFile: "second.sock"})
-	d.waitUntil(t, "on the second endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == second.endpoint })
+	first.Stop()
+	second := startDriver(t, n, name, dratest.WithSocketNames(name+"-reg.sock", "second.sock"))
+	d.waitUntil(t, "on the second endpoint", func() bool { drv, ok := d.Get(name); return ok && drv.Endpoint() == second.Endpoint })
 	if _, err := mustGet(t, d, name).Prepare(context.Background(), claims); err != nil {
 		t.Fatalf("Prepare on the second endpoint: %v", err)
 	}
-	if first.fake.prepareCount("uid-c") != 1 || second.fake.prepareCount("uid-c") != 1 {
-		t.Errorf("prepare calls: first endpoint %d, second %d; want 1 each", first.fake.prepareCount("uid-c"), second.fake.prepareCount("uid-c"))
+	if want := []string{"prepare default/c"}; !slices.Equal(first.Calls(), want) || !slices.Equal(second.Calls(), want) {
+		t.Errorf("calls: first endpoint %q, second %q; want %q each", first.Calls(), second.Calls(), want)
 	}
 }
 
@@ -280,7 +281,7 @@ func TestSubdirectory(t *testing.T) {
 	subNode := &node{registry: sub, plugins: n.plugins}
 	// The directory's watch may be added after the socket appears; the scan on its creation
 	// catches it either way.
-	startDriver(t, subNode, driverSpec{name: "net.example.com"})
+	startDriver(t, subNode, "net.example.com")
 	d.waitFor(t, "net.example.com")
 
 	if err := os.Rename(sub, filepath.Join(n.plugins, "moved")); err != nil {

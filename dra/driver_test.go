@@ -16,6 +16,7 @@ import (
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/dratest"
 )
 
 const driverName = "net.example.com"
@@ -25,9 +26,33 @@ var (
 	claimB = dra.Claim{Namespace: "team", Name: "nic-b", UID: "uid-b"}
 )
 
-// wantDevice is what fakeDriver prepares for c.
+// Full method names, to tell which service a call used.
+const (
+	v1Prepare        = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+	v1Unprepare      = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
+	v1beta1Prepare   = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources"
+	v1beta1Unprepare = "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources"
+)
+
+// wantDevice is what the fake driver prepares for c, as podgate reports it.
 func wantDevice(c dra.Claim) dra.Device {
-	return dra.Device{Requests: []string{"nic"}, Pool: "pool-a", Name: "dev-" + c.Name, CDIDeviceIDs: []string{"example.com/net=" + c.Name}}
+	d := dratest.Device(c.Name)
+	return dra.Device{Requests: d.GetRequestNames(), Pool: d.GetPoolName(), Name: d.GetDeviceName(), CDIDeviceIDs: d.GetCdiDeviceIds()}
+}
+
+// holdCalls makes every later call of td wait until its caller leaves; the channel learns of
+// each held call.
+func holdCalls(td *dratest.Driver) <-chan struct{} {
+	entered := make(chan struct{}, 16)
+	td.SetHook(func(ctx context.Context, _ string) error {
+		select {
+		case entered <- struct{}{}:
+		case <-ctx.Done():
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	return entered
 }
 
 func sameDevices(a, b []dra.Device) bool {
@@ -68,7 +93,11 @@ func TestPrepareUnprepare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t)
-			td := startDriver(t, n, driverSpec{name: driverName, serve: tt.serve, advertise: tt.advertise})
+			opts := []dratest.Option{dratest.WithServices(tt.serve...)}
+			if tt.advertise != nil {
+				opts = append(opts, dratest.WithVersions(tt.advertise...))
+			}
+			td := startDriver(t, n, driverName, opts...)
 			d := startDiscovery(t, n)
 			drv := d.waitFor(t, driverName)
 			if drv.Service() != tt.wantService {
@@ -99,7 +128,7 @@ func TestPrepareUnprepare(t *testing.T) {
 					t.Errorf("claim %s: unprepare result %v (present %v), want nil", c, e, ok)
 				}
 			}
-			if got := td.fake.servedMethods(); !slices.Equal(got, tt.wantMethods) {
+			if got := td.Methods(); !slices.Equal(got, tt.wantMethods) {
 				t.Errorf("driver served %q, want %q", got, tt.wantMethods)
 			}
 			for _, op := range []string{"prepare", "unprepare"} {
@@ -119,7 +148,7 @@ func TestPrepareUnprepare(t *testing.T) {
 // driver again, which is idempotent, and gets the same devices.
 func TestPrepareRepeated(t *testing.T) {
 	n := newNode(t)
-	td := startDriver(t, n, driverSpec{name: driverName})
+	td := startDriver(t, n, driverName)
 	drv := startDiscovery(t, n).waitFor(t, driverName)
 	var first map[types.UID]dra.PrepareResult
 	for i := range 3 {
@@ -133,8 +162,8 @@ func TestPrepareRepeated(t *testing.T) {
 			t.Errorf("Prepare #%d: devices %+v, first time %+v", i+1, results[claimA.UID].Devices, first[claimA.UID].Devices)
 		}
 	}
-	if got := td.fake.prepareCount(string(claimA.UID)); got != 3 {
-		t.Errorf("the driver saw %d prepare calls, want 3 (passed through, not cached)", got)
+	if got, want := td.Calls(), slices.Repeat([]string{"prepare default/nic-a"}, 3); !slices.Equal(got, want) {
+		t.Errorf("the driver got %q, want %q (passed through, not cached)", got, want)
 	}
 }
 
@@ -143,17 +172,20 @@ func TestPrepareRepeated(t *testing.T) {
 func TestClaimErrors(t *testing.T) {
 	tests := []struct {
 		name    string
-		setup   func(f *fakeDriver)
+		setup   func(d *dratest.Driver)
 		wantMsg string
 	}{
-		{name: "driver fails the claim", setup: func(f *fakeDriver) { f.failing["uid-b"] = "no free VF on eth0" }, wantMsg: "no free VF on eth0"},
-		{name: "driver leaves the claim out", setup: func(f *fakeDriver) { f.omitted["uid-b"] = true }, wantMsg: "no answer for the claim"},
+		{name: "driver fails the claim", setup: func(d *dratest.Driver) {
+			d.FailClaim(claimB.Namespace, claimB.Name, "no free VF on eth0")
+			d.FailUnprepare(claimB.Namespace, claimB.Name, "no free VF on eth0")
+		}, wantMsg: "no free VF on eth0"},
+		{name: "driver leaves the claim out", setup: func(d *dratest.Driver) { d.OmitClaim(claimB.Namespace, claimB.Name) }, wantMsg: "no answer for the claim"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t)
-			td := startDriver(t, n, driverSpec{name: driverName})
-			tt.setup(td.fake)
+			td := startDriver(t, n, driverName)
+			tt.setup(td)
 			d := startDiscovery(t, n)
 			drv := d.waitFor(t, driverName)
 			ctx := context.Background()
@@ -216,7 +248,7 @@ func TestCallFailures(t *testing.T) {
 	tests := []struct {
 		name string
 		// setup breaks the driver; ctx, if returned, is the caller's context.
-		setup      func(t *testing.T, d *discovery, td *testDriver) context.Context
+		setup      func(t *testing.T, d *discovery, td *dratest.Driver) context.Context
 		wantClass  error
 		wantResult string
 		wantMsg    string
@@ -225,15 +257,15 @@ func TestCallFailures(t *testing.T) {
 	}{
 		{
 			name:       "driver down",
-			setup:      func(t *testing.T, d *discovery, td *testDriver) context.Context { td.stopDRA(); return nil },
+			setup:      func(t *testing.T, d *discovery, td *dratest.Driver) context.Context { td.StopDRA(); return nil },
 			wantClass:  errdefs.ErrUnavailable,
 			wantResult: "error",
 			wantMsg:    "code Unavailable",
 		},
 		{
 			name: "driver fails the call",
-			setup: func(t *testing.T, d *discovery, td *testDriver) context.Context {
-				td.fake.failCalls(status.Error(codes.Internal, "driver state corrupt"))
+			setup: func(t *testing.T, d *discovery, td *dratest.Driver) context.Context {
+				td.SetHook(func(context.Context, string) error { return status.Error(codes.Internal, "driver state corrupt") })
 				return nil
 			},
 			wantClass:  errdefs.ErrUnavailable,
@@ -242,7 +274,7 @@ func TestCallFailures(t *testing.T) {
 		},
 		{
 			name:        "driver too slow",
-			setup:       func(t *testing.T, d *discovery, td *testDriver) context.Context { td.fake.holdCalls(t); return nil },
+			setup:       func(t *testing.T, d *discovery, td *dratest.Driver) context.Context { holdCalls(td); return nil },
 			wantClass:   errdefs.ErrUnavailable,
 			wantResult:  "timeout",
 			wantMsg:     "timed out (call timeout " + timeout.String() + ")",
@@ -250,12 +282,12 @@ func TestCallFailures(t *testing.T) {
 		},
 		{
 			name: "caller gives up",
-			setup: func(t *testing.T, d *discovery, td *testDriver) context.Context {
-				td.fake.holdCalls(t)
+			setup: func(t *testing.T, d *discovery, td *dratest.Driver) context.Context {
+				entered := holdCalls(td)
 				ctx, cancel := context.WithCancel(context.Background())
 				go func() {
 					select {
-					case <-td.fake.entered:
+					case <-entered:
 						cancel()
 					case <-ctx.Done():
 					}
@@ -269,8 +301,8 @@ func TestCallFailures(t *testing.T) {
 		},
 		{
 			name: "driver forgotten meanwhile",
-			setup: func(t *testing.T, d *discovery, td *testDriver) context.Context {
-				td.stopReg()
+			setup: func(t *testing.T, d *discovery, td *dratest.Driver) context.Context {
+				td.StopRegistration()
 				d.waitUntil(t, "forgotten", func() bool { _, ok := d.Get(driverName); return !ok })
 				return nil
 			},
@@ -283,7 +315,7 @@ func TestCallFailures(t *testing.T) {
 		for _, op := range []string{"prepare", "unprepare"} {
 			t.Run(tt.name+"/"+op, func(t *testing.T) {
 				n := newNode(t)
-				td := startDriver(t, n, driverSpec{name: driverName})
+				td := startDriver(t, n, driverName)
 				d := startDiscovery(t, n, dra.WithCallTimeout(timeout))
 				drv := d.waitFor(t, driverName)
 				ctx := tt.setup(t, d, td)
@@ -338,7 +370,7 @@ func TestCallFailures(t *testing.T) {
 
 func TestBadClaims(t *testing.T) {
 	n := newNode(t)
-	td := startDriver(t, n, driverSpec{name: driverName})
+	td := startDriver(t, n, driverName)
 	drv := startDiscovery(t, n).waitFor(t, driverName)
 	ctx := context.Background()
 
@@ -355,7 +387,7 @@ func TestBadClaims(t *testing.T) {
 	if _, err := drv.Unprepare(ctx, []dra.Claim{noUID}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("Unprepare(claim without UID) = %v, want InvalidArgument", err)
 	}
-	if got := td.fake.servedMethods(); len(got) != 0 {
+	if got := td.Methods(); len(got) != 0 {
 		t.Errorf("the driver was called: %q", got)
 	}
 }

@@ -1,13 +1,7 @@
-// Package dratest serves fake DRA drivers for tests: a real DRA v1 gRPC server and a real
-// registration socket in a plugin registry directory, as a driver built with the upstream
-// kubeletplugin helper would serve them, with the calls it got recorded and hooks to make it
-// slow or failing.
 package dratest
 
 import (
 	"context"
-	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -15,55 +9,142 @@ import (
 
 	"google.golang.org/grpc"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
-// Driver is a fake DRA driver. Every prepared claim gets one device, "dev-<claim name>" in
-// pool "pool", serving request "req", with one CDI device ID.
+// Driver is a fake DRA driver. Every prepared claim gets one device, [Device] of the claim's
+// name; unprepare succeeds for any claim, prepared or not, as unprepare is idempotent.
 type Driver struct {
 	drapbv1.UnimplementedDRAPluginServer
 
 	// Name is the driver's name.
 	Name string
-	// Endpoint is its DRA service's socket; RegistrationSocket its registration socket.
+	// Endpoint is its DRA service's socket; RegistrationSocket its registration socket, empty
+	// with WithoutRegistration.
 	Endpoint, RegistrationSocket string
 
-	mu    sync.Mutex
-	calls []string
+	reg              *Registration
+	stopReg, stopDRA func()
+
+	mu      sync.Mutex
+	calls   []string
+	methods []string
 	// hook, when set, runs first in every call; its error fails the call.
 	hook func(ctx context.Context, op string) error
-	// failClaim names claims (namespace/name) whose preparation fails.
-	failClaim map[string]string
-	stop      func()
+	// Per claim (namespace/name): the driver's error for it, or left out of the answers.
+	failPrepare, failUnprepare map[string]string
+	omitted                    map[string]bool
 }
 
-// Start serves a driver named name, registering it in registryDir with its DRA socket in
-// pluginDir, until the test ends or Stop is called. Keep the directories short: they hold unix
-// sockets.
-func Start(t testing.TB, registryDir, pluginDir, name string) *Driver {
+var _ drapbv1.DRAPluginServer = (*Driver)(nil)
+
+// Option configures a Driver at Start.
+type Option func(*options)
+
+type options struct {
+	services            []string
+	versions            []string
+	versionsSet         bool
+	pluginType          string
+	regFile, draFile    string
+	withoutRegistration bool
+}
+
+// WithServices sets the DRA services the driver serves, of drapbv1.DRAPluginService and
+// drapbv1beta1.DRAPluginService; by default both, as kubeletplugin serves them.
+func WithServices(services ...string) Option {
+	return func(o *options) { o.services = services }
+}
+
+// WithVersions sets the versions its registration advertises in GetInfo (none at all if
+// called without any); by default the services it serves.
+func WithVersions(versions ...string) Option {
+	return func(o *options) { o.versions, o.versionsSet = versions, true }
+}
+
+// WithPluginType sets the plugin type its registration advertises; by default
+// registerapi.DRAPlugin.
+func WithPluginType(typ string) Option {
+	return func(o *options) { o.pluginType = typ }
+}
+
+// WithSocketNames names its registration socket in the registry directory and its DRA socket
+// in the plugin directory; by default <name>-reg.sock and <name>.sock.
+func WithSocketNames(registration, dra string) Option {
+	return func(o *options) { o.regFile, o.draFile = registration, dra }
+}
+
+// WithoutRegistration serves the DRA service alone, for a test that serves a registration of
+// its own (NewRegistration) in front of it.
+func WithoutRegistration() Option {
+	return func(o *options) { o.withoutRegistration = true }
+}
+
+// Start serves a driver named name until the test ends or Stop is called: its DRA service on a
+// socket in pluginDir first, then its registration socket in registryDir, as kubeletplugin
+// does. Keep the directories short: they hold unix sockets.
+func Start(t testing.TB, registryDir, pluginDir, name string, opts ...Option) *Driver {
 	t.Helper()
-	d := &Driver{
-		Name:               name,
-		Endpoint:           filepath.Join(pluginDir, name+".sock"),
-		RegistrationSocket: filepath.Join(registryDir, name+"-reg.sock"),
-		failClaim:          map[string]string{},
+	o := options{
+		services:   []string{drapbv1.DRAPluginService, drapbv1beta1.DRAPluginService},
+		pluginType: registerapi.DRAPlugin,
+		regFile:    name + "-reg.sock",
+		draFile:    name + ".sock",
 	}
-	stopDRA := serve(t, d.Endpoint, func(s *grpc.Server) { drapbv1.RegisterDRAPluginServer(s, d) })
-	stopReg := serve(t, d.RegistrationSocket, func(s *grpc.Server) {
-		registerapi.RegisterRegistrationServer(s, &registration{info: &registerapi.PluginInfo{
-			Type: registerapi.DRAPlugin, Name: name, Endpoint: d.Endpoint,
-			SupportedVersions: []string{drapbv1.DRAPluginService},
-		}})
-	})
-	d.stop = sync.OnceFunc(func() { stopReg(); stopDRA() })
-	t.Cleanup(d.stop)
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if !o.versionsSet {
+		o.versions = o.services
+	}
+	d := &Driver{
+		Name:          name,
+		Endpoint:      filepath.Join(pluginDir, o.draFile),
+		stopReg:       func() {},
+		failPrepare:   map[string]string{},
+		failUnprepare: map[string]string{},
+		omitted:       map[string]bool{},
+	}
+	d.stopDRA = serve(t, d.Endpoint, func(s *grpc.Server) {
+		for _, svc := range o.services {
+			switch svc {
+			case drapbv1.DRAPluginService:
+				drapbv1.RegisterDRAPluginServer(s, d)
+			case drapbv1beta1.DRAPluginService:
+				drapbv1beta1.RegisterDRAPluginServer(s, drapbv1beta1.V1ServerWrapper{DRAPluginServer: d})
+			default:
+				t.Fatalf("dratest: no DRA service %q", svc)
+			}
+		}
+	}, grpc.ChainUnaryInterceptor(d.recordMethod))
+	if !o.withoutRegistration {
+		d.RegistrationSocket = filepath.Join(registryDir, o.regFile)
+		d.reg = NewRegistration(&registerapi.PluginInfo{
+			Type:              o.pluginType,
+			Name:              name,
+			Endpoint:          d.Endpoint,
+			SupportedVersions: o.versions,
+		})
+		d.stopReg = d.reg.Serve(t, d.RegistrationSocket)
+	}
 	return d
 }
 
 // Stop stops serving: the registration socket and the DRA socket go away.
-func (d *Driver) Stop() { d.stop() }
+func (d *Driver) Stop() { d.stopReg(); d.stopDRA() }
 
-// SetHook makes every later call run hook first; its error fails the call. nil removes it.
+// StopRegistration stops the registration socket alone, as a driver leaving the registry.
+func (d *Driver) StopRegistration() { d.stopReg() }
+
+// StopDRA stops the DRA service alone, as a driver whose registration outlived it.
+func (d *Driver) StopDRA() { d.stopDRA() }
+
+// Registration is the driver's registration service, nil with WithoutRegistration.
+func (d *Driver) Registration() *Registration { return d.reg }
+
+// SetHook makes every later call run hook first, after the call is recorded; its error fails
+// the call. op is "prepare" or "unprepare". nil removes it.
 func (d *Driver) SetHook(hook func(ctx context.Context, op string) error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -74,7 +155,21 @@ func (d *Driver) SetHook(hook func(ctx context.Context, op string) error) {
 func (d *Driver) FailClaim(namespace, name, msg string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.failClaim[namespace+"/"+name] = msg
+	d.failPrepare[namespace+"/"+name] = msg
+}
+
+// FailUnprepare makes the unpreparation of claim namespace/name fail with msg.
+func (d *Driver) FailUnprepare(namespace, name, msg string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.failUnprepare[namespace+"/"+name] = msg
+}
+
+// OmitClaim leaves claim namespace/name out of the driver's answers, prepare and unprepare.
+func (d *Driver) OmitClaim(namespace, name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.omitted[namespace+"/"+name] = true
 }
 
 // Calls returns the calls so far, in order: "prepare ns/name" or "unprepare ns/name", one per
@@ -85,9 +180,24 @@ func (d *Driver) Calls() []string {
 	return slices.Clone(d.calls)
 }
 
+// Methods returns the full gRPC method names the DRA service was called with, in order, to
+// tell which service (v1, v1beta1) a call used.
+func (d *Driver) Methods() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.methods)
+}
+
 // Device is the device the driver prepares for a claim.
 func Device(claimName string) *drapbv1.Device {
 	return &drapbv1.Device{RequestNames: []string{"req"}, PoolName: "pool", DeviceName: "dev-" + claimName, CdiDeviceIds: []string{"example.com/net=" + claimName}}
+}
+
+func (d *Driver) recordMethod(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	d.mu.Lock()
+	d.methods = append(d.methods, info.FullMethod)
+	d.mu.Unlock()
+	return handler(ctx, req)
 }
 
 func (d *Driver) record(ctx context.Context, op string, claims []*drapbv1.Claim) error {
@@ -112,11 +222,14 @@ func (d *Driver) NodePrepareResources(ctx context.Context, req *drapbv1.NodePrep
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, c := range req.GetClaims() {
-		if msg, ok := d.failClaim[c.GetNamespace()+"/"+c.GetName()]; ok {
+		key := c.GetNamespace() + "/" + c.GetName()
+		switch msg, failed := d.failPrepare[key]; {
+		case d.omitted[key]:
+		case failed:
 			resp.Claims[c.GetUid()] = &drapbv1.NodePrepareResourceResponse{Error: msg}
-			continue
+		default:
+			resp.Claims[c.GetUid()] = &drapbv1.NodePrepareResourceResponse{Devices: []*drapbv1.Device{Device(c.GetName())}}
 		}
-		resp.Claims[c.GetUid()] = &drapbv1.NodePrepareResourceResponse{Devices: []*drapbv1.Device{Device(c.GetName())}}
 	}
 	return resp, nil
 }
@@ -127,43 +240,17 @@ func (d *Driver) NodeUnprepareResources(ctx context.Context, req *drapbv1.NodeUn
 		return nil, err
 	}
 	resp := &drapbv1.NodeUnprepareResourcesResponse{Claims: map[string]*drapbv1.NodeUnprepareResourceResponse{}}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for _, c := range req.GetClaims() {
-		resp.Claims[c.GetUid()] = &drapbv1.NodeUnprepareResourceResponse{}
+		key := c.GetNamespace() + "/" + c.GetName()
+		switch msg, failed := d.failUnprepare[key]; {
+		case d.omitted[key]:
+		case failed:
+			resp.Claims[c.GetUid()] = &drapbv1.NodeUnprepareResourceResponse{Error: msg}
+		default:
+			resp.Claims[c.GetUid()] = &drapbv1.NodeUnprepareResourceResponse{}
+		}
 	}
 	return resp, nil
-}
-
-type registration struct {
-	registerapi.UnimplementedRegistrationServer
-	info *registerapi.PluginInfo
-}
-
-func (r *registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	return r.info, nil
-}
-
-func (r *registration) NotifyRegistrationStatus(context.Context, *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	return &registerapi.RegistrationStatusResponse{}, nil
-}
-
-// serve serves a gRPC server on a new unix socket at path; the returned function stops it and
-// removes the socket.
-func serve(t testing.TB, path string, register func(*grpc.Server)) func() {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	register(srv)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l) // ends with Stop
-	}()
-	return sync.OnceFunc(func() {
-		srv.Stop()
-		<-done
-		_ = os.Remove(path) // Stop closed the listener, which removes it; make sure
-	})
 }
