@@ -19,7 +19,7 @@ import (
 // the runtime and marks the pods it did not see start as adopted with unverified sysctls, and a
 // new pod starts through podgate, then, after the rollback, past it.
 func TestAdoptAndRemoveOnALiveNode(t *testing.T) {
-	n := startNodeWith(t, false)
+	n := startNodeWith(t, false, nil)
 	_, ctx := ktesting.NewTestContext(t)
 	client := n.cluster.Client()
 	create := func(pod *corev1.Pod) *corev1.Pod {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,12 +50,13 @@ type node struct {
 // that podgate gets its kubeconfig, then podgate, then the kubelet on podgate's socket.
 func startNode(t testing.TB) *node {
 	t.Helper()
-	return startNodeWith(t, true)
+	return startNodeWith(t, true, nil)
 }
 
 // startNodeWith is startNode; without withPodgate, the kubelet runs on containerd's socket and
-// podgate is not started (startPodgate starts it, with the same options).
-func startNodeWith(t testing.TB, withPodgate bool) *node {
+// podgate is not started (startPodgate starts it, with the same options). kubeletConfig holds
+// KubeletConfiguration fields that replace the cluster's (cluster.Options.KubeletConfig).
+func startNodeWith(t testing.TB, withPodgate bool, kubeletConfig map[string]any) *node {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
@@ -90,7 +93,7 @@ func startNodeWith(t testing.TB, withPodgate bool) *node {
 	if withPodgate {
 		endpoint = "unix://" + pgDir + "/cri.sock" // where harness.Start puts it
 	}
-	c = cluster.Start(t, cluster.Options{CRIEndpoint: endpoint, DeferKubelet: true})
+	c = cluster.Start(t, cluster.Options{CRIEndpoint: endpoint, DeferKubelet: true, KubeletConfig: kubeletConfig})
 	controlPlane := time.Since(start)
 	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
 	config := filepath.Join(pgDir, "config.yaml")
@@ -186,12 +189,14 @@ func TestPodThroughPodgate(t *testing.T) {
 }
 
 // TestKubeletRestart stops the kubelet under a running pod (one with a service-account token,
-// in a namespace made with CreateNamespace) and starts it again: the pod keeps
-// running in containerd meanwhile, the Node goes Ready=Unknown and back to Ready, and the new
-// kubelet adopts the pod's sandbox instead of starting another. The pod is left for the
-// cluster's Down, which has the kubelet stop it through podgate.
+// in a namespace made with CreateNamespace) and starts it again. It checks what the host and the
+// API server show, not what the harness did: with the kubelet stopped, no kubelet process of the
+// node is left and nobody renews the node's Lease, while the pod's sandbox and container keep
+// running in containerd; after the start, a new kubelet process renews the Lease, posts Ready, and
+// adopts the pod's sandbox instead of starting another. The pod is left for the cluster's Down,
+// which has the kubelet stop it through podgate.
 func TestKubeletRestart(t *testing.T) {
-	n := startNode(t)
+	n := startNodeWith(t, true, map[string]any{"nodeLeaseDurationSeconds": leaseSeconds})
 	_, ctx := ktesting.NewTestContext(t)
 	client := n.cluster.Client()
 
@@ -215,21 +220,32 @@ func TestKubeletRestart(t *testing.T) {
 		t.Fatalf("no sandbox of pod %s in containerd", pod.Name)
 	}
 
+	// The running kubelet, as the checks after the stop see it: one process, renewing the Lease.
+	pids := kubeletPids(t, n.cluster)
+	if len(pids) != 1 {
+		t.Fatalf("kubelet processes of the cluster: %v, want one", pids)
+	}
+	first := leaseRenewTime(t, n.cluster)
+	waitFor(t, 5*leaseRenewal, "the kubelet renewing its Lease", func() (bool, error) {
+		return leaseRenewTime(t, n.cluster).After(first), nil
+	})
+
 	if err := n.cluster.StopKubelet(ctx); err != nil {
 		t.Fatalf("stop kubelet: %v", err)
 	}
-	if n.cluster.KubeletRunning() {
-		t.Error("KubeletRunning after StopKubelet")
+	if left := kubeletPids(t, n.cluster); len(left) > 0 {
+		t.Errorf("kubelet processes after StopKubelet: %v (the kubelet was %v)", left, pids)
 	}
-	node, err := client.CoreV1().Nodes().Get(ctx, n.cluster.NodeName(), metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get node: %v", err)
-	}
-	if got := readyStatus(node); got != corev1.ConditionUnknown {
-		t.Errorf("node Ready=%s with the kubelet stopped, want Unknown", got)
-	}
+	stopped := leaseNotRenewed(t, n.cluster, 3*leaseRenewal)
 	if sb := findSandbox(t, n.containerd, string(running.UID)); sb == nil || sb.State != runtimeapi.PodSandboxState_SANDBOX_READY {
 		t.Errorf("sandbox with the kubelet stopped: %v, want %s still ready", sb, before.Id)
+	}
+	ctrs, err := n.containerd.Runtime.ListContainers(ctx, &runtimeapi.ContainerFilter{PodSandboxId: before.Id})
+	if err != nil {
+		t.Fatalf("list containers: %v", err)
+	}
+	if len(ctrs) != 1 || ctrs[0].State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		t.Errorf("containers of sandbox %s with the kubelet stopped: %v, want one running", before.Id, ctrs)
 	}
 
 	start := time.Now()
@@ -237,6 +253,21 @@ func TestKubeletRestart(t *testing.T) {
 		t.Fatalf("start kubelet: %v", err)
 	}
 	t.Logf("kubelet ready again after %s", time.Since(start).Round(time.Millisecond))
+	if again := kubeletPids(t, n.cluster); len(again) != 1 || again[0] == pids[0] {
+		t.Errorf("kubelet processes after StartKubelet: %v, want one other than %v", again, pids)
+	}
+	waitFor(t, 5*leaseRenewal, "the new kubelet renewing the Lease", func() (bool, error) {
+		return leaseRenewTime(t, n.cluster).After(stopped), nil
+	})
+	// The API keeps heartbeats to the second; the old kubelet's last one is seconds older.
+	node, err := client.CoreV1().Nodes().Get(ctx, n.cluster.NodeName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get node: %v", err)
+	}
+	if ready := readyCondition(node); ready == nil || ready.Status != corev1.ConditionTrue || ready.LastHeartbeatTime.Before(&metav1.Time{Time: start.Truncate(time.Second)}) {
+		t.Errorf("node Ready condition after the restart: %+v, want True with a heartbeat from %s on", ready, start.Truncate(time.Second).Format(time.RFC3339))
+	}
+
 	// The new kubelet's first sync of the pod happens after the node is Ready; give it time to
 	// make (wrongly) a second sandbox before checking there is none.
 	waitPod(t, n.cluster, pod.Namespace, pod.Name, func(p *corev1.Pod) bool {
@@ -251,13 +282,79 @@ func TestKubeletRestart(t *testing.T) {
 	}
 }
 
-func readyStatus(node *corev1.Node) corev1.ConditionStatus {
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status
+// leaseSeconds is TestKubeletRestart's nodeLeaseDurationSeconds (40 by default): the kubelet
+// renews its Lease every quarter of it, leaseRenewal, so a few seconds show whether it still does.
+const (
+	leaseSeconds = 4
+	leaseRenewal = leaseSeconds * time.Second / 4
+)
+
+// kubeletPids lists the processes of the host, from /proc, whose command line is the cluster's
+// kubelet's (its --root-dir): what runs, whatever the harness's bookkeeping says.
+func kubeletPids(t *testing.T, c *cluster.Cluster) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootDir := "--root-dir=" + c.KubeletRootDir()
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		// Gone since ReadDir, or a zombie (empty command line): not running either way.
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if filepath.Base(args[0]) == "kubelet" && slices.Contains(args, rootDir) {
+			pids = append(pids, pid)
 		}
 	}
-	return ""
+	return pids
+}
+
+// leaseRenewTime is the renewTime of the cluster's node's Lease (namespace kube-node-lease), which
+// only the kubelet writes, to the microsecond.
+func leaseRenewTime(t *testing.T, c *cluster.Cluster) time.Time {
+	t.Helper()
+	lease, err := c.Client().CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(t.Context(), c.NodeName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("node lease: %v", err)
+	}
+	if lease.Spec.RenewTime == nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != c.NodeName() {
+		t.Fatalf("node lease %+v: want renewed by the kubelet of node %s", lease.Spec, c.NodeName())
+	}
+	return lease.Spec.RenewTime.Time
+}
+
+// leaseNotRenewed fails the test when the node's Lease is renewed within window, and returns its
+// renewTime.
+func leaseNotRenewed(t *testing.T, c *cluster.Cluster, window time.Duration) time.Time {
+	t.Helper()
+	last := leaseRenewTime(t, c)
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, window, true, func(context.Context) (bool, error) {
+		if got := leaseRenewTime(t, c); !got.Equal(last) {
+			return false, fmt.Errorf("renewed at %s, after %s, with the kubelet stopped", got.Format(time.StampMicro), last.Format(time.StampMicro))
+		}
+		return false, nil
+	})
+	if !wait.Interrupted(err) {
+		t.Errorf("node lease: %v", err)
+	}
+	return last
+}
+
+func readyCondition(node *corev1.Node) *corev1.NodeCondition {
+	for i, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return &node.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 // checkCgroupsGone fails the test when the cgroup root of a stopped cluster is left in a

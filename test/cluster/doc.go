@@ -80,8 +80,9 @@
 // podResources.kubeletSocket, PodResourcesSocket.
 //
 // StopKubelet and StartKubelet let tests take the kubelet away and bring it back: the pods keep
-// running; StopKubelet marks the Node's Ready condition Unknown, as the node lifecycle controller
-// would, so that StartKubelet's wait for Ready sees the new kubelet's status.
+// running, and the Node keeps the status the stopped kubelet last posted (no node lifecycle
+// controller marks it Unknown); StartKubelet waits for a Ready=True whose heartbeat is newer than
+// the stopped kubelet's, the new kubelet's.
 //
 // # Cleaning up
 //

@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 )
 
@@ -95,6 +94,10 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 	if err := c.prepareKubelet(); err != nil {
 		return fmt.Errorf("start kubelet: %w", err)
 	}
+	since, err := c.afterLastHeartbeat(ctx)
+	if err != nil {
+		return fmt.Errorf("start kubelet: %w", err)
+	}
 	start := time.Now()
 	p, _, err := c.startDaemon(ctx, "kubelet", kubeletTimeout, 1, func(ports []int) []string {
 		cfg, err := json.MarshalIndent(c.kubeletConfig(ports), "", "  ")
@@ -116,7 +119,7 @@ func (c *Cluster) StartKubelet(ctx context.Context) error {
 			"--v=2",
 		}
 	}, func(ctx context.Context, _ []int) error {
-		return c.nodeReady(ctx)
+		return c.nodeReady(ctx, since)
 	})
 	if err != nil {
 		return err
@@ -158,8 +161,39 @@ func (c *Cluster) prepareKubelet() error {
 	return os.WriteFile(filepath.Join(c.dir, "resolv.conf"), []byte("nameserver 127.0.0.1\n"), 0o644)
 }
 
-// nodeReady is nil when the Node's Ready condition is True.
-func (c *Cluster) nodeReady(ctx context.Context) error {
+// afterLastHeartbeat returns the second after the last heartbeat of the Node's Ready condition
+// (zero without a Node) once that second has come. A Node whose kubelet stopped a moment ago still
+// holds that kubelet's Ready=True (nothing here marks it Unknown, as the node lifecycle controller
+// would after 50 s): the new kubelet's is told apart by its heartbeat. The API keeps heartbeats to
+// the second, so a kubelet started from that second on posts only newer ones. The wait is at most
+// a second, and only when the last heartbeat is that recent.
+func (c *Cluster) afterLastHeartbeat(ctx context.Context) (time.Time, error) {
+	node, err := c.client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("node %s: %w", c.nodeName, err)
+	}
+	var since time.Time
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			since = cond.LastHeartbeatTime.Add(time.Second)
+		}
+	}
+	timer := time.NewTimer(time.Until(since))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return since, nil
+	case <-ctx.Done():
+		return time.Time{}, context.Cause(ctx)
+	}
+}
+
+// nodeReady is nil when the Node's Ready condition is True in a status that a kubelet posted at
+// or after since (its heartbeat).
+func (c *Cluster) nodeReady(ctx context.Context, since time.Time) error {
 	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	node, err := c.client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{})
@@ -167,21 +201,24 @@ func (c *Cluster) nodeReady(ctx context.Context) error {
 		return err
 	}
 	for _, cond := range node.Status.Conditions {
-		if cond.Type == corev1.NodeReady {
-			if cond.Status == corev1.ConditionTrue {
-				return nil
-			}
+		if cond.Type != corev1.NodeReady {
+			continue
+		}
+		if cond.LastHeartbeatTime.Time.Before(since) {
+			return fmt.Errorf("node %s: Ready=%s posted at %s, before this kubelet's start", c.nodeName, cond.Status, cond.LastHeartbeatTime.Format(time.RFC3339))
+		}
+		if cond.Status != corev1.ConditionTrue {
 			return fmt.Errorf("node %s: Ready=%s: %s: %s", c.nodeName, cond.Status, cond.Reason, cond.Message)
 		}
+		return nil
 	}
 	return fmt.Errorf("node %s has no Ready condition yet", c.nodeName)
 }
 
 // StopKubelet stops the kubelet (SIGTERM) and waits until it has exited; the pods keep running in
-// containerd, as on a node whose kubelet restarts. It then marks the Node's Ready condition
-// Unknown, as the node lifecycle controller (which this cluster does not run) would after a
-// while: the next StartKubelet waits for a Ready that the new kubelet posted, not the old one's.
-// Stopping a stopped kubelet does nothing.
+// containerd, as on a node whose kubelet restarts. The Node keeps the status the kubelet last
+// posted, as it would for the node lifecycle controller's grace period (50 s). Stopping a stopped
+// kubelet does nothing.
 func (c *Cluster) StopKubelet(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -194,9 +231,6 @@ func (c *Cluster) StopKubelet(ctx context.Context) error {
 	}
 	// Killed after the grace period is still stopped: StartKubelet may start another.
 	c.kubelet = nil
-	if merr := c.markNodeUnknown(ctx); merr != nil {
-		err = errors.Join(err, fmt.Errorf("stop kubelet: %w", merr))
-	}
 	return err
 }
 
@@ -209,29 +243,6 @@ func (c *Cluster) KubeletRunning() bool {
 	}
 	done, _ := c.kubelet.exited()
 	return !done
-}
-
-func (c *Cluster) markNodeUnknown(ctx context.Context) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		node, err := c.client.CoreV1().Nodes().Get(ctx, c.nodeName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		for i := range node.Status.Conditions {
-			cond := &node.Status.Conditions[i]
-			if cond.Type == corev1.NodeReady {
-				cond.Status = corev1.ConditionUnknown
-				cond.Reason = "KubeletStopped"
-				cond.Message = "the test stopped the kubelet"
-				cond.LastTransitionTime = metav1.Now()
-			}
-		}
-		_, err = c.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
-		return err
-	})
 }
 
 // drainPods deletes every pod left in the API, at once (grace period 0), and waits until the
