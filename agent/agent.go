@@ -11,6 +11,7 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -97,6 +98,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
 	running.Go(func() { p.resources.run(ctx) })
+	if p.resources.memoryQoS {
+		running.Go(func() { p.resources.resolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, a.nodeGetter()) })
+	}
 	if p.drivers != nil {
 		running.Go(func() {
 			if err := p.drivers.Run(ctx); err != nil {
@@ -225,7 +229,7 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
 	a.buildDRA(ctx, p)
 	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
-	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, p.runtime, a.registry)
+	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, a.sandboxes, p.runtime, a.registry)
 	p.resources.logNode(klog.FromContext(ctx))
 	p.pulls, p.pullInterceptor = a.newImagePulls()
 	p.register()
@@ -262,6 +266,22 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 	}
 	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
 }
+
+// nodeGetter reads this node's Node object, bounded in time; nil without the API.
+func (a *Agent) nodeGetter() func(context.Context) (*corev1.Node, error) {
+	if a.pods == nil {
+		return nil
+	}
+	return func(ctx context.Context) (*corev1.Node, error) {
+		ctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
+		defer cancel()
+		return a.pods.Client().GetNode(ctx, a.pods.NodeName())
+	}
+}
+
+// nodeGetTimeout bounds the start-up GET of the Node: one small object; an API server that
+// does not answer within it leaves memory QoS with MemTotal, as the log line says.
+const nodeGetTimeout = 10 * time.Second
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a
 // symlink, a bind mount): every call would be forwarded to podgate again, without end.

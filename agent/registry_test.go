@@ -2,16 +2,19 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/test/testfs"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/fake"
 )
 
 func TestAgentRefusesDamagedCheckpoint(t *testing.T) {
@@ -116,5 +119,82 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	onDisk, err := registry.NewCheckpoint(cfg.StateDir).Read()
 	if err != nil || !sameJSON(t, onDisk, after) {
 		t.Errorf("checkpoint %+v (%v), want the rebuilt registry", onDisk, err)
+	}
+}
+
+// infoRuntime is cri-client's fake runtime whose verbose ContainerStatus carries a runtime spec
+// (linux.cgroupsPath and resources), as containerd's does.
+type infoRuntime struct {
+	*fake.RemoteRuntime
+}
+
+func (r infoRuntime) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	resp, err := r.RemoteRuntime.ContainerStatus(ctx, req)
+	if err != nil || !req.GetVerbose() {
+		return resp, err
+	}
+	limit := int64(64 << 20)
+	info, err := json.Marshal(map[string]any{"runtimeSpec": specs.Spec{Linux: &specs.Linux{
+		CgroupsPath: "/kubepods/" + req.GetContainerId(),
+		Resources:   &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}},
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	resp.Info = map[string]string{"info": string(info)}
+	return resp, nil
+}
+
+// TestContainersRebuiltAndGoneWithTheirSandbox: containers that ran before podgate started are
+// in the registry after the rebuild, with what their runtime spec asks, to be verified; they go
+// when their sandbox is removed.
+func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
+	dir := testfs.ShortDir(t)
+	f := fake.NewFakeRemoteRuntime()
+	backend := serveRuntime(t, dir, infoRuntime{f})
+	ctx := t.Context()
+	// A pod the kubelet started on containerd before podgate was installed.
+	sb, err := f.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: podConfig("old")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := f.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId,
+		Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "app"}, Image: &runtimeapi.ImageSpec{Image: "busybox"}}, SandboxConfig: podConfig("old")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := testConfig(dir, backend)
+	a := New(cfg, "test")
+	stop := runAgentOf(t, a)
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitRebuilt(t, a)
+	got := a.sandboxes.PodContainers("uid-old")
+	if len(got) != 1 {
+		t.Fatalf("containers of the adopted pod: %+v, want app", got)
+	}
+	c := got[0]
+	if c.ID != ctr.ContainerId || c.Name != "app" || c.SandboxID != sb.PodSandboxId || c.Origin != registry.OriginAdopted ||
+		c.Verification != registry.CgroupUnverified || c.CgroupsPath != "/kubepods/"+ctr.ContainerId ||
+		c.Asked == nil || c.Asked.Memory == nil || c.Asked.Memory.Limit == nil || *c.Asked.Memory.Limit != 64<<20 {
+		t.Errorf("adopted container %+v: want app of %s, adopted, unverified, with its runtime spec's cgroups path and 64Mi limit", c, sb.PodSandboxId)
+	}
+
+	client := criClient(t, cfg.CRISocket)
+	if _, err := client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.sandboxes.Container(ctr.ContainerId); ok {
+		t.Error("the container is still recorded after its sandbox was removed")
 	}
 }

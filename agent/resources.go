@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
+	kubeletconfig "k8s.io/kubelet/config/v1beta1"
+
 	"github.com/containerd/errdefs"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -23,30 +26,6 @@ import (
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
-// Verification results of a container's cgroup, the result label of
-// podgate_resources_verifications_total.
-const (
-	cgroupPending  = "pending"
-	cgroupOK       = "ok"
-	cgroupMismatch = "mismatch"
-	cgroupError    = "error"
-)
-
-// containerRecord is what podgate knows of one container's resources.
-type containerRecord struct {
-	ID, Name, SandboxID string
-	PodUID              types.UID
-	// Asked is what the CRI request asked, as the runtime spec says it.
-	Asked       *specs.LinuxResources
-	CgroupsPath string
-	Held        *cgroup.Held
-	// Verification is one of the cgroup* results; Mismatches and Error say more.
-	Verification string
-	Mismatches   []string
-	Error        string
-	VerifiedAt   time.Time
-}
-
 // resourceStages do memory QoS on CreateContainer and UpdateContainerResources, and check
 // after StartContainer and UpdateContainerResources that the container's cgroup holds what was
 // asked. The check after StartContainer runs in the background: the answer is not delayed.
@@ -55,16 +34,17 @@ type resourceStages struct {
 	memoryQoS bool   // on: configured, and applicable on this node
 	qosOff    string // why memory QoS is off, when configured but not applicable
 	factor    float64
+	policy    kubeletconfig.MemoryReservationPolicy
 	verify    string // ResourcesVerifyWarn or ResourcesVerifyFail
 	recheck   time.Duration
 	pods      *kube.PodLookup
 	runtime   runtimeapi.RuntimeServiceClient
-	// allocatable is the node's memory, the limit of a container without one.
-	allocatable func(ctx context.Context) int64
+	// allocatable is the node's allocatable memory, the ceiling of memory.high for a container
+	// without a limit (resolveAllocatable sets it; 0: unknown).
+	allocatable atomic.Int64
 	pageSize    int64
-
-	mu         sync.Mutex
-	containers map[string]*containerRecord
+	// containers are in the pod registry, with their sandboxes.
+	containers *registry.Registry
 	background backgroundWork
 
 	verifications *prometheus.CounterVec
@@ -74,19 +54,19 @@ type resourceStages struct {
 	ownTime *prometheus.HistogramVec
 }
 
-func newResourceStages(cfg config.Resources, node cgroup.Node, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *resourceStages {
+func newResourceStages(cfg config.Resources, node cgroup.Node, pods *kube.PodLookup, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *resourceStages {
 	s := &resourceStages{
-		node: node, factor: cfg.MemoryThrottlingFactor, verify: cfg.Verify, recheck: cfg.RecheckPeriod.Duration, pods: pods, runtime: rt,
-		pageSize: int64(os.Getpagesize()), containers: map[string]*containerRecord{},
-		background:  backgroundWork{name: "cgroup verifications"},
-		allocatable: func(context.Context) int64 { return nodeMemory() },
+		node: node, factor: cfg.MemoryThrottlingFactor, policy: cfg.MemoryReservationPolicy, verify: cfg.Verify,
+		recheck: cfg.RecheckPeriod.Duration, pods: pods, runtime: rt,
+		pageSize: int64(os.Getpagesize()), containers: reg,
+		background: backgroundWork{name: "cgroup verifications"},
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "verifications_total",
 			Help: "Containers' cgroups read back and compared with what was asked, by when (start, update) and result (ok, mismatch, error).",
 		}, []string{"after", "result"}),
 		qosApplied: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "memory_qos_applied_total",
-			Help: "CreateContainer and UpdateContainerResources calls to which podgate added memory.min and memory.high.",
+			Help: "CreateContainer and UpdateContainerResources calls to which podgate added memory QoS (memory.min/memory.low, memory.high) as the kubelet computes it.",
 		}),
 		ownTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "stage_duration_seconds",
@@ -141,55 +121,85 @@ func (s *resourceStages) createContainer(ctx context.Context, req *runtimeapi.Cr
 	if err != nil {
 		return resp, err
 	}
-	s.mu.Lock()
-	s.containers[resp.GetContainerId()] = &containerRecord{
-		ID: resp.GetContainerId(), Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid,
-		Asked: cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()), Verification: cgroupPending,
-	}
-	s.mu.Unlock()
+	s.containers.AddContainer(registry.ContainerRecord{
+		ID: resp.GetContainerId(), Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid, Origin: registry.OriginStarted,
+		Asked: cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()), Verification: registry.CgroupPending,
+	})
 	return resp, nil
 }
 
-// applyMemoryQoS adds memory.min and memory.high to res.Unified, from the container's memory
-// request in its pod and its limit in res (the node's memory when it has none).
+// applyMemoryQoS adds the container's memory QoS to res.Unified as the kubelet 1.36 computes
+// it (cgroup.MemoryQoS), from the container's request and limit and the pod's QoS class in the
+// pod, and the node's allocatable memory for a container without a limit.
 func (s *resourceStages) applyMemoryQoS(ctx context.Context, uid types.UID, container string, res *runtimeapi.LinuxContainerResources) error {
 	pod, ok := s.pods.Get(uid)
 	if !ok {
 		klog.FromContext(ctx).V(2).Info("Memory QoS skipped: the pod is not in the informer yet", "podUID", uid, "container", container)
 		return nil
 	}
-	request := memoryRequest(pod, container)
-	if request == 0 {
+	c, ok := podContainer(pod, container)
+	if !ok {
+		klog.FromContext(ctx).V(2).Info("Memory QoS skipped: no such container in the pod", "pod", klog.KObj(pod), "container", container)
 		return nil
 	}
-	limit := res.GetMemoryLimitInBytes()
-	if limit == 0 {
-		limit = s.allocatable(ctx)
-	}
-	unified, changed, err := cgroup.ApplyMemoryQoS(res.GetUnified(), request, limit, s.factor, s.pageSize)
+	v, err := cgroup.MemoryQoS(cgroup.MemoryQoSInput{
+		Request:         c.Resources.Requests.Memory().Value(),
+		Limit:           c.Resources.Limits.Memory().Value(),
+		QOSClass:        pod.Status.QOSClass,
+		NodeAllocatable: s.allocatable.Load(),
+		Factor:          s.factor,
+		Policy:          s.policy,
+		PageSize:        s.pageSize,
+	})
 	if err != nil {
 		return fmt.Errorf("container %q memory QoS: %w", container, err)
 	}
-	if changed {
+	if unified, changed := v.AddTo(res.GetUnified()); changed {
 		res.Unified = unified
 		s.qosApplied.Inc()
 	}
 	return nil
 }
 
-// memoryRequest is the memory request of the pod's container by name (init containers too).
-func memoryRequest(pod *corev1.Pod, name string) int64 {
+// podContainer is the pod's container by name (init containers too).
+func podContainer(pod *corev1.Pod, name string) (*corev1.Container, bool) {
 	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
 		for i := range list {
 			if list[i].Name == name {
-				if q, ok := list[i].Resources.Requests[corev1.ResourceMemory]; ok {
-					return q.Value()
-				}
-				return 0
+				return &list[i], true
 			}
 		}
 	}
-	return 0
+	return nil, false
+}
+
+// resolveAllocatable finds the node's allocatable memory from the best source at hand (the
+// kubelet's configuration file, the Node object, MemTotal) and says which it used.
+func (s *resourceStages) resolveAllocatable(ctx context.Context, kubeletConfig string, node func(context.Context) (*corev1.Node, error)) {
+	logger := klog.FromContext(ctx)
+	var src cgroup.NodeMemorySources
+	if kubeletConfig != "" {
+		kc, err := cgroup.ReadKubeletConfig(kubeletConfig)
+		if err != nil {
+			logger.Error(err, "Read the kubelet's configuration for its allocatable memory", "path", kubeletConfig)
+		}
+		src.KubeletConfig = kc
+	}
+	if node != nil && src.KubeletConfig == nil {
+		n, err := node(ctx)
+		if err != nil {
+			logger.Info("Node allocatable memory: the Node object could not be read", "err", err)
+		}
+		src.Node = n
+	}
+	mt, err := cgroup.ReadMemTotal(cgroup.MeminfoPath)
+	if err != nil {
+		logger.Info("Node allocatable memory: MemTotal could not be read", "err", err)
+	}
+	src.MemTotal = mt
+	nm := cgroup.NodeAllocatable(src)
+	s.allocatable.Store(nm.Bytes)
+	logger.Info("Node allocatable memory", nm.KeysAndValues()...)
 }
 
 func (s *resourceStages) startContainer(ctx context.Context, req *runtimeapi.StartContainerRequest, next cri.Forward[*runtimeapi.StartContainerRequest, *runtimeapi.StartContainerResponse]) (*runtimeapi.StartContainerResponse, error) {
@@ -209,10 +219,8 @@ func (s *resourceStages) updateContainerResources(ctx context.Context, req *runt
 	defer t.done()
 	next = timed(t, next)
 	id := req.GetContainerId()
-	s.mu.Lock()
-	rec := s.containers[id]
-	s.mu.Unlock()
-	if res := req.GetLinux(); res != nil && s.memoryQoS && rec != nil {
+	rec, known := s.containers.Container(id)
+	if res := req.GetLinux(); res != nil && s.memoryQoS && known {
 		if err := s.applyMemoryQoS(ctx, rec.PodUID, rec.Name, res); err != nil {
 			return nil, err
 		}
@@ -222,13 +230,11 @@ func (s *resourceStages) updateContainerResources(ctx context.Context, req *runt
 		return resp, err
 	}
 	asked := cgroup.SpecResources(req.GetLinux())
-	s.mu.Lock()
-	if rec = s.containers[id]; rec == nil {
-		rec = &containerRecord{ID: id} // created before podgate ran: learnt of here
-		s.containers[id] = rec
+	if !s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) { c.Asked = asked }) {
+		// Not rebuilt yet (podgate just started), or not a container of the runtime's own
+		// listing: learnt of here; the next rebuild or recheck corrects what is missing.
+		s.containers.AddContainer(registry.ContainerRecord{ID: id, Origin: registry.OriginAdopted, Asked: asked, Verification: registry.CgroupUnverified})
 	}
-	rec.Asked = asked
-	s.mu.Unlock()
 	if s.verify != config.ResourcesVerifyFail {
 		bctx := context.WithoutCancel(ctx)
 		s.background.Go(func() { _ = s.verifyContainer(bctx, id, "update") })
@@ -243,9 +249,7 @@ func (s *resourceStages) updateContainerResources(ctx context.Context, req *runt
 func (s *resourceStages) removeContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest, next cri.Forward[*runtimeapi.RemoveContainerRequest, *runtimeapi.RemoveContainerResponse]) (*runtimeapi.RemoveContainerResponse, error) {
 	resp, err := next(ctx, req)
 	if err == nil || errdefs.IsNotFound(err) {
-		s.mu.Lock()
-		delete(s.containers, req.GetContainerId())
-		s.mu.Unlock()
+		s.containers.RemoveContainer(req.GetContainerId())
 	}
 	return resp, err
 }
@@ -257,20 +261,21 @@ func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) 
 	start := time.Now()
 	defer func() { s.verifyTime.Observe(time.Since(start).Seconds()) }()
 	logger := klog.FromContext(ctx).WithValues("containerID", id)
-	s.mu.Lock()
-	rec, ok := s.containers[id]
-	var asked *specs.LinuxResources
-	path := ""
-	if ok {
-		asked, path = rec.Asked, rec.CgroupsPath
-	}
-	s.mu.Unlock()
+	rec, ok := s.containers.Container(id)
 	if !ok {
-		return nil // removed meanwhile, or created before podgate ran
+		return nil // removed meanwhile
 	}
+	asked, path := rec.Asked, rec.CgroupsPath
 	if path == "" {
 		var err error
 		if path, err = s.cgroupsPath(ctx, id); err != nil {
+			if status.Code(err) == codes.NotFound {
+				// Removed behind podgate's back (straight at the runtime): forget it, or it
+				// would be read again every recheck period.
+				s.containers.RemoveContainer(id)
+				logger.V(2).Info("Container gone from the runtime: forgotten", "after", after)
+				return nil
+			}
 			if s.record(id, after, nil, nil, err) {
 				logger.Info("Cannot verify the container's cgroup", "after", after, "err", err)
 			}
@@ -306,29 +311,27 @@ func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) 
 // check follows a CRI call, or a recheck found the result changed (a recheck repeating the
 // last result stays quiet).
 func (s *resourceStages) record(id, after string, held *cgroup.Held, mismatches []cgroup.Mismatch, err error) bool {
-	result := cgroupOK
+	result := registry.CgroupOK
 	switch {
 	case err != nil:
-		result = cgroupError
+		result = registry.CgroupError
 	case len(mismatches) > 0:
-		result = cgroupMismatch
+		result = registry.CgroupMismatch
 	}
 	s.verifications.WithLabelValues(after, result).Inc()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, ok := s.containers[id]
-	if !ok {
-		return false
-	}
-	prev := rec.Verification + "|" + strings.Join(rec.Mismatches, ";") + "|" + rec.Error
-	rec.Verification, rec.Held, rec.Mismatches, rec.Error, rec.VerifiedAt = result, held, nil, "", time.Now()
-	for _, m := range mismatches {
-		rec.Mismatches = append(rec.Mismatches, m.String())
-	}
-	if err != nil {
-		rec.Error = err.Error()
-	}
-	return after != "recheck" || prev != rec.Verification+"|"+strings.Join(rec.Mismatches, ";")+"|"+rec.Error
+	news := false
+	s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) {
+		prev := c.Verification + "|" + strings.Join(c.Mismatches, ";") + "|" + c.Error
+		c.Verification, c.Held, c.Mismatches, c.Error, c.VerifiedAt = result, held, nil, "", time.Now()
+		for _, m := range mismatches {
+			c.Mismatches = append(c.Mismatches, m.String())
+		}
+		if err != nil {
+			c.Error = err.Error()
+		}
+		news = after != "recheck" || prev != c.Verification+"|"+strings.Join(c.Mismatches, ";")+"|"+c.Error
+	})
+	return news
 }
 
 // stageTimer measures podgate's own time in a call: the whole call less the runtime's part.
@@ -359,11 +362,7 @@ func (s *resourceStages) cgroupsPath(ctx context.Context, id string) (string, er
 	if err != nil {
 		return "", err
 	}
-	s.mu.Lock()
-	if rec, ok := s.containers[id]; ok {
-		rec.CgroupsPath = path
-	}
-	s.mu.Unlock()
+	s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) { c.CgroupsPath = path })
 	return path, nil
 }
 
@@ -381,54 +380,12 @@ func (s *resourceStages) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		ids := make([]string, 0, len(s.containers))
-		for id, rec := range s.containers {
-			if rec.Verification != cgroupPending { // started, and checked once already
-				ids = append(ids, id)
-			}
-		}
-		s.mu.Unlock()
-		for _, id := range ids {
-			_ = s.verifyContainer(ctx, id, "recheck") // recorded and logged there
+		// Started (checked once already, or found running at start-up), not pending.
+		for _, c := range s.containers.Containers(func(c *registry.ContainerRecord) bool { return c.Verification != registry.CgroupPending }) {
+			_ = s.verifyContainer(ctx, c.ID, "recheck") // recorded and logged there
 		}
 	}
-}
-
-// podContainers returns copies of the records of a pod's containers.
-func (s *resourceStages) podContainers(uid types.UID) []containerRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []containerRecord
-	for _, rec := range s.containers {
-		if rec.PodUID == uid {
-			c := *rec
-			c.Mismatches = append([]string(nil), rec.Mismatches...)
-			out = append(out, c)
-		}
-	}
-	return out
 }
 
 // wait waits for the background verifications, until ctx ends (shutdown, tests).
 func (s *resourceStages) wait(ctx context.Context) error { return s.background.wait(ctx) }
-
-// nodeMemory is the node's memory, read from /proc/meminfo once: it does not change while
-// podgate runs, and CreateContainer should not read a file each time.
-var nodeMemory = sync.OnceValue(memTotal)
-
-// memTotal is the node's memory from /proc/meminfo; 0 when it cannot be read (memory QoS
-// then skips containers without a limit).
-func memTotal() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	var kib int64
-	for line := range strings.Lines(string(b)) {
-		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kib); err == nil {
-			return kib << 10
-		}
-	}
-	return 0
-}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/podgate/podgate/agent/registry"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
@@ -29,8 +30,8 @@ func (s *resourceStages) describe(p *pb.Pod) {
 		MemoryQos: s.memoryQoS, MemoryQosReason: reason,
 		Driver: p.GetCgroup().GetDriver(), // from the sandbox's runtime spec
 	}
-	ctrs := s.podContainers(types.UID(p.GetUid()))
-	slices.SortFunc(ctrs, func(a, b containerRecord) int { return strings.Compare(a.Name+a.ID, b.Name+b.ID) })
+	ctrs := s.containers.PodContainers(types.UID(p.GetUid()))
+	slices.SortFunc(ctrs, func(a, b registry.ContainerRecord) int { return strings.Compare(a.Name+a.ID, b.Name+b.ID) })
 	for _, c := range ctrs {
 		if c.CgroupsPath != "" && cg.Driver == "" {
 			cg.Driver = cgroup.Driver(c.CgroupsPath)

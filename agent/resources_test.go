@@ -3,11 +3,15 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,9 +21,13 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
@@ -35,14 +43,6 @@ func (noStatus) ContainerStatus(context.Context, *runtimeapi.ContainerStatusRequ
 // v2Node is a cgroup v2 node with the memory controller: memory QoS applies.
 var v2Node = cgroup.Node{Mode: cgroup.ModeUnified, V2Controllers: []string{"cpu", "memory"}, MemoryQoS: true}
 
-func podWithMemoryRequest(uid, container, request string) *corev1.Pod {
-	p := testPod(uid, "")
-	p.Spec.Containers = []corev1.Container{{Name: container, Resources: corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(request)},
-	}}}
-	return p
-}
-
 func createRequest(uid, container string, res *runtimeapi.LinuxContainerResources) *runtimeapi.CreateContainerRequest {
 	return &runtimeapi.CreateContainerRequest{
 		PodSandboxId:  "sandbox-1",
@@ -51,74 +51,159 @@ func createRequest(uid, container string, res *runtimeapi.LinuxContainerResource
 	}
 }
 
-// TestMemoryQoS: on a cgroup v2 node, CreateContainer and UpdateContainerResources reach the
-// runtime with memory.min = the request and memory.high by the kubelet's formula; a container
-// without a limit takes the node's memory; a key the kubelet set stays.
-func TestMemoryQoS(t *testing.T) {
-	pod := podWithMemoryRequest("qos", "app", "256Mi")
-	_, pods := startLookup(t, pod)
-	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		v2Node, pods, noStatus{}, prometheus.NewRegistry())
-	s.pageSize = 4096
-	s.allocatable = func(context.Context) int64 { return 4 << 30 }
-	const request = 256 << 20
-	high := func(limit int64) string {
-		return strconv.FormatInt((request+int64(0.9*float64(limit-request)))/4096*4096, 10)
+// memoryPod is a pod of the given QoS class whose containers ask for memory: app (256Mi, limit
+// 1Gi), nolimit (256Mi, no limit).
+func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
+	p := testPod(uid, "")
+	mem := func(q string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(q)}
 	}
+	p.Spec.Containers = []corev1.Container{
+		{Name: "app", Resources: corev1.ResourceRequirements{Requests: mem("256Mi"), Limits: mem("1Gi")}},
+		{Name: "nolimit", Resources: corev1.ResourceRequirements{Requests: mem("256Mi")}},
+	}
+	p.Status.QOSClass = qos
+	return p
+}
 
-	for _, tt := range []struct {
-		name     string
-		res      *runtimeapi.LinuxContainerResources
-		wantHigh string
-		wantMin  string
+// newMemoryQoSStages are the resource stages with memory QoS on, on a cgroup v2 node with 4 KiB
+// pages and 4 GiB of allocatable memory.
+func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPolicy, pods ...*corev1.Pod) *resourceStages {
+	t.Helper()
+	objs := make([]runtime.Object, len(pods))
+	for i, p := range pods {
+		objs[i] = p
+	}
+	_, lookup := startLookup(t, objs...)
+	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
+		v2Node, lookup, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry())
+	s.pageSize = 4096
+	s.allocatable.Store(4 << 30)
+	return s
+}
+
+// TestMemoryQoS: on a cgroup v2 node, CreateContainer and UpdateContainerResources reach the
+// runtime with what the kubelet 1.36 writes (cgroup.MemoryQoS has the table of the formula
+// itself; this checks the wiring): the request, limit and QoS class taken from the pod, the
+// node's allocatable memory for a container without a limit, a request the kubelet already
+// gave memory QoS left alone.
+func TestMemoryQoS(t *testing.T) {
+	const (
+		request = 256 << 20
+		// floor(256Mi + 0.9 × (1Gi − 256Mi)) rounded down to 4 KiB: 268435456 + 724775731 =
+		// 993211187 → 993210368.
+		highOf1Gi = "993210368"
+		// ceiling 4Gi: 268435456 + 0.9 × 4026531840 = 3892314112, a whole number of pages.
+		highOf4Gi = "3892314112"
+	)
+	burstable := memoryPod("burst", corev1.PodQOSBurstable)
+	tests := []struct {
+		name      string
+		policy    kubeletconfig.MemoryReservationPolicy
+		pod       *corev1.Pod
+		container string
+		unified   map[string]string
+		want      map[string]string
 	}{
-		{"limit 1Gi", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30}, high(1 << 30), strconv.Itoa(request)},
-		{"no limit: the node's memory", &runtimeapi.LinuxContainerResources{}, high(4 << 30), strconv.Itoa(request)},
-		{"memory.high set by the kubelet", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30, Unified: map[string]string{"memory.high": "max"}}, "max", strconv.Itoa(request)},
-	} {
+		{"None: protection 0, memory.high below the limit", kubeletconfig.NoneMemoryReservationPolicy, burstable, "app", nil,
+			map[string]string{"memory.min": "0", "memory.low": "0", "memory.high": highOf1Gi}},
+		{"no limit: the node's allocatable memory", kubeletconfig.NoneMemoryReservationPolicy, burstable, "nolimit", nil,
+			map[string]string{"memory.min": "0", "memory.low": "0", "memory.high": highOf4Gi}},
+		{"TieredReservation, Burstable: memory.low", kubeletconfig.TieredReservationMemoryReservationPolicy, burstable, "app", nil,
+			map[string]string{"memory.low": strconv.Itoa(request), "memory.high": highOf1Gi}},
+		{"TieredReservation, Guaranteed: memory.min", kubeletconfig.TieredReservationMemoryReservationPolicy, memoryPod("guaranteed", corev1.PodQOSGuaranteed), "app", nil,
+			map[string]string{"memory.min": strconv.Itoa(request), "memory.high": highOf1Gi}},
+		{"the kubelet's own memory QoS stays", kubeletconfig.NoneMemoryReservationPolicy, burstable, "app", map[string]string{"memory.min": "0", "memory.low": "0"},
+			map[string]string{"memory.min": "0", "memory.low": "0"}},
+	}
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			s := newMemoryQoSStages(t, tt.policy, tt.pod)
 			var sent *runtimeapi.CreateContainerRequest
 			next := func(_ context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 				sent = req
-				return &runtimeapi.CreateContainerResponse{ContainerId: "ctr-" + tt.name}, nil
+				return &runtimeapi.CreateContainerResponse{ContainerId: "ctr"}, nil
 			}
-			if _, err := s.createContainer(t.Context(), createRequest(string(pod.UID), "app", tt.res), next); err != nil {
+			// The CRI carries a limit of its own: memory QoS reads the container's in the pod.
+			res := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 3 << 30, Unified: tt.unified}
+			if _, err := s.createContainer(t.Context(), createRequest(string(tt.pod.UID), tt.container, res), next); err != nil {
 				t.Fatal(err)
 			}
-			u := sent.GetConfig().GetLinux().GetResources().GetUnified()
-			if u["memory.min"] != tt.wantMin || u["memory.high"] != tt.wantHigh {
-				t.Errorf("unified sent to the runtime = %v; want memory.min %s, memory.high %s", u, tt.wantMin, tt.wantHigh)
+			if got := sent.GetConfig().GetLinux().GetResources().GetUnified(); !maps.Equal(got, tt.want) {
+				t.Errorf("unified sent to the runtime = %v, want %v", got, tt.want)
 			}
 		})
 	}
+}
 
-	// An in-place resize recomputes memory.high for the new limit.
+// TestMemoryQoSOnResize: an in-place resize recomputes memory.high from the pod's new limit.
+func TestMemoryQoSOnResize(t *testing.T) {
+	pod := memoryPod("resize", corev1.PodQOSBurstable)
+	objs := []runtime.Object{pod}
+	client, lookup := startLookup(t, objs...)
+	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
+		v2Node, lookup, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry())
+	s.pageSize = 4096
+	ok := func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+		return &runtimeapi.CreateContainerResponse{ContainerId: "ctr"}, nil
+	}
+	if _, err := s.createContainer(t.Context(), createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{}), ok); err != nil {
+		t.Fatal(err)
+	}
+	resized := pod.DeepCopy()
+	resized.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("2Gi")
+	if _, err := client.CoreV1().Pods(pod.Namespace).Update(t.Context(), resized, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+		p, ok := lookup.Get(pod.UID)
+		return ok && p.Spec.Containers[0].Resources.Limits.Memory().Value() == 2<<30, nil
+	}); err != nil {
+		t.Fatalf("resize not in the informer: %v", err)
+	}
 	var sent *runtimeapi.UpdateContainerResourcesRequest
 	next := func(_ context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		sent = req
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}
 	if _, err := s.updateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
-		ContainerId: "ctr-limit 1Gi", Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 2 << 30},
+		ContainerId: "ctr", Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 2 << 30},
 	}, next); err != nil {
 		t.Fatal(err)
 	}
-	if got := sent.GetLinux().GetUnified()["memory.high"]; got != high(2<<30) {
-		t.Errorf("memory.high after the resize = %s, want %s", got, high(2<<30))
+	// floor(256Mi + 0.9 × (2Gi − 256Mi)) = floor(268435456 + 1691143372.8) = 1959578828,
+	// rounded down to 4 KiB: 1959575552.
+	if got := sent.GetLinux().GetUnified()["memory.high"]; got != "1959575552" {
+		t.Errorf("memory.high after the resize = %s, want 1959575552", got)
 	}
 	if err := s.wait(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 }
 
+// TestRecheckForgetsContainersGoneFromTheRuntime: a container removed behind podgate's back
+// (straight at the runtime) is forgotten at its next check instead of being read every period.
+func TestRecheckForgetsContainersGoneFromTheRuntime(t *testing.T) {
+	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	s := newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
+		cgroup.Detect(), nil, reg, noStatus{}, prometheus.NewRegistry())
+	reg.AddContainer(registry.ContainerRecord{ID: "gone", SandboxID: "s", Verification: registry.CgroupOK})
+	if err := s.verifyContainer(t.Context(), "gone", "recheck"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := reg.Container("gone"); ok {
+		t.Error("a container the runtime no longer has is still recorded")
+	}
+}
+
 // TestMemoryQoSNotApplicable: asked for on a node without the cgroup v2 memory controller,
 // memory QoS changes nothing and says why.
 func TestMemoryQoSNotApplicable(t *testing.T) {
-	pod := podWithMemoryRequest("hybrid", "app", "256Mi")
+	pod := memoryPod("hybrid", corev1.PodQOSBurstable)
 	_, pods := startLookup(t, pod)
 	node := cgroup.Node{Mode: cgroup.ModeHybrid, V2Controllers: []string{"hugetlb"}, MemoryQoSReason: "hybrid hierarchy: the memory controller is on cgroup v1"}
 	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		node, pods, nil, prometheus.NewRegistry())
+		node, pods, registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry())
 	req := createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30})
 	orig := proto.Clone(req)
 	var sent *runtimeapi.CreateContainerRequest
@@ -158,9 +243,10 @@ func TestUpdateVerifyFail(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cpu, name, "cpu.cfs_quota_us"), []byte("50000"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	reg := registry.NewRegistry(nil, registry.CheckpointData{})
 	s := newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyFail, RecheckPeriod: &config.Duration{}},
-		cgroup.Detect(), nil, nil, prometheus.NewRegistry())
-	s.containers["ctr"] = &containerRecord{ID: "ctr", CgroupsPath: name, Verification: cgroupOK}
+		cgroup.Detect(), nil, reg, nil, prometheus.NewRegistry())
+	reg.AddContainer(registry.ContainerRecord{ID: "ctr", CgroupsPath: name, Verification: registry.CgroupOK})
 	ok := func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}

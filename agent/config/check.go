@@ -8,6 +8,7 @@ import (
 
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // Check runs Validate and then resolves what start-up resolves without the running node: the
@@ -22,6 +23,7 @@ func (c *Configuration) Check() error {
 		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
 		prefixed("kubeconfig", kube.CheckKubeconfig(c.Kubeconfig)),
 		prefixed("stateDir", registry.CheckStateDir(c.StateDir)),
+		prefixed("resources.kubeletConfig", checkKubeletConfig(c.Resources.KubeletConfig)),
 	)
 }
 
@@ -55,4 +57,13 @@ func checkGroup(g string) error {
 	default:
 		return fmt.Errorf("group %q: %w", g, err)
 	}
+}
+
+// checkKubeletConfig reads the kubelet's configuration file as start-up does.
+func checkKubeletConfig(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, err := cgroup.ReadKubeletConfig(path)
+	return err
 }

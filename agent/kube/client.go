@@ -22,13 +22,15 @@ import (
 )
 
 // API is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
-// informer, fetched one by one when the informer has not seen a pod yet), ResourceClaims read
+// informer, fetched one by one when the informer has not seen a pod yet), its Node (once, for
+// memory QoS), ResourceClaims read
 // and their status written, ResourceSlices listed. Client implements it; tests use
 // test/kubefake over client-go's fake clientset.
 type API interface {
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error)
 	WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
+	GetNode(ctx context.Context, name string) (*corev1.Node, error)
 	dra.ResourceClaimGetter
 	dra.ResourceClaimStatusUpdater
 	dra.ResourceSliceLister
@@ -125,6 +127,15 @@ func (c *Client) WatchPods(ctx context.Context, namespace string, opts metav1.Li
 		return nil, fmt.Errorf("watch pods (%s): %w", describeList(namespace, opts), err)
 	}
 	return w, nil
+}
+
+// GetNode reads a Node.
+func (c *Client) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	node := &corev1.Node{}
+	if err := c.core.Get().UseProtobufAsDefault().Resource("nodes").Name(name).Do(ctx).Into(node); err != nil {
+		return nil, fmt.Errorf("get node %s: %w", name, err)
+	}
+	return node, nil
 }
 
 // GetResourceClaim implements dra.ResourceClaimGetter.

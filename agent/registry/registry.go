@@ -149,7 +149,10 @@ type Registry struct {
 
 	mu      sync.Mutex
 	entries map[string]*SandboxRecord
-	claims  map[types.UID]*PodClaims
+	// containers are the sandboxes' containers, by ID. They are not in the checkpoint: the
+	// runtime holds them, and the start-up rebuild reads them from it.
+	containers map[string]*ContainerRecord
+	claims     map[types.UID]*PodClaims
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -184,7 +187,7 @@ var (
 // already holds.
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
-		checkpoint: cp, entries: map[string]*SandboxRecord{}, claims: map[types.UID]*PodClaims{}, touched: map[string]bool{},
+		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, claims: map[types.UID]*PodClaims{}, touched: map[string]bool{},
 		writeFailed: func(error) {},
 	}
 	r.written = sync.NewCond(&r.mu)
@@ -305,6 +308,7 @@ func (r *Registry) Remove(id string) {
 		delete(r.entries, id)
 		r.changedLocked(e.Pod.UID, before)
 	}
+	r.dropContainersOfLocked(id)
 	r.touchLocked(id)
 	r.mu.Unlock()
 	if ok {
@@ -336,8 +340,10 @@ func (r *Registry) beginRebuild() (end func()) {
 // what the registry already knew of each: a sandbox it knew keeps its origin and pipeline
 // results with the runtime's view refreshed; one it did not know is added as adopted; one the
 // runtime no longer has is dropped. Sandboxes the pipeline touched since beginRebuild are left
-// as the pipeline made them. It returns how many records it added and dropped.
-func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
+// as the pipeline made them. The containers are reconciled the same way with containers, and
+// those of a sandbox that is gone go with it. It returns how many sandbox records it added and
+// dropped.
+func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord) (added, dropped int) {
 	r.mu.Lock()
 	// The pods it changes, with their states before, to tell the change function after.
 	befores := map[types.UID]*PodState{}
@@ -375,6 +381,7 @@ func (r *Registry) reconcile(seen []SandboxRecord) (added, dropped int) {
 			dropped++
 		}
 	}
+	r.reconcileContainersLocked(containers)
 	uids := slices.Collect(maps.Keys(befores))
 	slices.Sort(uids)
 	for _, uid := range uids {

@@ -155,7 +155,7 @@ func TestReconcileLeavesWhatThePipelineTouched(t *testing.T) {
 	seenKnown.Origin, seenKnown.Ready, seenKnown.IPs = OriginAdopted, false, []string{"10.88.0.9"}
 	seenFailed := sampleRecord("failed")
 	seenFailed.Origin = OriginAdopted
-	added, dropped := reg.reconcile([]SandboxRecord{seenKnown, seenFailed})
+	added, dropped := reg.reconcile([]SandboxRecord{seenKnown, seenFailed}, nil)
 	end()
 	if added != 0 || dropped != 1 {
 		t.Errorf("reconcile added %d, dropped %d; want 0 and 1 (gone)", added, dropped)

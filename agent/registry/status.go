@@ -37,22 +37,32 @@ type containerInfo struct {
 }
 
 // ContainerCgroupsPath reads the container's linux.cgroupsPath from its runtime spec, in its
-// verbose status.
+// verbose status. A runtime error keeps its class (NotFound: the container is gone).
 func ContainerCgroupsPath(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) (string, error) {
+	spec, err := containerSpec(ctx, rt, id)
+	if err != nil {
+		return "", err
+	}
+	return spec.Linux.CgroupsPath, nil
+}
+
+// containerSpec reads the container's runtime spec from its verbose status; it has a linux
+// section with a cgroups path.
+func containerSpec(ctx context.Context, rt runtimeapi.RuntimeServiceClient, id string) (*specs.Spec, error) {
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
-		return "", fmt.Errorf("container status: %w", err)
+		return nil, fmt.Errorf("container status: %w", err)
 	}
 	var info containerInfo
 	if err := decodeInfo("container status", st.GetInfo(), &info); err != nil {
-		return "", err
+		return nil, err
 	}
 	if info.RuntimeSpec == nil || info.RuntimeSpec.Linux == nil || info.RuntimeSpec.Linux.CgroupsPath == "" {
-		return "", errors.New("container's runtime spec has no linux.cgroupsPath")
+		return nil, errors.New("container's runtime spec has no linux.cgroupsPath")
 	}
-	return info.RuntimeSpec.Linux.CgroupsPath, nil
+	return info.RuntimeSpec, nil
 }
 
 // sandboxInfo is the part of containerd's verbose sandbox status ("info") podgate reads.

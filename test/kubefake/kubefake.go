@@ -1,5 +1,5 @@
 // Package kubefake adapts a client-go clientset, usually the fake one, to the narrow Kubernetes
-// API interfaces of podgate's packages (agent.KubeAPI and dra's), so that unit tests keep
+// API interfaces of podgate's packages (agent/kube.API and dra's), so that unit tests keep
 // client-go's fake clientset, its object tracker and its reactors.
 package kubefake
 
@@ -41,6 +41,11 @@ func (c Client) ListPods(ctx context.Context, namespace string, opts metav1.List
 // WatchPods watches pods.
 func (c Client) WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	return c.CoreV1().Pods(namespace).Watch(ctx, opts)
+}
+
+// GetNode reads a Node.
+func (c Client) GetNode(ctx context.Context, name string) (*corev1.Node, error) {
+	return c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 }
 
 // GetResourceClaim reads a ResourceClaim.
