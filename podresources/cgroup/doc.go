@@ -18,7 +18,7 @@
 // is throttled below the node's allocatable memory: [NodeAllocatable] takes it from the
 // kubelet's configuration file ([ReadKubeletConfig]), else the Node object, else MemTotal
 // ([ReadMemTotal]), and says which. All of it is pure but the file reads: the caller decides
-// whether the node can do memory QoS ([Node]). [ApplyMemoryQoS] is the former rule, deprecated.
+// whether the node can do memory QoS ([Node]).
 //
 // # What was asked, what is held
 //
