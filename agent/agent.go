@@ -148,6 +148,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	running.Wait()
+	if a.pods != nil {
+		a.pods.WaitFetches() // those the last CRI calls started
+	}
 	a.sandboxes.Flush()
 	if p.drivers != nil {
 		if err := p.drivers.Close(); err != nil {

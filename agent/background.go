@@ -9,25 +9,54 @@ import (
 // backgroundWork is work a CRI call starts and leaves running when it answers (a sysctl
 // verification, the read of a new sandbox's status). Shutdown waits for it, within its grace
 // period, so that its results reach the registry.
+//
+// Unlike a WaitGroup, work may start while wait waits (a CRI call still finishing during
+// shutdown), and a wait that gives up leaves nothing behind.
 type backgroundWork struct {
 	name string
-	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	running int
+	// idle is closed when running drops to 0, and replaced when work starts again.
+	idle chan struct{}
 }
 
 // Go runs fn in the background.
-func (b *backgroundWork) Go(fn func()) { b.wg.Go(fn) }
-
-// wait waits for the work started so far, until ctx ends.
-func (b *backgroundWork) wait(ctx context.Context) error {
-	done := make(chan struct{})
+func (b *backgroundWork) Go(fn func()) {
+	b.mu.Lock()
+	if b.running == 0 {
+		b.idle = make(chan struct{})
+	}
+	b.running++
+	b.mu.Unlock()
 	go func() {
-		b.wg.Wait()
-		close(done)
+		defer b.done()
+		fn()
 	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%s still running: %w", b.name, context.Cause(ctx))
+}
+
+func (b *backgroundWork) done() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.running--; b.running == 0 {
+		close(b.idle)
+	}
+}
+
+// wait waits until no work runs, or until ctx ends.
+func (b *backgroundWork) wait(ctx context.Context) error {
+	for {
+		b.mu.Lock()
+		if b.running == 0 {
+			b.mu.Unlock()
+			return nil
+		}
+		idle, n := b.idle, b.running
+		b.mu.Unlock()
+		select {
+		case <-idle: // work may have started again meanwhile: look again
+		case <-ctx.Done():
+			return fmt.Errorf("%s still running (%d): %w", b.name, n, context.Cause(ctx))
+		}
 	}
 }

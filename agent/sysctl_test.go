@@ -1,12 +1,12 @@
+//go:build linux
+
 package agent
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -98,43 +97,6 @@ func sandboxProcess(t *testing.T) int {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	return cmd.Process.Pid
-}
-
-// serveRuntime serves rt as a CRI runtime on a unix socket in dir and returns its path.
-func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) string {
-	t.Helper()
-	path := filepath.Join(dir, "rt.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(gs, rt)
-	go gs.Serve(l) //nolint:errcheck // ends with Stop
-	t.Cleanup(gs.Stop)
-	return path
-}
-
-// counterValue returns the value of the counter name{label=value} in reg, 0 when absent.
-func counterValue(t *testing.T, reg prometheus.Gatherer, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 func TestSysctlVerifyPolicies(t *testing.T) {

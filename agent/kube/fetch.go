@@ -140,13 +140,15 @@ func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	}
 
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	delete(l.fetches, key)
-	callers := f.callers
 	f.pod, f.err = pod, err
 	close(f.done)
-	l.mu.Unlock()
 	klog.FromContext(ctx).V(3).Info("Fetched a pod the informer has not delivered",
-		"pod", klog.KRef(key.namespace, key.name), "uid", key.uid, "callers", callers, "err", err)
+		"pod", klog.KRef(key.namespace, key.name), "uid", key.uid, "callers", f.callers, "err", err)
+	if len(l.fetches) == 0 {
+		l.fetched.Broadcast()
+	}
 }
 
 // checkFetched classes the API server's answer to the GET for key.

@@ -36,6 +36,8 @@ type PodLookup struct {
 	onDeleted []func(*corev1.Pod)
 	// fetches are the GETs in flight, so that a burst of calls for one pod costs one request.
 	fetches map[podFetchKey]*podFetch
+	// fetched is broadcast when the last GET in flight ends.
+	fetched *sync.Cond
 }
 
 // PodLookupOption configures a PodLookup.
@@ -82,6 +84,7 @@ func NewPodLookup(client API, nodeName string, opts ...PodLookupOption) (*PodLoo
 		requests:     newKubeRequests(),
 		fetches:      make(map[podFetchKey]*podFetch),
 	}
+	l.fetched = sync.NewCond(&l.mu)
 	for _, o := range opts {
 		o(l)
 	}
@@ -145,8 +148,23 @@ func podUIDIndex(obj any) ([]string, error) {
 	return []string{string(pod.UID)}, nil
 }
 
-// Run runs the informer until ctx ends.
-func (l *PodLookup) Run(ctx context.Context) { l.informer.RunWithContext(ctx) }
+// Run runs the informer until ctx ends, then waits for the GETs in flight, each bounded by the
+// fetch timeout, so that nothing of the lookup outlives it.
+func (l *PodLookup) Run(ctx context.Context) {
+	l.informer.RunWithContext(ctx)
+	l.WaitFetches()
+}
+
+// WaitFetches waits until no GET is in flight. Each is bounded by the fetch timeout. A caller
+// that stops the callers of GetOrFetch first (podgate's shutdown: the CRI server) then knows
+// that nothing of the lookup runs.
+func (l *PodLookup) WaitFetches() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.fetches) > 0 {
+		l.fetched.Wait()
+	}
+}
 
 // HasSynced reports whether the informer has listed the node's pods once.
 func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }

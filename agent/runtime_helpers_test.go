@@ -1,0 +1,48 @@
+package agent
+
+import (
+	"net"
+	"path/filepath"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// serveRuntime serves rt as a CRI runtime on a unix socket in dir and returns its path.
+func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) string {
+	t.Helper()
+	path := filepath.Join(dir, "rt.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(gs, rt)
+	go gs.Serve(l) //nolint:errcheck // ends with Stop
+	t.Cleanup(gs.Stop)
+	return path
+}
+
+// counterValue returns the value of the counter name{label=value} in reg, 0 when absent.
+func counterValue(t *testing.T, reg prometheus.Gatherer, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
