@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
@@ -109,12 +110,8 @@ func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) 
 			if _, err := drivers.WaitFor(wctx, testDriver); err != nil {
 				t.Fatal(err)
 			}
-			for !pods.HasSynced() {
-				select {
-				case <-wctx.Done():
-					t.Fatal("pod informer did not sync")
-				case <-time.After(time.Millisecond):
-				}
+			if !cache.WaitForCacheSync(wctx.Done(), pods.HasSynced) {
+				t.Fatal("pod informer did not sync")
 			}
 			dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil), r.registry, r.runtimeClient, r.metrics)
 			return dr.dra
