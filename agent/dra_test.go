@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -308,15 +309,11 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 
 func waitPodGoneFromInformer(t *testing.T, dr *draRig, uid types.UID) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, ok := dr.dra.pods.Get(uid); !ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("informer still has the deleted pod")
-		}
-		time.Sleep(time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, ok := dr.dra.pods.Get(uid)
+		return !ok, nil
+	}); err != nil {
+		t.Fatalf("informer still has the deleted pod: %v", err)
 	}
 }
 
