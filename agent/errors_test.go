@@ -31,7 +31,7 @@ func TestClassOr(t *testing.T) {
 				t.Errorf("message %q, want %q", got, tt.err)
 			}
 			if st, ok := status.FromError(got); ok {
-				if want := codes.Unavailable; tt.class == errdefs.ErrUnavailable && st.Code() != want {
+				if want := codes.Unavailable; errors.Is(tt.class, errdefs.ErrUnavailable) && st.Code() != want {
 					t.Errorf("code %s, want %s", st.Code(), want)
 				}
 				return

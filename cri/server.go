@@ -179,7 +179,7 @@ func wrappedStatus(err error, st *status.Status) *status.Status {
 		error
 		GRPCStatus() *status.Status
 	}
-	if !errors.As(err, &inner) || inner == err {
+	if !errors.As(err, &inner) || inner == err { //nolint:errorlint // identity: is err the status itself?
 		return st
 	}
 	p := st.Proto()
