@@ -16,7 +16,6 @@ import (
 	crifake "k8s.io/cri-client/pkg/fake"
 
 	"github.com/podgate/podgate/dra/dratest"
-	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -47,15 +46,7 @@ func TestAgentWithDRA(t *testing.T) {
 	cfg := testConfig(dir, backend)
 	cfg.NodeName = "node-a"
 	cfg.DRA.PluginRegistryDir = regDir
-	a := New(cfg, "test")
-	a.api = kubefake.Wrap(client)
-	stop := runAgentOf(t, a)
-	defer func() {
-		if err := stop(); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
+	a := runAgentWithAPI(t, cfg, client)
 	waitGauge(t, a, "podgate_dra_drivers", 1)
 
 	ctx := t.Context()

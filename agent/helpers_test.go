@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/test/kubefake"
@@ -82,4 +83,20 @@ func startLookup(t *testing.T, pods ...runtime.Object) (*fake.Clientset, *kube.P
 		t.Fatal("pod informer did not sync")
 	}
 	return client, l
+}
+
+// runAgentWithAPI runs an agent of cfg on the fake API server client until the test ends, and
+// waits for its pod informer's sync.
+func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clientset) *Agent {
+	t.Helper()
+	a := New(cfg, "test")
+	a.api = kubefake.Wrap(client)
+	stop := runAgentOf(t, a)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
+	return a
 }

@@ -20,7 +20,6 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri/imagepull"
-	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -155,15 +154,7 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 			cfg.NodeName = "node-a"
 			one := int32(1)
 			cfg.ImagePulls.MaxParallel = &one
-			a := New(cfg, "test")
-			a.api = kubefake.Wrap(client)
-			stop := runAgentOf(t, a)
-			defer func() {
-				if err := stop(); err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
-			waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
+			a := runAgentWithAPI(t, cfg, client)
 			conn, err := grpc.NewClient("unix://"+cfg.CRISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
