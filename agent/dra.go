@@ -60,10 +60,13 @@ type draStages struct {
 	// preparing counts the RunPodSandbox calls of a pod between its claims' recording and
 	// the sandbox's recording: the reconciler leaves such a pod alone.
 	preparing map[types.UID]int
-	// retry holds, per pod whose release failed, when to try again and the backoff.
+	// retry holds, per claim whose unprepare failed, when to try again and the backoff.
 	retry map[types.UID]releaseRetry
-	now   func() time.Time
-	poke  chan struct{}
+	// busy holds the claims a call is preparing or unpreparing now; the channel closes when it
+	// is done. A shared claim is prepared by one call while the others wait.
+	busy map[types.UID]chan struct{}
+	now  func() time.Time
+	poke chan struct{}
 
 	unprepared *prometheus.CounterVec
 }
@@ -73,11 +76,12 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt,
 		preparing: map[types.UID]int{},
 		retry:     map[types.UID]releaseRetry{},
+		busy:      map[types.UID]chan struct{}{},
 		now:       time.Now,
 		poke:      make(chan struct{}, 1),
 		unprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "claims_released_total",
-			Help: "Claims podgate stopped holding for a pod that is gone, by how: unprepared (by their drivers), shared (another pod on the node still uses them).",
+			Help: "Claims released by pods that are gone, by how: shared (another pod of the node still uses the claim, which stays prepared), unprepared (the last user gone, its drivers unprepared it).",
 		}, []string{"how"}),
 	}
 	prepared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -85,11 +89,9 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 		Help: "Claims podgate holds prepared for the pods of this node.",
 	}, func() float64 {
 		n := 0
-		for _, pc := range reg.AllPodClaims() {
-			for _, c := range pc.Claims {
-				if c.Prepared {
-					n++
-				}
+		for _, c := range reg.Claims() {
+			if c.Prepared {
+				n++
 			}
 		}
 		return float64(n)
@@ -141,91 +143,94 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 	if err != nil || len(claims) == 0 {
 		return err
 	}
-	for _, c := range claims {
+	uses := make([]registry.ClaimUse, len(claims))
+	for i, c := range claims {
 		for _, name := range c.Drivers() {
 			if _, err := d.drivers.Lookup(name); err != nil {
 				return fmt.Errorf("pod %s/%s claim %s/%s: %w", ref.Namespace, ref.Name, c.Namespace, c.Name, err)
 			}
 		}
+		uses[i] = registry.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()}
 	}
-	rec, todo := d.obligation(ref, claims)
-	rec.Containers = specContainers(pod)
-	if len(todo) == 0 {
-		// Prepared for an earlier sandbox of the pod, or for another pod sharing the claims.
-		if cur, ok := d.registry.PodClaims(ref.UID); ok && sameJSONClaims(cur, rec) {
-			return nil
-		}
-		return d.registry.SetPodClaims(rec)
-	}
-	// The obligation is on disk before any driver is called.
-	if err := d.registry.SetPodClaims(rec); err != nil {
+	// The obligation is on disk before any driver is called: the pod is a user of each claim.
+	if err := d.registry.UseClaims(ref, specContainers(pod), uses); err != nil {
 		return err
 	}
-	results, err := d.callDrivers(ctx, todo)
-	var fresh []registry.ClaimRecord
-	for i := range rec.Claims {
-		c := &rec.Claims[i]
-		if devs, ok := results[c.UID]; ok && !c.Prepared {
-			c.Prepared, c.Devices = true, devs
-			klog.FromContext(ctx).Info("Prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "drivers", c.Drivers, "devices", deviceNames(devs))
-			fresh = append(fresh, *c)
-		}
-	}
-	d.describeNetwork(ctx, fresh)
-	for _, c := range fresh {
-		i := slices.IndexFunc(rec.Claims, func(r registry.ClaimRecord) bool { return r.UID == c.UID })
-		rec.Claims[i] = c
-	}
-	d.registry.UpdatePodClaims(rec)
-	if err != nil {
+	if err := d.prepareOnce(ctx, claims); err != nil {
 		return fmt.Errorf("pod %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
 	return nil
 }
 
-// obligation merges claims into what the registry holds for the pod, and returns it with the
-// claims still to prepare (each with the drivers it needs). A claim already prepared for
-// another pod of the node (a shared claim) is not prepared again: the pod takes its devices, as
-// the kubelet's DRA manager does.
-func (d *draStages) obligation(ref registry.PodRef, claims []dra.PodClaim) (registry.PodClaims, []dra.PodClaim) {
-	all := d.registry.AllPodClaims()
-	rec := registry.PodClaims{Pod: ref}
-	if i := slices.IndexFunc(all, func(pc registry.PodClaims) bool { return pc.Pod.UID == ref.UID }); i >= 0 {
-		rec = all[i]
-	}
-	var todo []dra.PodClaim
-	for _, c := range claims {
-		i := slices.IndexFunc(rec.Claims, func(r registry.ClaimRecord) bool { return r.UID == c.UID })
-		if i >= 0 && rec.Claims[i].Prepared {
-			continue
-		}
-		if prepared, ok := preparedElsewhere(c.UID, all); ok {
-			prepared.PodClaimName = c.PodClaimName
-			if i >= 0 {
-				rec.Claims[i] = prepared
-			} else {
-				rec.Claims = append(rec.Claims, prepared)
+// prepareOnce makes sure each claim is prepared, calling its drivers at most once however many
+// sandboxes ask at the same moment: a claim prepared already is taken as it is; one another
+// call is preparing (or unpreparing) is waited for; the rest this call prepares, each driver's
+// claims in one call. A claim whose preparer failed is tried again by a waiter.
+func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim) error {
+	for {
+		var mine []dra.PodClaim
+		var waits []chan struct{}
+		d.mu.Lock()
+		for _, c := range claims {
+			if info, ok := d.registry.Claim(c.UID); ok && info.Prepared {
+				continue
 			}
-			continue
+			if ch, busy := d.busy[c.UID]; busy {
+				waits = append(waits, ch)
+				continue
+			}
+			d.busy[c.UID] = make(chan struct{})
+			mine = append(mine, c)
 		}
-		if i < 0 {
-			rec.Claims = append(rec.Claims, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()})
+		d.mu.Unlock()
+		if len(mine) == 0 && len(waits) == 0 {
+			return nil
 		}
-		todo = append(todo, c)
+		if len(mine) > 0 {
+			err := d.prepareMine(ctx, mine)
+			d.mu.Lock()
+			for _, c := range mine {
+				close(d.busy[c.UID])
+				delete(d.busy, c.UID)
+			}
+			d.mu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+		for _, ch := range waits {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return fmt.Errorf("wait for another sandbox's prepare of a shared claim: %w", context.Cause(ctx))
+			}
+		}
 	}
-	return rec, todo
 }
 
-// preparedElsewhere returns the record of claim where some pod holds it prepared.
-func preparedElsewhere(claim types.UID, all []registry.PodClaims) (registry.ClaimRecord, bool) {
-	for _, pc := range all {
-		for _, c := range pc.Claims {
-			if c.UID == claim && c.Prepared {
-				return c, true
+// prepareMine calls the drivers of claims this call prepares and records what they returned.
+func (d *draStages) prepareMine(ctx context.Context, claims []dra.PodClaim) error {
+	results, err := d.callDrivers(ctx, claims)
+	if len(results) > 0 {
+		var fresh []registry.ClaimRecord
+		for _, c := range claims {
+			if devs, ok := results[c.UID]; ok {
+				fresh = append(fresh, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devs})
+				klog.FromContext(ctx).Info("Prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "drivers", c.Drivers(), "devices", deviceNames(devs))
 			}
 		}
+		d.describeNetwork(ctx, fresh)
+		devices := make(map[types.UID][]registry.DeviceRecord, len(fresh))
+		for _, c := range fresh {
+			devices[c.UID] = c.Devices
+		}
+		if werr := d.registry.SetPrepared(devices); werr != nil {
+			// The drivers prepared; the record says not yet: the next sandbox prepares again,
+			// which drivers accept, and the claim stays an obligation to unprepare.
+			err = errors.Join(err, werr)
+		}
 	}
-	return registry.ClaimRecord{}, false
+	return err
 }
 
 // callDrivers prepares claims, each driver's in one call, the drivers in parallel. It returns
@@ -280,13 +285,6 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 		delete(devices, uid)
 	}
 	return devices, errors.Join(errs...)
-}
-
-// sameJSONClaims reports whether two records hold the same claims, in order.
-func sameJSONClaims(a, b registry.PodClaims) bool {
-	return slices.EqualFunc(a.Claims, b.Claims, func(x, y registry.ClaimRecord) bool {
-		return x.UID == y.UID && x.Prepared == y.Prepared && x.PodClaimName == y.PodClaimName
-	})
 }
 
 func deviceNames(devs []registry.DeviceRecord) []string {
@@ -354,38 +352,97 @@ func (d *draStages) run(ctx context.Context) {
 	}
 }
 
-// reconcile releases, once, the claims of each pod that is gone from the API server (or
-// deleted) and has no running sandbox left in the runtime: a stopped sandbox of such a pod
-// never runs again (the kubelet makes new sandboxes only for pods the API server still has,
-// undeleted), and the kubelet's garbage collection may keep it for minutes. A claim another pod
-// of this node still holds is only dropped from the gone pod's record: the last pod unprepares
-// it.
+// reconcile releases the claims of each pod that is gone from the API server (or deleted) and
+// has no running sandbox left in the runtime: a stopped sandbox of such a pod never runs again
+// (the kubelet makes new sandboxes only for pods the API server still has, undeleted), and the
+// kubelet's garbage collection may keep it for minutes. The pod leaves its claims' users; a
+// claim no pod of the node uses any more is unprepared, once; a claim another pod still uses
+// stays prepared for it: the last user unprepares it.
 func (d *draStages) reconcile(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	all := d.registry.AllPodClaims()
-	for _, pc := range slices.Clone(all) {
+	for _, p := range d.registry.DRAPods() {
 		if ctx.Err() != nil {
 			return
 		}
-		gone, err := d.podGone(ctx, pc.Pod)
+		gone, err := d.podGone(ctx, p.Pod)
 		if err != nil {
-			logger.V(1).Info("Cannot tell yet whether a pod with prepared claims is gone", "pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "err", err)
+			logger.V(1).Info("Cannot tell yet whether a pod with prepared claims is gone", "pod", klog.KRef(p.Pod.Namespace, p.Pod.Name), "err", err)
 			continue
 		}
-		if !gone || !d.due(pc.Pod.UID) {
+		if !gone {
 			continue
 		}
-		if err := d.release(ctx, pc, all); err != nil {
-			after := d.failed(pc.Pod.UID)
-			logger.Error(err, "Release claims of a gone pod", "pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "retryIn", after)
+		unused, err := d.registry.ReleasePod(p.Pod.UID)
+		if err != nil {
+			logger.Error(err, "Release claims of a gone pod", "pod", klog.KRef(p.Pod.Namespace, p.Pod.Name))
+			continue
+		}
+		if shared := len(p.Claims) - len(unused); shared > 0 {
+			d.unprepared.WithLabelValues("shared").Add(float64(shared))
+			logger.Info("Pod gone: claims other pods of the node use stay prepared", "pod", klog.KRef(p.Pod.Namespace, p.Pod.Name), "shared", shared)
+		}
+	}
+	for _, c := range d.registry.Claims() {
+		if ctx.Err() != nil {
+			return
+		}
+		if len(c.PodUIDs) > 0 || !d.due(c.UID) {
+			continue
+		}
+		if err := d.unprepare(ctx, c); err != nil {
+			after := d.failed(c.UID)
+			logger.Error(err, "Unprepare claim no pod uses", "claim", klog.KRef(c.Namespace, c.Name), "retryIn", after)
 			continue
 		}
 		d.mu.Lock()
-		delete(d.retry, pc.Pod.UID)
+		delete(d.retry, c.UID)
 		d.mu.Unlock()
-		// Released: the claims it shared are now the remaining holders' to unprepare.
-		all = slices.DeleteFunc(all, func(o registry.PodClaims) bool { return o.Pod.UID == pc.Pod.UID })
 	}
+}
+
+// unprepare has the drivers unprepare a claim no pod uses, unless a sandbox is taking it up
+// again (preparing it), and then forgets it. A claim that was never prepared is unprepared too:
+// a crash may have come between the driver's prepare and its record.
+func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
+	d.mu.Lock()
+	if _, busy := d.busy[c.UID]; busy {
+		d.mu.Unlock()
+		return nil // a sandbox is preparing it: it is used again
+	}
+	if cur, ok := d.registry.Claim(c.UID); !ok || len(cur.PodUIDs) > 0 {
+		d.mu.Unlock()
+		return nil
+	}
+	done := make(chan struct{})
+	d.busy[c.UID] = done
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		close(done)
+		delete(d.busy, c.UID)
+		d.mu.Unlock()
+	}()
+	logger := klog.FromContext(ctx)
+	claim := dra.Claim{Namespace: c.Namespace, Name: c.Name, UID: c.UID}
+	var errs []error
+	for _, name := range c.Drivers {
+		drv, err := d.drivers.Lookup(name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if _, err := drv.Unprepare(ctx, []dra.Claim{claim}); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		logger.Info("Unprepared claim", "claim", klog.KRef(c.Namespace, c.Name), "driver", name)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.unprepared.WithLabelValues("unprepared").Inc()
+	d.claims.Forget(c.Namespace, c.Name)
+	return d.registry.ClaimUnprepared(c.UID)
 }
 
 // releaseRetry is when a failed release of a pod's claims is tried again.
@@ -445,58 +502,4 @@ func (d *draStages) podGone(ctx context.Context, ref registry.PodRef) (bool, err
 		return false, fmt.Errorf("list the pod's sandboxes: %w", err)
 	}
 	return len(resp.GetItems()) == 0, nil
-}
-
-// release unprepares the gone pod's claims that no other pod holds, and forgets the pod's
-// claims once every one is released.
-func (d *draStages) release(ctx context.Context, pc registry.PodClaims, all []registry.PodClaims) error {
-	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(pc.Pod.Namespace, pc.Pod.Name), "podUID", pc.Pod.UID)
-	byDriver := map[string][]dra.Claim{}
-	for _, c := range pc.Claims {
-		if heldByOther(c.UID, pc.Pod.UID, all) {
-			d.unprepared.WithLabelValues("shared").Inc()
-			logger.Info("Claim stays prepared: another pod of the node holds it", "claim", klog.KRef(c.Namespace, c.Name))
-			continue
-		}
-		for _, name := range c.Drivers {
-			byDriver[name] = append(byDriver[name], dra.Claim{Namespace: c.Namespace, Name: c.Name, UID: c.UID})
-		}
-	}
-	var errs []error
-	for name, cls := range byDriver {
-		drv, err := d.drivers.Lookup(name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if _, err := drv.Unprepare(ctx, cls); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		for _, c := range cls {
-			d.unprepared.WithLabelValues("unprepared").Inc()
-			logger.Info("Unprepared claim", "claim", klog.KRef(c.Namespace, c.Name), "driver", name)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	for _, c := range pc.Claims {
-		d.claims.Forget(c.Namespace, c.Name)
-	}
-	d.registry.RemovePodClaims(pc.Pod.UID)
-	return nil
-}
-
-// heldByOther reports whether a pod other than uid has claim in its records.
-func heldByOther(claim, uid types.UID, all []registry.PodClaims) bool {
-	for _, pc := range all {
-		if pc.Pod.UID == uid {
-			continue
-		}
-		if slices.ContainsFunc(pc.Claims, func(c registry.ClaimRecord) bool { return c.UID == claim }) {
-			return true
-		}
-	}
-	return false
 }

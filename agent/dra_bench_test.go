@@ -60,7 +60,7 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 					fn()
 				}
 				if i > maxPods {
-					dr.registry.RemovePodClaims(podList[(i-maxPods)%pods].UID)
+					forgetPodClaims(b, dr.registry, podList[(i-maxPods)%pods].UID)
 				}
 			}
 			b.ReportMetric(float64(dr.gets.Load()-start)/float64(i), "api-gets/pod")

@@ -164,10 +164,13 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	if !ok || !sameJSON(t, got.Claims, want) {
 		t.Errorf("registry: %+v, want %+v", got, want)
 	}
-	dr.registry.Flush()
+	// On disk at once (the claim's change is written before anyone sees it): one record per
+	// claim with its users, and the pod's use of it.
 	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
-	if err != nil || len(onDisk.PodClaims) != 1 || !sameJSON(t, onDisk.PodClaims[0].Claims, want) {
-		t.Errorf("checkpoint: %+v (%v), want the claims", onDisk.PodClaims, err)
+	wantInfo := []registry.ClaimInfo{{UID: "claim-net", Namespace: "default", Name: "net", Drivers: []string{testDriver}, Prepared: true,
+		Devices: want[0].Devices, PodUIDs: []types.UID{pod.UID}}}
+	if err != nil || !sameJSON(t, onDisk.Claims, wantInfo) || len(onDisk.Pods) != 1 || onDisk.Pods[0].Pod.UID != pod.UID {
+		t.Errorf("checkpoint: claims %+v, pods %+v (%v); want %+v used by %s", onDisk.Claims, onDisk.Pods, err, wantInfo, pod.UID)
 	}
 
 	// The kubelet re-creates the pod's sandbox: nothing is asked again.
@@ -351,12 +354,10 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	// checkpoint; the pod is gone since.
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second)
-	if err := dr.registry.SetPodClaims(registry.PodClaims{
+	recordPodClaims(t, dr.registry, registry.PodClaims{
 		Pod:    registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
 		Claims: []registry.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
 	if err != nil {
 		t.Fatal(err)
@@ -389,8 +390,8 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 	dr.dra.now = func() time.Time { return now }
 	dr.driver.SetHook(func(context.Context, string) error { return errors.New("device busy") })
 	dr.dra.reconcile(ctx)
-	if _, ok := dr.registry.PodClaims(pod.UID); !ok {
-		t.Fatal("obligation dropped although the unprepare failed")
+	if c, ok := dr.registry.Claim("claim-net"); !ok || len(c.PodUIDs) != 0 {
+		t.Fatalf("claim record %+v (%v): want it kept, used by no pod, since the unprepare failed", c, ok)
 	}
 	dr.driver.SetHook(nil)
 	// Within the backoff nothing is tried; after it, the release is.
@@ -400,7 +401,7 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 	}
 	now = now.Add(draRetryInitial)
 	dr.dra.reconcile(ctx)
-	if _, ok := dr.registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.registry.Claim("claim-net"); ok {
 		t.Error("obligation kept after a successful retry")
 	}
 	if n := counterValue(t, dr.metrics, "podgate_dra_claims_released_total", "how", "unprepared"); n != 1 {

@@ -100,3 +100,40 @@ func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clien
 	waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
 	return a
 }
+
+// recordPodClaims records pc in reg as the DRA stage does: the pod as a user of its claims
+// (durable), then the devices of those it holds prepared.
+func recordPodClaims(t testing.TB, reg *registry.Registry, pc registry.PodClaims) {
+	t.Helper()
+	uses := make([]registry.ClaimUse, len(pc.Claims))
+	prepared := map[types.UID][]registry.DeviceRecord{}
+	for i, c := range pc.Claims {
+		uses[i] = registry.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
+		if c.Prepared {
+			prepared[c.UID] = c.Devices
+		}
+	}
+	if err := reg.UseClaims(pc.Pod, pc.Containers, uses); err != nil {
+		t.Fatal(err)
+	}
+	if len(prepared) > 0 {
+		if err := reg.SetPrepared(prepared); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// forgetPodClaims releases a pod's claims in reg and forgets those no pod uses, as the DRA
+// reconciler does once their drivers unprepared them.
+func forgetPodClaims(t testing.TB, reg *registry.Registry, uid types.UID) {
+	t.Helper()
+	unused, err := reg.ReleasePod(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range unused {
+		if err := reg.ClaimUnprepared(c.UID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

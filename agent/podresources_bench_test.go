@@ -43,7 +43,7 @@ func benchRegistry(b *testing.B) *registry.Registry {
 			}},
 			Containers: []registry.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
 		}
-		r.UpdatePodClaims(pc)
+		recordPodClaims(b, r, pc)
 	}
 	return r
 }

@@ -70,10 +70,8 @@ func TestRegistryPodChanges(t *testing.T) {
 	r := registry.NewRegistry(nil, registry.CheckpointData{})
 	changes := watchRegistry(r)
 
-	if err := r.SetPodClaims(webClaims(false)); err != nil {
-		t.Fatal(err)
-	}
-	r.UpdatePodClaims(webClaims(true))
+	recordPodClaims(t, r, webClaims(false))
+	recordPodClaims(t, r, webClaims(true))
 	rec := sampleRecord("web")
 	rec.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
 	if err := r.Add(rec); err != nil {
@@ -82,7 +80,7 @@ func TestRegistryPodChanges(t *testing.T) {
 	r.Update(rec.ID, func(*registry.SandboxRecord) {}) // nothing changes
 	r.Update(rec.ID, func(s *registry.SandboxRecord) { s.Ready = false })
 	r.Remove(rec.ID)
-	r.RemovePodClaims("uid-web")
+	forgetPodClaims(t, r, "uid-web")
 
 	want := []pb.WatchEvent_Type{
 		pb.WatchEvent_POD_ADDED, pb.WatchEvent_DEVICES_PREPARED, pb.WatchEvent_POD_UPDATED,
@@ -160,9 +158,7 @@ func TestPodResourcesThroughTheAgent(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	if err := a.sandboxes.SetPodClaims(webClaims(true)); err != nil {
-		t.Fatal(err)
-	}
+	recordPodClaims(t, a.sandboxes, webClaims(true))
 
 	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -12,9 +12,13 @@ import (
 	"path/filepath"
 )
 
-// CheckpointVersion is the format of the pod registry's checkpoint file. A file of another
-// version is refused, not guessed at.
-const CheckpointVersion = "podgate.dev/registry/v1"
+// CheckpointVersion is the format of the pod registry's checkpoint file: v2 keeps one record
+// per DRA claim. A v1 file (a copy of each claim in every pod using it) is read and migrated;
+// a file of another version is refused, not guessed at.
+const CheckpointVersion = "podgate.dev/registry/v2"
+
+// checkpointVersionV1 is the format before one record per claim, migrated when read.
+const checkpointVersionV1 = "podgate.dev/registry/v1"
 
 // CheckpointFile is the registry checkpoint's name in stateDir.
 const CheckpointFile = "registry.json"
@@ -27,11 +31,14 @@ type Checkpoint struct {
 	path string
 }
 
-// CheckpointData is what the checkpoint holds: the sandboxes, and the pods' DRA claims podgate
-// prepared (its obligations to unprepare them).
+// CheckpointData is what the checkpoint holds: the sandboxes, the DRA claims podgate holds
+// (its obligations to unprepare them), one record each, and what each pod uses of them.
 type CheckpointData struct {
 	Sandboxes []SandboxRecord `json:"sandboxes"`
-	PodClaims []PodClaims     `json:"podClaims,omitempty"`
+	Claims    []ClaimInfo     `json:"claims,omitempty"`
+	Pods      []PodDRA        `json:"draPods,omitempty"`
+	// PodClaims is how a v1 checkpoint kept the claims: read for the migration, never written.
+	PodClaims []PodClaims `json:"podClaims,omitempty"`
 }
 
 // checkpointFile is the file's layout. Data is kept raw so the checksum covers the very bytes
@@ -72,8 +79,8 @@ func (c *Checkpoint) ReadAll() (CheckpointData, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return CheckpointData{}, c.corrupt(err.Error())
 	}
-	if f.Version != CheckpointVersion {
-		return CheckpointData{}, c.corrupt(fmt.Sprintf("version %q, want %q", f.Version, CheckpointVersion))
+	if f.Version != CheckpointVersion && f.Version != checkpointVersionV1 {
+		return CheckpointData{}, c.corrupt(fmt.Sprintf("version %q, want %q (or %q, migrated)", f.Version, CheckpointVersion, checkpointVersionV1))
 	}
 	if got := checksum(f.Data); got != f.Checksum {
 		return CheckpointData{}, c.corrupt(fmt.Sprintf("checksum %s, file says %s", got, f.Checksum))
@@ -93,6 +100,10 @@ func (c *Checkpoint) corrupt(why string) error {
 func (c *Checkpoint) Write(d CheckpointData) error {
 	if d.Sandboxes == nil {
 		d.Sandboxes = []SandboxRecord{}
+	}
+	if len(d.PodClaims) > 0 {
+		claims, pods := migratePodClaims(d.PodClaims)
+		d.Claims, d.Pods, d.PodClaims = append(d.Claims, sortedClaims(claims)...), append(d.Pods, sortedPods(pods)...), nil
 	}
 	data, err := json.Marshal(d)
 	if err != nil {

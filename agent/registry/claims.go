@@ -1,6 +1,8 @@
 package registry
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -36,7 +38,7 @@ type ContainerClaims struct {
 	Claims []string `json:"claims,omitempty"`
 }
 
-// ClaimRecord is one ResourceClaim of a pod that podgate prepares.
+// ClaimRecord is one ResourceClaim of a pod that podgate prepares, as the pod sees it.
 type ClaimRecord struct {
 	UID       types.UID `json:"uid"`
 	Namespace string    `json:"namespace"`
@@ -50,9 +52,9 @@ type ClaimRecord struct {
 	Devices  []DeviceRecord `json:"devices,omitempty"`
 }
 
-// PodClaims are the DRA claims podgate prepared, or began to prepare, for one pod: its
-// obligation to unprepare them once the pod is gone. They are recorded before any driver is
-// called, so a crash never loses the obligation.
+// PodClaims is one pod's view of its DRA claims: each claim's shared record (ClaimInfo) with
+// the pod's name for it, and the pod's containers. The registry keeps one ClaimInfo per claim
+// and builds this view on demand; checkpoints written before that kept one PodClaims per pod.
 type PodClaims struct {
 	Pod    PodRef        `json:"pod"`
 	Claims []ClaimRecord `json:"claims"`
@@ -84,89 +86,382 @@ func (p *PodClaims) Clone() PodClaims {
 	return c
 }
 
-// PodClaimsGetter returns the DRA claims podgate prepared for a pod.
+// ClaimInfo is one ResourceClaim podgate holds for the pods of this node: one record per
+// claim, however many pods use it, as the kubelet's DRA manager keeps one ClaimInfo per claim.
+// It is recorded before any driver is called, so a crash never loses the obligation to
+// unprepare it, and goes once the last pod using it is gone and its drivers unprepared it.
+type ClaimInfo struct {
+	UID       types.UID `json:"uid"`
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	// Drivers are the drivers podgate calls for the claim.
+	Drivers []string `json:"drivers"`
+	// Prepared: every driver prepared the claim; Devices holds what they returned.
+	Prepared bool           `json:"prepared"`
+	Devices  []DeviceRecord `json:"devices,omitempty"`
+	// PodUIDs are the pods of this node that use the claim, sorted; empty once they are all
+	// gone and the claim waits for its unprepare.
+	PodUIDs []types.UID `json:"podUIDs,omitempty"`
+}
+
+// Clone returns a deep copy of c.
+func (c *ClaimInfo) Clone() ClaimInfo {
+	out := *c
+	out.Drivers = slices.Clone(c.Drivers)
+	out.PodUIDs = slices.Clone(c.PodUIDs)
+	out.Devices = cloneDevices(c.Devices)
+	return out
+}
+
+func cloneDevices(devs []DeviceRecord) []DeviceRecord {
+	out := slices.Clone(devs)
+	for j := range out {
+		out[j].Requests = slices.Clone(out[j].Requests)
+		out[j].CDIDeviceIDs = slices.Clone(out[j].CDIDeviceIDs)
+		if n := out[j].Network; n != nil {
+			nc := *n
+			nc.Addresses = slices.Clone(n.Addresses)
+			out[j].Network = &nc
+		}
+	}
+	return out
+}
+
+// PodClaimRef is one claim a pod uses, by UID, with the pod's name for it.
+type PodClaimRef struct {
+	UID types.UID `json:"uid"`
+	// PodClaimName is the pod's name for the claim (spec.resourceClaims[].name).
+	PodClaimName string `json:"podClaimName"`
+}
+
+// PodDRA is what one pod of the node uses of DRA: its claims, and its containers with the
+// claims each uses. The claims themselves are ClaimInfos, shared by the pods using them.
+type PodDRA struct {
+	Pod        PodRef            `json:"pod"`
+	Claims     []PodClaimRef     `json:"claims"`
+	Containers []ContainerClaims `json:"containers,omitempty"`
+}
+
+// Clone returns a deep copy of p.
+func (p *PodDRA) Clone() PodDRA {
+	c := PodDRA{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: slices.Clone(p.Containers)}
+	for i := range c.Containers {
+		c.Containers[i].Claims = slices.Clone(c.Containers[i].Claims)
+	}
+	return c
+}
+
+// ClaimUse is one claim a pod starting now uses, as resolved from the API server.
+type ClaimUse struct {
+	UID          types.UID
+	Namespace    string
+	Name         string
+	PodClaimName string
+	Drivers      []string
+}
+
+// PodClaimsGetter returns the DRA claims of a pod.
 type PodClaimsGetter interface {
 	PodClaims(uid types.UID) (PodClaims, bool)
 }
 
-// PodClaims implements PodClaimsGetter.
+// PodClaims implements PodClaimsGetter: the pod's view of its claims, each with its shared
+// state (prepared, devices).
 func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pc, ok := r.claims[uid]
+	return r.podClaimsLocked(uid)
+}
+
+func (r *Registry) podClaimsLocked(uid types.UID) (PodClaims, bool) {
+	p, ok := r.draPods[uid]
 	if !ok {
 		return PodClaims{}, false
 	}
-	return pc.Clone(), true
+	pc := PodClaims{Pod: p.Pod, Containers: slices.Clone(p.Containers), Claims: make([]ClaimRecord, 0, len(p.Claims))}
+	for i := range pc.Containers {
+		pc.Containers[i].Claims = slices.Clone(pc.Containers[i].Claims)
+	}
+	for _, ref := range p.Claims {
+		c, ok := r.claimInfos[ref.UID]
+		if !ok {
+			continue // cannot be: a pod's claims are recorded with it
+		}
+		pc.Claims = append(pc.Claims, ClaimRecord{
+			UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: ref.PodClaimName,
+			Drivers: slices.Clone(c.Drivers), Prepared: c.Prepared, Devices: cloneDevices(c.Devices),
+		})
+	}
+	return pc, true
 }
 
-// AllPodClaims returns every pod's claims, ordered by pod UID.
-func (r *Registry) AllPodClaims() []PodClaims {
+// DRAPods returns what every pod of the node uses of DRA, ordered by pod UID.
+func (r *Registry) DRAPods() []PodDRA {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.allPodClaimsLocked()
-}
-
-func (r *Registry) allPodClaimsLocked() []PodClaims {
-	out := make([]PodClaims, 0, len(r.claims))
-	for _, pc := range r.claims {
-		out = append(out, pc.Clone())
+	out := make([]PodDRA, 0, len(r.draPods))
+	for _, p := range r.draPods {
+		out = append(out, p.Clone())
 	}
-	slices.SortFunc(out, func(a, b PodClaims) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
+	slices.SortFunc(out, func(a, b PodDRA) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
 	return out
 }
 
-// SetPodClaims records a pod's claims, replacing what was recorded, and writes the checkpoint
-// before it returns: call it before a driver is asked to prepare, so that a crash never loses
-// the obligation to unprepare. On a write error nothing changes.
-func (r *Registry) SetPodClaims(pc PodClaims) error {
-	c := pc.Clone()
+// Claim returns the record of one claim.
+func (r *Registry) Claim(uid types.UID) (ClaimInfo, bool) {
 	r.mu.Lock()
-	before := r.beforeLocked(pc.Pod.UID)
-	prev := r.claims[pc.Pod.UID]
-	r.claims[pc.Pod.UID] = &c
-	r.changedLocked(pc.Pod.UID, before)
-	r.mu.Unlock()
-	if err := r.persist(); err != nil {
-		r.mu.Lock()
-		before := r.beforeLocked(pc.Pod.UID)
-		if prev != nil {
-			r.claims[pc.Pod.UID] = prev
-		} else {
-			delete(r.claims, pc.Pod.UID)
+	defer r.mu.Unlock()
+	c, ok := r.claimInfos[uid]
+	if !ok {
+		return ClaimInfo{}, false
+	}
+	return c.Clone(), true
+}
+
+// Claims returns every claim's record, ordered by UID.
+func (r *Registry) Claims() []ClaimInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.claimsLocked()
+}
+
+func (r *Registry) claimsLocked() []ClaimInfo {
+	out := make([]ClaimInfo, 0, len(r.claimInfos))
+	for _, c := range r.claimInfos {
+		out = append(out, c.Clone())
+	}
+	slices.SortFunc(out, func(a, b ClaimInfo) int { return compareStrings(string(a.UID), string(b.UID)) })
+	return out
+}
+
+func (r *Registry) draPodsLocked() []PodDRA {
+	out := make([]PodDRA, 0, len(r.draPods))
+	for _, p := range r.draPods {
+		out = append(out, p.Clone())
+	}
+	slices.SortFunc(out, func(a, b PodDRA) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
+	return out
+}
+
+// claimState is the DRA part of the registry as one change sees it: copies it may change.
+type claimState struct {
+	claims map[types.UID]*ClaimInfo
+	pods   map[types.UID]*PodDRA
+	// touched are the pods whose view of their claims the change may have changed.
+	touched map[types.UID]bool
+}
+
+// touch notes that pod uid's view changed, and with a claim, every pod using it.
+func (st *claimState) touch(uid types.UID, claim *ClaimInfo) {
+	if uid != "" {
+		st.touched[uid] = true
+	}
+	if claim != nil {
+		for _, p := range claim.PodUIDs {
+			st.touched[p] = true
 		}
-		r.changedLocked(pc.Pod.UID, before)
-		r.mu.Unlock()
+	}
+}
+
+// changeClaims applies fn to a copy of the claims and the pods using them, writes the
+// checkpoint with the result, and only then makes it the registry's: readers, Watch clients
+// and a later change see a change once it is on disk, and a change that cannot be written
+// changes nothing. Changes are serialised by claimMu, so none is built on a state another one
+// is replacing. fn returns false when it changed nothing (nothing is written).
+func (r *Registry) changeClaims(fn func(st *claimState) (bool, error)) error {
+	r.claimMu.Lock()
+	defer r.claimMu.Unlock()
+	r.mu.Lock()
+	st := &claimState{claims: make(map[types.UID]*ClaimInfo, len(r.claimInfos)), pods: make(map[types.UID]*PodDRA, len(r.draPods)), touched: map[types.UID]bool{}}
+	for uid, c := range r.claimInfos {
+		cc := c.Clone()
+		st.claims[uid] = &cc
+	}
+	for uid, p := range r.draPods {
+		pc := p.Clone()
+		st.pods[uid] = &pc
+	}
+	r.mu.Unlock()
+	changed, err := fn(st)
+	if err != nil || !changed {
 		return err
+	}
+	if r.checkpoint != nil {
+		// Held until the change is published: a background write in between would snapshot
+		// the claims of before and overwrite this one.
+		r.persistMu.Lock()
+		defer r.persistMu.Unlock()
+		r.mu.Lock()
+		snap := CheckpointData{Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }), Claims: sortedClaims(st.claims), Pods: sortedPods(st.pods)}
+		r.mu.Unlock()
+		if err := r.checkpoint.Write(snap); err != nil {
+			return fmt.Errorf("pod registry: %w", err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	uids := slices.Sorted(maps.Keys(st.touched))
+	befores := make([]*PodState, len(uids))
+	for i, uid := range uids {
+		befores[i] = r.beforeLocked(uid)
+	}
+	r.claimInfos, r.draPods = st.claims, st.pods
+	for i, uid := range uids {
+		r.changedLocked(uid, befores[i])
 	}
 	return nil
 }
 
-// UpdatePodClaims records a pod's claims, replacing what was recorded; the checkpoint follows
-// in the background. For what a crash may lose: the drivers' answers (a repeated prepare is
-// harmless), not an obligation.
-func (r *Registry) UpdatePodClaims(pc PodClaims) {
-	c := pc.Clone()
-	r.mu.Lock()
-	before := r.beforeLocked(pc.Pod.UID)
-	r.claims[pc.Pod.UID] = &c
-	r.changedLocked(pc.Pod.UID, before)
-	r.mu.Unlock()
-	r.persistSoon()
+func sortedClaims(m map[types.UID]*ClaimInfo) []ClaimInfo {
+	out := make([]ClaimInfo, 0, len(m))
+	for _, c := range m {
+		out = append(out, *c)
+	}
+	slices.SortFunc(out, func(a, b ClaimInfo) int { return compareStrings(string(a.UID), string(b.UID)) })
+	return out
 }
 
-// RemovePodClaims forgets a pod's claims once they are unprepared; the checkpoint follows in
-// the background (a crash before it repeats the unprepare, which drivers accept).
-func (r *Registry) RemovePodClaims(uid types.UID) {
-	r.mu.Lock()
-	_, ok := r.claims[uid]
-	if ok {
-		before := r.beforeLocked(uid)
-		delete(r.claims, uid)
-		r.changedLocked(uid, before)
+func sortedPods(m map[types.UID]*PodDRA) []PodDRA {
+	out := make([]PodDRA, 0, len(m))
+	for _, p := range m {
+		out = append(out, *p)
 	}
-	r.mu.Unlock()
-	if ok {
-		r.persistSoon()
+	slices.SortFunc(out, func(a, b PodDRA) int { return compareStrings(string(a.Pod.UID), string(b.Pod.UID)) })
+	return out
+}
+
+// UseClaims records that a pod uses claims, with its containers, before any driver is called
+// for them: a claim not recorded yet is recorded unprepared with the pod as its first user; one
+// recorded gains the pod as a user. It returns once the checkpoint holds it. Nothing is written
+// when the registry already holds exactly this (a sandbox the kubelet re-creates).
+func (r *Registry) UseClaims(pod PodRef, containers []ContainerClaims, claims []ClaimUse) error {
+	return r.changeClaims(func(st *claimState) (bool, error) {
+		changed := false
+		p, ok := st.pods[pod.UID]
+		if !ok {
+			p = &PodDRA{Pod: pod}
+			st.pods[pod.UID] = p
+			changed = true
+		}
+		if !slices.EqualFunc(p.Containers, containers, func(a, b ContainerClaims) bool { return a.Name == b.Name && slices.Equal(a.Claims, b.Claims) }) {
+			p.Containers = slices.Clone(containers)
+			changed = true
+		}
+		for _, u := range claims {
+			if i := slices.IndexFunc(p.Claims, func(c PodClaimRef) bool { return c.UID == u.UID }); i < 0 {
+				p.Claims = append(p.Claims, PodClaimRef{UID: u.UID, PodClaimName: u.PodClaimName})
+				changed = true
+			} else if p.Claims[i].PodClaimName != u.PodClaimName {
+				p.Claims[i].PodClaimName = u.PodClaimName
+				changed = true
+			}
+			c, ok := st.claims[u.UID]
+			if !ok {
+				c = &ClaimInfo{UID: u.UID, Namespace: u.Namespace, Name: u.Name, Drivers: slices.Clone(u.Drivers)}
+				st.claims[u.UID] = c
+				changed = true
+			}
+			if i, found := slices.BinarySearch(c.PodUIDs, pod.UID); !found {
+				c.PodUIDs = slices.Insert(c.PodUIDs, i, pod.UID)
+				changed = true
+			}
+			st.touch(pod.UID, c)
+		}
+		return changed, nil
+	})
+}
+
+// SetPrepared records the devices the drivers returned for claims they prepared; claims no
+// longer recorded are left out. It returns once the checkpoint holds it.
+func (r *Registry) SetPrepared(devices map[types.UID][]DeviceRecord) error {
+	return r.changeClaims(func(st *claimState) (bool, error) {
+		changed := false
+		for uid, devs := range devices {
+			c, ok := st.claims[uid]
+			if !ok {
+				continue
+			}
+			c.Prepared, c.Devices = true, cloneDevices(devs)
+			st.touch("", c)
+			changed = true
+		}
+		return changed, nil
+	})
+}
+
+// ReleasePod forgets that a pod uses its claims: the pod leaves each claim's users. It returns
+// the claims that no pod uses any more — still recorded, as obligations to unprepare, until
+// ClaimUnprepared — once the checkpoint holds it.
+func (r *Registry) ReleasePod(uid types.UID) ([]ClaimInfo, error) {
+	var unused []ClaimInfo
+	err := r.changeClaims(func(st *claimState) (bool, error) {
+		unused = nil
+		p, ok := st.pods[uid]
+		if !ok {
+			return false, nil
+		}
+		st.touch(uid, nil)
+		for _, ref := range p.Claims {
+			c, ok := st.claims[ref.UID]
+			if !ok {
+				continue
+			}
+			st.touch("", c)
+			if i, found := slices.BinarySearch(c.PodUIDs, uid); found {
+				c.PodUIDs = slices.Delete(c.PodUIDs, i, i+1)
+			}
+			if len(c.PodUIDs) == 0 {
+				unused = append(unused, c.Clone())
+			}
+		}
+		delete(st.pods, uid)
+		return true, nil
+	})
+	return unused, err
+}
+
+// ClaimUnprepared records that the drivers unprepared a claim: it is forgotten when no pod
+// uses it, and kept unprepared when a pod took it up meanwhile (that pod prepares it again).
+// The checkpoint follows before it returns.
+func (r *Registry) ClaimUnprepared(uid types.UID) error {
+	return r.changeClaims(func(st *claimState) (bool, error) {
+		c, ok := st.claims[uid]
+		if !ok {
+			return false, nil
+		}
+		st.touch("", c)
+		if len(c.PodUIDs) == 0 {
+			delete(st.claims, uid)
+			return true, nil
+		}
+		c.Prepared, c.Devices = false, nil
+		return true, nil
+	})
+}
+
+// migratePodClaims turns the claims of a checkpoint written by podgate before claims were kept
+// one record per claim (a copy of each claim in every pod using it) into ClaimInfos and PodDRAs:
+// a claim is prepared when some pod's copy says so, with that copy's devices.
+func migratePodClaims(old []PodClaims) (map[types.UID]*ClaimInfo, map[types.UID]*PodDRA) {
+	claims := map[types.UID]*ClaimInfo{}
+	pods := map[types.UID]*PodDRA{}
+	for _, pc := range old {
+		p := &PodDRA{Pod: pc.Pod, Containers: slices.Clone(pc.Containers)}
+		for _, cr := range pc.Claims {
+			p.Claims = append(p.Claims, PodClaimRef{UID: cr.UID, PodClaimName: cr.PodClaimName})
+			c, ok := claims[cr.UID]
+			if !ok {
+				c = &ClaimInfo{UID: cr.UID, Namespace: cr.Namespace, Name: cr.Name, Drivers: slices.Clone(cr.Drivers)}
+				claims[cr.UID] = c
+			}
+			if cr.Prepared && !c.Prepared {
+				c.Prepared, c.Devices = true, cloneDevices(cr.Devices)
+			}
+			if i, found := slices.BinarySearch(c.PodUIDs, pc.Pod.UID); !found {
+				c.PodUIDs = slices.Insert(c.PodUIDs, i, pc.Pod.UID)
+			}
+		}
+		pods[pc.Pod.UID] = p
 	}
+	return claims, pods
 }

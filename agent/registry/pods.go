@@ -43,7 +43,7 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// One pass over the sandboxes, not one per pod: List asks for every pod of a full node.
-	pods := make(map[types.UID]*PodState, len(r.claims)+len(r.entries))
+	pods := make(map[types.UID]*PodState, len(r.draPods)+len(r.entries))
 	state := func(uid types.UID) *PodState {
 		p, ok := pods[uid]
 		if !ok {
@@ -52,8 +52,8 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 		}
 		return p
 	}
-	for uid, pc := range r.claims {
-		c := pc.Clone()
+	for uid := range r.draPods {
+		c, _ := r.podClaimsLocked(uid)
 		state(uid).Claims = &c
 	}
 	for _, e := range r.entries {
@@ -85,8 +85,8 @@ func (r *Registry) PodByName(namespace, name string) (PodState, bool) {
 			best = p
 		}
 	}
-	for uid, pc := range r.claims {
-		if pc.Pod.Namespace == namespace && pc.Pod.Name == name {
+	for uid, p := range r.draPods {
+		if p.Pod.Namespace == namespace && p.Pod.Name == name {
 			consider(uid)
 		}
 	}
@@ -115,8 +115,7 @@ func newerPod(a, b *PodState) bool {
 // podStateLocked builds the state of the pod with this UID; nil when it is not known.
 func (r *Registry) podStateLocked(uid types.UID) *PodState {
 	p := &PodState{UID: uid, Sandboxes: r.sortedLocked(func(e *SandboxRecord) bool { return e.Pod.UID == uid })}
-	if pc, ok := r.claims[uid]; ok {
-		c := pc.Clone()
+	if c, ok := r.podClaimsLocked(uid); ok {
 		p.Claims = &c
 	}
 	if len(p.Sandboxes) == 0 && p.Claims == nil {

@@ -152,7 +152,10 @@ type Registry struct {
 	// containers are the sandboxes' containers, by ID. They are not in the checkpoint: the
 	// runtime holds them, and the start-up rebuild reads them from it.
 	containers map[string]*ContainerRecord
-	claims     map[types.UID]*PodClaims
+	// claimInfos are the DRA claims, one record per claim; draPods what each pod uses of them.
+	// Both are replaced whole by changeClaims, once the checkpoint holds the new ones.
+	claimInfos map[types.UID]*ClaimInfo
+	draPods    map[types.UID]*PodDRA
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -161,6 +164,9 @@ type Registry struct {
 	revision uint64
 	onChange PodChangeFunc
 
+	// claimMu serialises the changes of the DRA claims (changeClaims): each is built on the
+	// state the one before it left. Taken before persistMu and mu.
+	claimMu sync.Mutex
 	// persistMu orders checkpoint writes: each write takes its snapshot under it, so a later
 	// change is never overwritten by an earlier snapshot.
 	persistMu sync.Mutex
@@ -187,7 +193,7 @@ var (
 // already holds.
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
-		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, claims: map[types.UID]*PodClaims{}, touched: map[string]bool{},
+		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
 		writeFailed: func(error) {},
 	}
 	r.written = sync.NewCond(&r.mu)
@@ -195,9 +201,14 @@ func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 		rec := d.Sandboxes[i].Clone()
 		r.entries[rec.ID] = &rec
 	}
-	for i := range d.PodClaims {
-		pc := d.PodClaims[i].Clone()
-		r.claims[pc.Pod.UID] = &pc
+	r.claimInfos, r.draPods = migratePodClaims(d.PodClaims) // empty but for an older checkpoint
+	for i := range d.Claims {
+		c := d.Claims[i].Clone()
+		r.claimInfos[c.UID] = &c
+	}
+	for i := range d.Pods {
+		p := d.Pods[i].Clone()
+		r.draPods[p.Pod.UID] = &p
 	}
 	return r
 }
@@ -477,7 +488,8 @@ func (r *Registry) writeLocked() error {
 	r.mu.Lock()
 	snap := CheckpointData{
 		Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }),
-		PodClaims: r.allPodClaimsLocked(),
+		Claims:    r.claimsLocked(),
+		Pods:      r.draPodsLocked(),
 	}
 	r.mu.Unlock()
 	if err := r.checkpoint.Write(snap); err != nil {

@@ -38,13 +38,12 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	}
 	want := CheckpointData{
 		Sandboxes: []SandboxRecord{sampleRecord("a"), sampleRecord("b")},
-		PodClaims: []PodClaims{{
-			Pod: PodRef{UID: "uid-a", Name: "a", Namespace: "ns"},
-			Claims: []ClaimRecord{{
-				UID: "claim-uid", Namespace: "ns", Name: "net", PodClaimName: "net", Drivers: []string{"net.example"}, Prepared: true,
-				Devices: []DeviceRecord{{Driver: "net.example", Pool: "node-a", Device: "nic0", Requests: []string{"nic"}, CDIDeviceIDs: []string{"net.example/nic=nic0"}}},
-			}},
+		Claims: []ClaimInfo{{
+			UID: "claim-uid", Namespace: "ns", Name: "net", Drivers: []string{"net.example"}, Prepared: true,
+			Devices: []DeviceRecord{{Driver: "net.example", Pool: "node-a", Device: "nic0", Requests: []string{"nic"}, CDIDeviceIDs: []string{"net.example/nic=nic0"}}},
+			PodUIDs: []types.UID{"uid-a"},
 		}},
+		Pods: []PodDRA{{Pod: PodRef{UID: "uid-a", Name: "a", Namespace: "ns"}, Claims: []PodClaimRef{{UID: "claim-uid", PodClaimName: "net"}}}},
 	}
 	if err := cp.Write(want); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,204 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/podgate/podgate/agent/registry"
+)
+
+// TestDRASharedClaimPreparedOnceUnderARace: the sandboxes of N pods sharing one claim start at
+// the same moment; the driver's first prepare is held until every call has recorded its pod as
+// a user of the claim, so all of them want the claim while it is being prepared. The driver
+// sees exactly one prepare; the claim's record lists every pod; removing the pods one by one
+// unprepares it once, after the last.
+func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
+	const n = 8
+	pods := make([]*corev1.Pod, n)
+	objs := make([]runtime.Object, 0, n+1)
+	for i := range pods {
+		pods[i] = draPod(fmt.Sprint(i), "shared")
+		objs = append(objs, pods[i])
+	}
+	objs = append(objs, draClaim("shared", pods...))
+	dr := newDRARig(t, 30*time.Second, objs...)
+	ctx := t.Context()
+
+	release := make(chan struct{})
+	dr.driver.SetHook(func(ctx context.Context, op string) error {
+		if op == "prepare" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	})
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, p := range pods {
+		wg.Go(func() { ids[i], errs[i] = dr.runPod(t, p) })
+	}
+	if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		c, ok := dr.registry.Claim("claim-shared")
+		return ok && len(c.PodUIDs) == n, nil
+	}); err != nil {
+		c, _ := dr.registry.Claim("claim-shared")
+		t.Fatalf("claim's users %v, want all %d pods: %v", c.PodUIDs, n, err)
+	}
+	close(release)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("sandbox of pod %d: %v", i, err)
+		}
+	}
+	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared"}) {
+		t.Fatalf("driver calls %v, want exactly one prepare for %d sandboxes", calls, n)
+	}
+	for i, p := range pods {
+		if pc, ok := dr.registry.PodClaims(p.UID); !ok || len(pc.Claims) != 1 || !pc.Claims[0].Prepared || len(pc.Claims[0].Devices) != 1 {
+			t.Errorf("pod %d's view of its claims %+v: want the shared claim prepared, with its device", i, pc)
+		}
+	}
+
+	for i, p := range pods {
+		dr.removeSandbox(t, ids[i])
+		if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGoneFromInformer(t, dr, p.UID)
+		dr.dra.reconcile(ctx)
+		unprepares := slices.Index(dr.driver.Calls(), "unprepare default/shared") >= 0
+		if last := i == n-1; unprepares != last {
+			t.Fatalf("after pod %d of %d is gone: driver calls %v; want the unprepare after the last only", i+1, n, dr.driver.Calls())
+		}
+	}
+	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared", "unprepare default/shared"}) {
+		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
+	}
+	if c := dr.registry.Claims(); len(c) != 0 {
+		t.Errorf("claim records left: %+v", c)
+	}
+}
+
+// TestDRACrashAtEveryStepConverges: podgate crashes at each step of a claim's life — its pod
+// recorded as a user but the driver's answer not (the driver prepared meanwhile), prepared and
+// recorded, the pod released but the unprepare not recorded (the driver unprepared meanwhile).
+// A podgate restarted from the checkpoint of that moment converges once the pod is gone: the
+// claim is unprepared (exactly once after the restart), and nothing is left recorded. A
+// restart while the pod lives prepares again only when the crash lost the driver's answer.
+func TestDRACrashAtEveryStepConverges(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// crashAt is the driver operation at which the checkpoint is taken as a crash leaves
+		// it ("" after the sandbox started).
+		crashAt string
+		// rerun: the pod's sandbox is started again by the restarted podgate.
+		rerun          bool
+		wantReprepared bool
+	}{
+		{name: "driver prepared, answer not recorded", crashAt: "prepare", rerun: true, wantReprepared: true},
+		{name: "prepared and recorded", rerun: true},
+		{name: "released, unprepare not recorded", crashAt: "unprepare"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := draPod("1", "net")
+			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
+			ctx := t.Context()
+			cpPath := filepath.Join(dr.stateDir, registry.CheckpointFile)
+			var crashed []byte
+			dr.driver.SetHook(func(_ context.Context, op string) error {
+				if op == tc.crashAt {
+					b, err := os.ReadFile(cpPath)
+					if err != nil {
+						return err
+					}
+					crashed = b
+				}
+				return nil
+			})
+			id, err := dr.runPod(t, pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.crashAt == "unprepare" {
+				dr.removeSandbox(t, id)
+				if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				waitPodGoneFromInformer(t, dr, pod.UID)
+				dr.dra.reconcile(ctx)
+			}
+			if tc.crashAt == "" {
+				b, err := os.ReadFile(cpPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				crashed = b
+			}
+			if crashed == nil {
+				t.Fatalf("no crash point reached at %q: driver calls %v", tc.crashAt, dr.driver.Calls())
+			}
+			dr.driver.SetHook(nil)
+
+			// The restart: a new registry from the checkpoint the crash left, new DRA stages.
+			if err := os.WriteFile(cpPath, crashed, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
+			if err != nil {
+				t.Fatal(err)
+			}
+			restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
+			d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
+			before := len(dr.driver.Calls())
+			if tc.rerun {
+				sb := &sandboxRun{rec: registry.SandboxRecord{Pod: registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}}}
+				if err := d.prepareClaims(ctx, sb.rec.Pod, pod); err != nil {
+					t.Fatal(err)
+				}
+				reprepared := slices.Contains(dr.driver.Calls()[before:], "prepare default/net")
+				if reprepared != tc.wantReprepared {
+					t.Errorf("after the restart the claim was prepared again: %v, want %v (calls %v)", reprepared, tc.wantReprepared, dr.driver.Calls())
+				}
+				if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				dr.removeSandbox(t, id)
+				waitPodGoneFromInformer(t, dr, pod.UID)
+			}
+			d.reconcile(ctx)
+			after := dr.driver.Calls()[before:]
+			if n := countOf(after, "unprepare default/net"); n != 1 {
+				t.Errorf("unprepares after the restart: %d (calls %v), want exactly 1", n, after)
+			}
+			if c, p := restarted.Claims(), restarted.DRAPods(); len(c) != 0 || len(p) != 0 {
+				t.Errorf("left recorded after converging: claims %+v, pods %+v", c, p)
+			}
+		})
+	}
+}
+
+func countOf(list []string, s string) int {
+	n := 0
+	for _, v := range list {
+		if v == s {
+			n++
+		}
+	}
+	return n
+}

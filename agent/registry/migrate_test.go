@@ -1,0 +1,67 @@
+package registry
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// v1Data is what podgate before claim-centric state wrote: a copy of the shared claim in each
+// pod's record, prepared in one of them (the other pod's copy still says not prepared).
+const v1Data = `{"sandboxes":[],"podClaims":[` +
+	`{"pod":{"uid":"uid-a","name":"a","namespace":"ns"},"claims":[{"uid":"claim-shared","namespace":"ns","name":"shared","podClaimName":"net","drivers":["net.example"],"prepared":true,"devices":[{"driver":"net.example","pool":"p","device":"nic0"}]}],"containers":[{"name":"app","claims":["net"]}]},` +
+	`{"pod":{"uid":"uid-b","name":"b","namespace":"ns"},"claims":[{"uid":"claim-shared","namespace":"ns","name":"shared","podClaimName":"nic","drivers":["net.example"],"prepared":false}]}` +
+	`]}`
+
+// TestV1CheckpointMigrated: a checkpoint of the format before one record per claim is read and
+// migrated at start-up, not refused: one record for the shared claim, prepared, with both pods
+// as its users, each pod keeping its own name for it; the next write is of the current format.
+func TestV1CheckpointMigrated(t *testing.T) {
+	dir := t.TempDir()
+	sum := sha256.Sum256([]byte(v1Data))
+	file, err := json.Marshal(map[string]any{"version": "podgate.dev/registry/v1", "checksum": "sha256:" + hex.EncodeToString(sum[:]), "data": json.RawMessage(v1Data)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := NewCheckpoint(dir)
+	if err := os.WriteFile(cp.Path(), file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := cp.ReadAll()
+	if err != nil {
+		t.Fatalf("v1 checkpoint refused: %v", err)
+	}
+	reg := NewRegistry(cp, d)
+	claims := reg.Claims()
+	want := []ClaimInfo{{UID: "claim-shared", Namespace: "ns", Name: "shared", Drivers: []string{"net.example"}, Prepared: true,
+		Devices: []DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
+	if !sameJSON(t, claims, want) {
+		t.Errorf("migrated claims %+v, want %+v", claims, want)
+	}
+	b, ok := reg.PodClaims("uid-b")
+	if !ok || len(b.Claims) != 1 || b.Claims[0].PodClaimName != "nic" || !b.Claims[0].Prepared {
+		t.Errorf("pod b's view %+v: want the shared claim, prepared, under its own name nic", b)
+	}
+	if a, _ := reg.PodClaims("uid-a"); len(a.Containers) != 1 || a.Containers[0].Name != "app" {
+		t.Errorf("pod a's containers %+v, want app", a.Containers)
+	}
+	if err := reg.persist(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(cp.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f checkpointFile
+	if err := json.Unmarshal(raw, &f); err != nil || f.Version != CheckpointVersion {
+		t.Errorf("rewritten checkpoint of version %q (%v), want %q", f.Version, err, CheckpointVersion)
+	}
+	again, err := cp.ReadAll()
+	if err != nil || len(again.PodClaims) != 0 || !sameJSON(t, again.Claims, want) {
+		t.Errorf("rewritten checkpoint: %+v (%v), want the claims in the current format only", again, err)
+	}
+}
