@@ -33,7 +33,7 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 		args = []string{"--config", writeConfig(b, "enableProfilingHandler: true\n")}
 	}
 	n := startNode(b, args...)
-	fwd := startForwarder(b, n, profileDir != "")
+	fwd := startForwarder(b, n.rig.Endpoint, profileDir != "")
 	clients := map[string]*rig.Client{"direct": n.direct, "forwarder": rig.Connect(b, fwd.endpoint), "podgate": n.through}
 	paths := []string{"direct", "forwarder", "podgate"}
 	ctrs := createContainers(b, n, listPods, listPerPod)
@@ -121,14 +121,14 @@ type forwarder struct {
 	pprofURL string
 }
 
-// startForwarder builds and starts test/forwarder in front of n's containerd; it stops at the
-// benchmark's end.
-func startForwarder(b *testing.B, n *node, pprof bool) *forwarder {
+// startForwarder builds and starts test/forwarder in front of the runtime at endpoint
+// (unix://path); it stops at the benchmark's end.
+func startForwarder(b *testing.B, endpoint string, pprof bool) *forwarder {
 	b.Helper()
 	dir := testfs.ShortDir(b)
 	bin := goBuild(b, dir, "github.com/podgate/podgate/test/forwarder", "forwarder")
 	sock := filepath.Join(dir, "fwd.sock")
-	args := []string{"-listen", sock, "-backend", strings.TrimPrefix(n.rig.Endpoint, "unix://")}
+	args := []string{"-listen", sock, "-backend", strings.TrimPrefix(endpoint, "unix://")}
 	if pprof {
 		args = append(args, "-pprof", "127.0.0.1:0")
 	}

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,9 +14,16 @@ import (
 const loadSlice = 500 * time.Millisecond
 
 // load is a set of concurrent clients per path, each client on its own connection, connected
-// once and reused by every run.
+// once and reused by every run, and the call they make (Version unless set otherwise).
 type load struct {
 	clients map[string][]*rig.Client
+	call    func(ctx context.Context, c *rig.Client) error
+}
+
+// callVersion is a load's default call: the small unary call.
+func callVersion(ctx context.Context, c *rig.Client) error {
+	_, err := c.Runtime.Version(ctx, "v1")
+	return err
 }
 
 // loadResult is what one path served in a run of the load.
@@ -33,7 +41,7 @@ func (r loadResult) cpuPerCall() float64 { return float64(r.cpu.Microseconds()) 
 // newLoad connects clients clients to each of endpoints (path → CRI endpoint).
 func newLoad(b *testing.B, endpoints map[string]string, clients int) *load {
 	b.Helper()
-	l := &load{clients: map[string][]*rig.Client{}}
+	l := &load{clients: map[string][]*rig.Client{}, call: callVersion}
 	for path, endpoint := range endpoints {
 		for range clients {
 			l.clients[path] = append(l.clients[path], rig.Connect(b, endpoint))
@@ -42,7 +50,7 @@ func newLoad(b *testing.B, endpoints map[string]string, clients int) *load {
 	return l
 }
 
-// run puts the clients of paths to Version calls, one path at a time for slice, rounds
+// run puts the clients of paths to work (l.call), one path at a time for slice, rounds
 // times, rotating which path goes first in each round. For the paths in pids it also reads
 // the CPU time of that process around each of its slices.
 func (l *load) run(b *testing.B, paths []string, pids map[string]int, slice time.Duration, rounds int) map[string]loadResult {
@@ -57,7 +65,7 @@ func (l *load) run(b *testing.B, paths []string, pids map[string]int, slice time
 			if known {
 				cpu0 = cpuTime(b, pid)
 			}
-			calls, elapsed := versionCalls(b, l.clients[path], slice)
+			calls, elapsed := repeatCalls(b, l.clients[path], slice, l.call)
 			r.calls += calls
 			r.elapsed += elapsed
 			if known {
@@ -69,11 +77,11 @@ func (l *load) run(b *testing.B, paths []string, pids map[string]int, slice time
 	return results
 }
 
-// versionCalls has every client call Version again and again for about d, and returns how
-// many calls succeeded and how long that took. The clients stop starting calls after d rather
+// repeatCalls has every client make call again and again for about d, and returns how many
+// calls succeeded and how long that took. The clients stop starting calls after d rather
 // than cancelling the calls in flight, so every call counts and none fails (a cancelled call
 // would also make cri-client log an error into the benchmark's output).
-func versionCalls(b *testing.B, clients []*rig.Client, d time.Duration) (int64, time.Duration) {
+func repeatCalls(b *testing.B, clients []*rig.Client, d time.Duration, call func(context.Context, *rig.Client) error) (int64, time.Duration) {
 	b.Helper()
 	var calls, failed atomic.Int64
 	var wg sync.WaitGroup
@@ -82,7 +90,7 @@ func versionCalls(b *testing.B, clients []*rig.Client, d time.Duration) (int64, 
 	for _, c := range clients {
 		wg.Go(func() {
 			for time.Now().Before(end) {
-				if _, err := c.Runtime.Version(b.Context(), "v1"); err != nil {
+				if err := call(b.Context(), c); err != nil {
 					failed.Add(1)
 					continue
 				}
@@ -93,7 +101,7 @@ func versionCalls(b *testing.B, clients []*rig.Client, d time.Duration) (int64, 
 	wg.Wait()
 	elapsed := time.Since(start)
 	if n := failed.Load(); n > 0 {
-		b.Errorf("%d of %d Version calls failed", n, n+calls.Load())
+		b.Errorf("%d of %d calls failed", n, n+calls.Load())
 	}
 	return calls.Load(), elapsed
 }

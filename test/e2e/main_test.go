@@ -29,7 +29,14 @@ type node struct {
 func startNode(t testing.TB, args ...string) *node {
 	t.Helper()
 	r := rig.Start(t)
-	p, err := harness.Start(t.Context(), podgateBin, harness.Options{Dir: testfs.ShortDir(t), RuntimeEndpoint: r.Endpoint, Args: args})
+	p := startPodgate(t, r.Endpoint, args...)
+	return &node{rig: r, podgate: p, direct: rig.Connect(t, r.Endpoint), through: rig.Connect(t, p.Endpoint)}
+}
+
+// startPodgate starts podgate in front of the runtime at endpoint; it stops at the test's end.
+func startPodgate(t testing.TB, endpoint string, args ...string) *harness.Podgate {
+	t.Helper()
+	p, err := harness.Start(t.Context(), podgateBin, harness.Options{Dir: testfs.ShortDir(t), RuntimeEndpoint: endpoint, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,5 +49,5 @@ func startNode(t testing.TB, args ...string) *node {
 			t.Logf("podgate log:\n%s", p.Log)
 		}
 	})
-	return &node{rig: r, podgate: p, direct: rig.Connect(t, r.Endpoint), through: rig.Connect(t, p.Endpoint)}
+	return p
 }

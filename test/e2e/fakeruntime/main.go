@@ -1,0 +1,106 @@
+// Command fakeruntime serves cri-api's fake runtime (k8s.io/cri-client/pkg/fake) on a unix
+// socket, holding -containers containers and -sandboxes sandboxes shaped like a kubelet's on
+// containerd (64-hex IDs, image references, the kubelet's labels and annotations). It is the
+// backend of BenchmarkForwarderFakeRuntime: its own work per call is small, so what a proxy in
+// front of it adds shows, and a list of 1,000 sandboxes costs no 1,000 real pods. It prints
+// "ready" once it serves.
+//
+//	fakeruntime -listen /tmp/x/fake.sock -containers 1000 -sandboxes 1000
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	apitest "k8s.io/cri-api/pkg/apis/testing"
+	"k8s.io/cri-client/pkg/fake"
+)
+
+func main() {
+	listen := flag.String("listen", "", "unix socket to serve on")
+	containers := flag.Int("containers", 1000, "containers the runtime holds")
+	sandboxes := flag.Int("sandboxes", 1000, "sandboxes the runtime holds")
+	flag.Parse()
+	f := fake.NewFakeRemoteRuntime()
+	f.RuntimeService.SetFakeSandboxes(fakeSandboxes(*sandboxes))
+	f.RuntimeService.SetFakeContainers(fakeContainers(*containers, *sandboxes))
+	if err := f.Start("unix://" + *listen); err != nil {
+		fmt.Fprintln(os.Stderr, "fakeruntime:", err)
+		os.Exit(1)
+	}
+	fmt.Println("ready") // the benchmark waits for this line
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	<-sig
+	f.Stop()
+}
+
+// id is a containerd-like ID: 64 hex digits.
+func id(kind string, i int) string { return fmt.Sprintf("%s%060x", kind, i) }
+
+// podName is the name of pod p, as a Deployment's ReplicaSet names its pods.
+func podName(p int) string { return fmt.Sprintf("web-%d-7d9c8b6f5-x2k4p", p) }
+
+func podUID(p int) string { return fmt.Sprintf("8f14e45f-ceea-467f-a0e6-%012d", p) }
+
+func fakeSandboxes(n int) []*apitest.FakePodSandbox {
+	created := time.Now().UnixNano()
+	out := make([]*apitest.FakePodSandbox, 0, n)
+	for p := range n {
+		sb := &apitest.FakePodSandbox{RuntimeHandler: ""}
+		sb.Id = id("5b", p)
+		sb.Metadata = &runtimeapi.PodSandboxMetadata{Name: podName(p), Uid: podUID(p), Namespace: "default", Attempt: 0}
+		sb.State = runtimeapi.PodSandboxState_SANDBOX_READY
+		sb.CreatedAt = created
+		sb.Labels = map[string]string{
+			"app":                          fmt.Sprintf("web-%d", p),
+			"io.kubernetes.pod.name":       podName(p),
+			"io.kubernetes.pod.namespace":  "default",
+			"io.kubernetes.pod.uid":        podUID(p),
+			"pod-template-hash":            "7d9c8b6f5",
+			"io.kubernetes.container.name": "POD",
+		}
+		sb.Annotations = map[string]string{
+			"kubernetes.io/config.seen":   "2026-11-21T10:15:42.123456789Z",
+			"kubernetes.io/config.source": "api",
+		}
+		out = append(out, sb)
+	}
+	return out
+}
+
+func fakeContainers(n, pods int) []*apitest.FakeContainer {
+	created := time.Now().UnixNano()
+	out := make([]*apitest.FakeContainer, 0, n)
+	for i := range n {
+		p := i % max(pods, 1)
+		name := fmt.Sprintf("app-%d", i)
+		c := &apitest.FakeContainer{SandboxID: id("5b", p)}
+		c.Id = id("c0", i)
+		c.Metadata = &runtimeapi.ContainerMetadata{Name: name, Attempt: 0}
+		c.Image = &runtimeapi.ImageSpec{Image: "sha256:" + id("1a", i%20)}
+		c.ImageRef = "sha256:" + id("1a", i%20)
+		c.State = runtimeapi.ContainerState_CONTAINER_RUNNING
+		c.CreatedAt = created
+		c.Labels = map[string]string{
+			"io.kubernetes.container.name": name,
+			"io.kubernetes.pod.name":       podName(p),
+			"io.kubernetes.pod.namespace":  "default",
+			"io.kubernetes.pod.uid":        podUID(p),
+		}
+		c.Annotations = map[string]string{
+			"io.kubernetes.container.hash":                     "5c1e2d4f",
+			"io.kubernetes.container.restartCount":             "0",
+			"io.kubernetes.container.terminationMessagePath":   "/dev/termination-log",
+			"io.kubernetes.container.terminationMessagePolicy": "File",
+			"io.kubernetes.pod.terminationGracePeriod":         "30",
+		}
+		out = append(out, c)
+	}
+	return out
+}

@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// fakeItems is how many containers and sandboxes the fake runtime holds: a node's worth of
+// containers, and as many sandboxes, so that both lists are ≈ 0.5–0.7 MB answers.
+const fakeItems = 1000
+
+// fakeListRounds is how many times each list is called per path, alternating.
+const fakeListRounds = 200
+
+// BenchmarkForwarderFakeRuntime compares direct, test/forwarder and podgate (default
+// configuration) in front of a fake runtime (test/e2e/fakeruntime, cri-api's fake in a process
+// of its own, holding 1,000 containers and 1,000 sandboxes shaped like a kubelet's): the
+// runtime's own work per call is small, so what each proxy adds shows. Every phase alternates
+// the three paths, rotating which goes first:
+//
+//   - Version, b.N rounds: p50 and p99 per path; each proxy's addition over direct at p50;
+//   - ListContainers and ListPodSandbox of the 1,000, 200 rounds each: p50 per path and its
+//     ratio to direct (the cost of carrying a large answer across one more hop);
+//   - 64 clients per path calling Version, in 0.5 s slices, 2 s per path: calls per second,
+//     their ratio to direct, and each proxy's CPU time per call;
+//   - both proxies' RSS.
+//
+// With PODGATE_BENCH_PROFILE=DIR it then profiles both proxies for 10 s under 4 clients each
+// calling ListContainers, alternating in slices (DIR/list/{podgate,forwarder}-{cpu,allocs}.pprof).
+// It needs root (podgate runs as root) but not the rig.
+//
+//	go test -run '^$' -bench ForwarderFakeRuntime -benchtime 3000x -count 3 ./test/e2e
+func BenchmarkForwarderFakeRuntime(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root: podgate runs as root (state directory, cgroups, node sysctls)")
+	}
+	profileDir := os.Getenv("PODGATE_BENCH_PROFILE")
+	fake := startFakeRuntime(b, fakeItems, fakeItems)
+	var args []string
+	if profileDir != "" {
+		args = []string{"--config", writeConfig(b, "enableProfilingHandler: true\n")}
+	}
+	pg := startPodgate(b, fake.endpoint, args...)
+	fwd := startForwarder(b, fake.endpoint, profileDir != "")
+	paths := []string{"direct", "forwarder", "podgate"}
+	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.endpoint, "podgate": pg.Endpoint}
+	clients := map[string]*rig.Client{}
+	for path, e := range endpoints {
+		clients[path] = rig.Connect(b, e)
+	}
+	// podgate's start-up rebuild reads every sandbox's status once: let it end first.
+	waitRebuilt(b, pg)
+	ctx := b.Context()
+
+	lat := map[string][]time.Duration{}
+	for iter := 0; b.Loop(); iter++ {
+		for k := range paths {
+			path := paths[(iter+k)%len(paths)]
+			start := time.Now()
+			if _, err := clients[path].Runtime.Version(ctx, "v1"); err != nil {
+				b.Fatal(err)
+			}
+			lat[path] = append(lat[path], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	for _, path := range paths {
+		b.ReportMetric(us(percentile(lat[path], 50)), path+"-p50-µs")
+		b.ReportMetric(us(percentile(lat[path], 99)), path+"-p99-µs")
+	}
+	for _, proxy := range []string{"forwarder", "podgate"} {
+		b.ReportMetric(us(percentile(lat[proxy], 50)-percentile(lat["direct"], 50)), proxy+"-added-p50-µs")
+	}
+	b.ReportMetric(float64(percentile(lat["podgate"], 99))/float64(percentile(lat["forwarder"], 99)), "podgate/forwarder-p99")
+
+	lists := map[string]func(c *rig.Client) (proto.Message, error){
+		"containers": func(c *rig.Client) (proto.Message, error) {
+			l, err := c.Runtime.ListContainers(ctx, nil)
+			if err == nil && len(l) != fakeItems {
+				err = fmt.Errorf("%d containers, want %d", len(l), fakeItems)
+			}
+			return &runtimeapi.ListContainersResponse{Containers: l}, err
+		},
+		"sandboxes": func(c *rig.Client) (proto.Message, error) {
+			l, err := c.Runtime.ListPodSandbox(ctx, nil)
+			if err == nil && len(l) != fakeItems {
+				err = fmt.Errorf("%d sandboxes, want %d", len(l), fakeItems)
+			}
+			return &runtimeapi.ListPodSandboxResponse{Items: l}, err
+		},
+	}
+	for _, what := range []string{"containers", "sandboxes"} {
+		list := map[string][]time.Duration{}
+		var size int
+		for iter := range fakeListRounds {
+			for k := range paths {
+				path := paths[(iter+k)%len(paths)]
+				start := time.Now()
+				resp, err := lists[what](clients[path])
+				list[path] = append(list[path], time.Since(start))
+				if err != nil {
+					b.Fatalf("list %s through %s: %v", what, path, err)
+				}
+				size = proto.Size(resp)
+			}
+		}
+		direct := percentile(list["direct"], 50)
+		for _, path := range paths {
+			p50 := percentile(list[path], 50)
+			b.ReportMetric(ms(p50), path+"-list-"+what+"-p50-ms")
+			if path != "direct" {
+				b.ReportMetric(float64(p50)/float64(direct), path+"-list-"+what+"-ratio")
+			}
+		}
+		b.ReportMetric(float64(size)/1000, "list-"+what+"-kB")
+	}
+
+	pids := map[string]int{"forwarder": fwd.cmd.Process.Pid, "podgate": pg.PID()}
+	l := newLoad(b, endpoints, 64)
+	results := l.run(b, paths, pids, loadSlice, 4)
+	for path, r := range results {
+		b.ReportMetric(r.rate(), path+"-64c-calls/s")
+		if path != "direct" {
+			b.ReportMetric(r.rate()/results["direct"].rate(), path+"-64c-ratio")
+			b.ReportMetric(r.cpuPerCall(), path+"-cpu-µs/call")
+		}
+	}
+	b.ReportMetric(procMemory(b, pg.PID())["VmRSS"], "podgate-rss-MiB")
+	b.ReportMetric(procMemory(b, fwd.cmd.Process.Pid)["VmRSS"], "forwarder-rss-MiB")
+
+	if profileDir != "" {
+		pl := newLoad(b, map[string]string{"forwarder": fwd.endpoint, "podgate": pg.Endpoint}, 4)
+		pl.call = func(ctx context.Context, c *rig.Client) error {
+			_, err := c.Runtime.ListContainers(ctx, nil)
+			return err
+		}
+		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, map[string]string{"forwarder": fwd.pprofURL, "podgate": pg.MetricsURL})
+	}
+}
+
+// fakeRuntime is test/e2e/fakeruntime, running.
+type fakeRuntime struct {
+	cmd      *exec.Cmd
+	endpoint string
+}
+
+// startFakeRuntime builds and starts test/e2e/fakeruntime holding containers containers and
+// sandboxes sandboxes; it stops at the benchmark's end.
+func startFakeRuntime(b *testing.B, containers, sandboxes int) *fakeRuntime {
+	b.Helper()
+	dir := testfs.ShortDir(b)
+	bin := goBuild(b, dir, "github.com/podgate/podgate/test/e2e/fakeruntime", "fakeruntime")
+	sock := filepath.Join(dir, "fake.sock")
+	f := &fakeRuntime{
+		cmd:      exec.Command(bin, "-listen", sock, "-containers", fmt.Sprint(containers), "-sandboxes", fmt.Sprint(sandboxes)),
+		endpoint: "unix://" + sock,
+	}
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.cmd.Stderr = os.Stderr
+	if err := f.cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = f.cmd.Process.Kill(); _ = f.cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if strings.TrimSpace(line) != "ready" {
+		b.Fatalf("fake runtime did not start: %q %v", line, err)
+	}
+	return f
+}
+
+// waitRebuilt waits until podgate has rebuilt its pod registry from the runtime.
+func waitRebuilt(b *testing.B, p *harness.Podgate) {
+	b.Helper()
+	waitWithin(b, 2*time.Minute, "podgate's registry rebuild", func() bool {
+		text, err := p.Metrics(b.Context())
+		return err == nil && strings.Contains(text, `podgate_registry_rebuilds_total{result="ok"} 1`)
+	})
+}
