@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+	"k8s.io/utils/ptr"
 )
 
 // claimFetchTimeout bounds the GET of one ResourceClaim. RunPodSandbox waits on it; a healthy
@@ -19,16 +22,34 @@ import (
 // it is down or overloaded, and the kubelet retries the sandbox on its next sync.
 const claimFetchTimeout = 10 * time.Second
 
+// acceptPodGroups is the kubelet's DRAWorkloadResourceClaims feature gate (alpha, off by
+// default in 1.36) as podgate sees it: off, so that podgate accepts the claims the kubelet
+// accepts and no others. With it on, a claim owned by or reserved for the pod's PodGroup would
+// do too.
+const acceptPodGroups = false
+
 // PodClaim is one ResourceClaim of a pod with the devices allocated to it by the drivers
 // podgate prepares for.
 type PodClaim struct {
-	// Name is the pod's name for the claim (spec.resourceClaims[].name).
+	// PodClaimName is the pod's name for the claim (spec.resourceClaims[].name), by which the
+	// containers name it in resources.claims; "" for the Extended claim.
 	PodClaimName string
 	UID          types.UID
 	Namespace    string
 	Name         string
 	// Results are the claim's allocated devices that podgate's drivers serve.
 	Results []resourceapi.DeviceRequestAllocationResult
+
+	// Extended marks the claim the scheduler created for the pod's extended resources backed
+	// by DRA (pod.status.extendedResourceClaimStatus): no entry of spec.resourceClaims and no
+	// container's resources.claims names it.
+	Extended bool
+	// RequestMappings are, for the Extended claim, the pod status's mappings of a container's
+	// extended resource to the claim's request that serves it, as the scheduler wrote them.
+	// The containers that use the claim are those they name ([PodClaim.Containers]), so that
+	// the PodResources service can list the claim under those only, as the kubelet does. Nil
+	// for the other claims.
+	RequestMappings []corev1.ContainerExtendedResourceRequest
 }
 
 // Drivers returns the names of the drivers of c's results, sorted, each once.
@@ -40,6 +61,19 @@ func (c PodClaim) Drivers() []string {
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// Containers returns, for the Extended claim, the names of the containers that use it (from
+// its RequestMappings), each once, in the order of the mappings; nil for the other claims,
+// which the containers name in resources.claims by PodClaimName.
+func (c PodClaim) Containers() []string {
+	var out []string
+	for _, m := range c.RequestMappings {
+		if !slices.Contains(out, m.ContainerName) {
+			out = append(out, m.ContainerName)
+		}
+	}
 	return out
 }
 
@@ -67,31 +101,47 @@ func NewClaimResolver(client ResourceClaimGetter, drivers []string) *ClaimResolv
 	return r
 }
 
-// PodClaims returns pod's claims that have devices for podgate's drivers, in the order of
-// spec.resourceClaims. A pod without claims costs no API request.
+// podClaimRef is one claim a pod uses: an entry of spec.resourceClaims, or the Extended claim.
+type podClaimRef struct {
+	podClaimName string
+	// name is the ResourceClaim's name.
+	name string
+	// mustCheckOwner: the claim was generated for the pod, which must be its controller.
+	mustCheckOwner bool
+	// mappings is set for the Extended claim only.
+	mappings []corev1.ContainerExtendedResourceRequest
+	extended bool
+}
+
+// PodClaims returns pod's claims that have devices for podgate's drivers: those of
+// spec.resourceClaims in their order, then the claim of the pod's extended resources backed by
+// DRA (pod.status.extendedResourceClaimStatus). A pod without claims costs no API request.
 //
-// Errors are classified for the CRI boundary: a claim not created yet, not allocated, or not
-// reserved for this pod is FailedPrecondition (the kubelet retries once the scheduler and the
-// claim controller caught up); an API server that does not answer is Unavailable. Each error
-// names the pod and the claim.
+// Each claim is checked as the kubelet checks it before it prepares: a claim generated for the
+// pod (from a template, or the scheduler's claim for extended resources) must be controlled by
+// the pod; every claim must be allocated and reserved for the pod. A template's claim that the
+// pod's status says is not needed is skipped.
+//
+// Errors are classified for the CRI boundary: a claim not created yet, not found, not owned by
+// the pod, not allocated, or not reserved for it is FailedPrecondition (the kubelet retries once
+// the scheduler and the claim controller caught up); a claim reference of a kind podgate does
+// not know (a newer API) is InvalidArgument; an API server that does not answer is Unavailable.
+// Each error names the pod and the claim.
 func (r *ClaimResolver) PodClaims(ctx context.Context, pod *corev1.Pod) ([]PodClaim, error) {
+	refs, err := podClaimRefs(pod)
+	if err != nil {
+		return nil, err
+	}
 	var out []PodClaim
-	for _, ref := range pod.Spec.ResourceClaims {
-		name, err := claimName(pod, ref)
+	for _, ref := range refs {
+		claim, err := r.fetch(ctx, pod, ref)
 		if err != nil {
 			return nil, err
 		}
-		if name == "" {
-			continue // the template asked for no claim (its status entry has no name)
+		pc := PodClaim{
+			PodClaimName: ref.podClaimName, UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name,
+			Extended: ref.extended, RequestMappings: slices.Clone(ref.mappings),
 		}
-		claim, err := r.fetch(ctx, pod, name)
-		if err != nil {
-			return nil, err
-		}
-		if err := usableBy(claim, pod); err != nil {
-			return nil, err
-		}
-		pc := PodClaim{PodClaimName: ref.Name, UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name}
 		for _, res := range claim.Status.Allocation.Devices.Results {
 			if r.serves == nil || r.serves(res.Driver) {
 				pc.Results = append(pc.Results, res)
@@ -104,47 +154,74 @@ func (r *ClaimResolver) PodClaims(ctx context.Context, pod *corev1.Pod) ([]PodCl
 	return out, nil
 }
 
-// claimName is the ResourceClaim a pod's claim reference stands for: named directly, or
-// generated from a template and reported in the pod's status; "" when the template made none.
-func claimName(pod *corev1.Pod, ref corev1.PodResourceClaim) (string, error) {
-	if ref.ResourceClaimName != nil {
-		return *ref.ResourceClaimName, nil
-	}
-	for _, st := range pod.Status.ResourceClaimStatuses {
-		if st.Name == ref.Name {
-			if st.ResourceClaimName == nil {
-				return "", nil
-			}
-			return *st.ResourceClaimName, nil
+// podClaimRefs names the ResourceClaims pod uses, with resourceclaim.Name for the entries of
+// spec.resourceClaims.
+func podClaimRefs(pod *corev1.Pod) ([]podClaimRef, error) {
+	var out []podClaimRef
+	for i := range pod.Spec.ResourceClaims {
+		pc := &pod.Spec.ResourceClaims[i]
+		name, mustCheckOwner, err := resourceclaim.Name(pod, pc)
+		switch {
+		case errors.Is(err, resourceclaim.ErrClaimNotFound):
+			return nil, failedPrecondition(fmt.Errorf("pod %s/%s claim %s (template %s): %w",
+				pod.Namespace, pod.Name, pc.Name, ptr.Deref(pc.ResourceClaimTemplateName, ""), resourceclaim.ErrClaimNotFound))
+		case errors.Is(err, resourceclaim.ErrAPIUnsupported):
+			// A newer API than podgate's: no retry helps. Not NotImplemented, which a CRI client reads
+			// as "the runtime lacks RunPodSandbox".
+			return nil, classed{err, errdefs.ErrInvalidArgument}
+		case err != nil:
+			return nil, err
+		case name == nil:
+			continue // the pod's status says the template's claim is not needed
 		}
+		out = append(out, podClaimRef{podClaimName: pc.Name, name: *name, mustCheckOwner: mustCheckOwner})
 	}
-	return "", errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf(
-		"pod %s/%s claim %s: the claim from its template is not created yet", pod.Namespace, pod.Name, ref.Name))
+	// The scheduler creates this claim with the pod as controller, and the upstream
+	// resourceclaim.PodClaims asks for the owner check on it (the kubelet 1.36 skips it): a
+	// claim of that name that the pod does not control is not the pod's.
+	if st := pod.Status.ExtendedResourceClaimStatus; st != nil && st.ResourceClaimName != "" {
+		out = append(out, podClaimRef{name: st.ResourceClaimName, mustCheckOwner: true, mappings: st.RequestMappings, extended: true})
+	}
+	return out, nil
 }
 
-// usableBy checks that the claim is allocated and reserved for pod, as the kubelet does before
-// it prepares a claim.
-func usableBy(claim *resourceapi.ResourceClaim, pod *corev1.Pod) error {
+// usableBy checks that the claim may be prepared for pod, as the kubelet checks it: controlled
+// by the pod when it was generated for it, allocated, reserved for the pod.
+func usableBy(claim *resourceapi.ResourceClaim, pod *corev1.Pod, mustCheckOwner bool) error {
+	if mustCheckOwner {
+		if err := resourceclaim.IsForPod(pod, claim, acceptPodGroups); err != nil {
+			return failedPrecondition(err) // names the pod and the claim
+		}
+	}
 	where := fmt.Sprintf("pod %s/%s claim %s/%s", pod.Namespace, pod.Name, claim.Namespace, claim.Name)
 	if claim.Status.Allocation == nil {
 		return errdefs.ErrFailedPrecondition.WithMessage(where + ": not allocated")
 	}
-	for _, c := range claim.Status.ReservedFor {
-		if c.Resource == "pods" && c.UID == pod.UID {
-			return nil
-		}
+	if !resourceclaim.IsReservedForPod(pod, claim, acceptPodGroups) {
+		return errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("%s: not reserved for this pod (uid %s)", where, pod.UID))
 	}
-	return errdefs.ErrFailedPrecondition.WithMessage(where + ": not reserved for this pod")
+	return nil
 }
 
-// fetch returns a claim of the pod's namespace (a pod can only use its own namespace's claims):
-// the one read before when it is reserved for this pod, else a GET.
-func (r *ClaimResolver) fetch(ctx context.Context, pod *corev1.Pod, name string) (*resourceapi.ResourceClaim, error) {
+// classed is err with an errdefs class for the CRI boundary, its message unchanged.
+type classed struct{ err, class error }
+
+func (e classed) Error() string { return e.err.Error() }
+
+// Unwrap returns the error, then its class, for errors.Is and errdefs.Resolve.
+func (e classed) Unwrap() []error { return []error{e.err, e.class} }
+
+func failedPrecondition(err error) error { return classed{err, errdefs.ErrFailedPrecondition} }
+
+// fetch returns the claim ref names in the pod's namespace (a pod can only use its own
+// namespace's claims), checked with usableBy: the one read before when it passes, else a GET.
+func (r *ClaimResolver) fetch(ctx context.Context, pod *corev1.Pod, ref podClaimRef) (*resourceapi.ResourceClaim, error) {
+	name := ref.name
 	key := types.NamespacedName{Namespace: pod.Namespace, Name: name}
 	r.mu.Lock()
 	cached := r.cache[key]
 	r.mu.Unlock()
-	if cached != nil && usableBy(cached, pod) == nil {
+	if cached != nil && usableBy(cached, pod, ref.mustCheckOwner) == nil {
 		return cached, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, claimFetchTimeout)
@@ -160,6 +237,9 @@ func (r *ClaimResolver) fetch(ctx context.Context, pod *corev1.Pod, name string)
 	r.mu.Lock()
 	r.cache[key] = claim
 	r.mu.Unlock()
+	if err := usableBy(claim, pod, ref.mustCheckOwner); err != nil {
+		return nil, err
+	}
 	return claim, nil
 }
 
