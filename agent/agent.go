@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
@@ -99,7 +100,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
 	running.Go(func() { p.resources.run(ctx) })
 	if p.resources.memoryQoS {
-		running.Go(func() { p.resources.resolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, a.nodeGetter()) })
+		p.resources.resolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
+	}
+	if a.needNode(p) {
+		running.Go(func() { a.readNode(ctx, p) })
 	}
 	if p.drivers != nil {
 		running.Go(func() {
@@ -253,6 +257,10 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 		dra.WithRegisterer(a.registry))
 	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
 	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
+	p.dra.mode = a.cfg.DRA.Prepare
+	if a.cfg.PodResources.KubeletSocket != nil && *a.cfg.PodResources.KubeletSocket != "" {
+		p.dra.kubelet = newKubeletPods(*a.cfg.PodResources.KubeletSocket)
+	}
 	p.dra.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
 	if len(a.cfg.DRA.Attach) > 0 {
 		at := newDRAAttach(a.cfg.DRA.Attach, p.dra.hostIfs, resolver, a.sandboxes, a.registry)
@@ -267,23 +275,47 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 		}
 		p.dra.attacher = at
 	}
-	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
+	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", a.cfg.DRA.Prepare,
+		"pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
 }
 
-// nodeGetter reads this node's Node object, bounded in time; nil without the API.
-func (a *Agent) nodeGetter() func(context.Context) (*corev1.Node, error) {
+// needNode: something podgate does depends on this node's Node object (memory QoS's ceiling
+// without the kubelet's config file; dra.prepare auto, the kubelet's version).
+func (a *Agent) needNode(p *proxy) bool {
 	if a.pods == nil {
-		return nil
+		return false
 	}
-	return func(ctx context.Context) (*corev1.Node, error) {
-		ctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
+	return (p.resources.memoryQoS && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && p.dra.mode == config.PrepareAuto)
+}
+
+// readNode reads this node's Node object once — one GET at start-up, retried with a backoff
+// while the API server does not answer — and hands it to what depends on it.
+func (a *Agent) readNode(ctx context.Context, p *proxy) {
+	logger := klog.FromContext(ctx)
+	var node *corev1.Node
+	err := wait.ExponentialBackoffWithContext(ctx, rebuildBackoff, func(ctx context.Context) (bool, error) {
+		gctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
 		defer cancel()
-		return a.pods.Client().GetNode(ctx, a.pods.NodeName())
+		n, err := a.pods.Client().GetNode(gctx, a.pods.NodeName())
+		if err != nil {
+			logger.V(1).Info("Node not read yet", "node", a.pods.NodeName(), "err", err)
+			return false, nil
+		}
+		node = n
+		return true, nil
+	})
+	if err != nil {
+		return // ctx ended
+	}
+	if p.resources.memoryQoS && a.cfg.Resources.KubeletConfig == "" {
+		p.resources.resolveAllocatable(ctx, "", node)
+	}
+	if p.drivers != nil {
+		p.dra.setKubeletVersion(ctx, node)
 	}
 }
 
-// nodeGetTimeout bounds the start-up GET of the Node: one small object; an API server that
-// does not answer within it leaves memory QoS with MemTotal, as the log line says.
+// nodeGetTimeout bounds one GET of the Node: one small object.
 const nodeGetTimeout = 10 * time.Second
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a

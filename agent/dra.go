@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/version"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
@@ -69,11 +72,36 @@ type draStages struct {
 	poke chan struct{}
 
 	unprepared *prometheus.CounterVec
+	// decisions counts who prepared pods' claims (podgate, kubelet).
+	decisions *prometheus.CounterVec
+
+	// mode is dra.prepare (config.Prepare*).
+	mode string
+	// kubeletVersion is the node's kubelet version from its Node object (nil until read, or
+	// when it could not be); kubelet tells whether the kubelet manages a pod. With mode auto
+	// both decide whether the kubelet prepared a pod's claims.
+	kubeletVersion atomic.Pointer[version.Version]
+	kubelet        kubeletPods
 }
+
+// kubeletPods is the kubelet's PodResources socket as the DRA stage asks it: does the kubelet
+// manage this pod? A kubelet that does called RunPodSandbox for it after preparing its claims.
+type kubeletPods interface {
+	KnowsPod(ctx context.Context, namespace, name string) (bool, error)
+}
+
+// kubeletPreparesFrom is the first kubelet version whose DRA manager prepares claims by
+// default: DynamicResourceAllocation is GA, on by default, in 1.34 (and locked on from 1.35).
+// An older kubelet may prepare too, with its feature gate on: dra.prepare never says so.
+var kubeletPreparesFrom = version.MajorMinor(1, 34)
 
 func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *draStages {
 	d := &draStages{
-		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt,
+		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: config.PrepareAlways,
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "dra", Name: "pod_claims_prepared_total",
+			Help: "Pod starts with DRA claims, by who prepared the claims: podgate (it called the drivers, or found them prepared by podgate for another pod), kubelet (the kubelet's DRA manager did; podgate recorded their devices).",
+		}, []string{"by"}),
 		preparing: map[types.UID]int{},
 		retry:     map[types.UID]releaseRetry{},
 		busy:      map[types.UID]chan struct{}{},
@@ -81,7 +109,7 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 		poke:      make(chan struct{}, 1),
 		unprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "claims_released_total",
-			Help: "Claims released by pods that are gone, by how: shared (another pod of the node still uses the claim, which stays prepared), unprepared (the last user gone, its drivers unprepared it).",
+			Help: "Claims released by pods that are gone, by how: shared (another pod of the node still uses the claim, which stays prepared), unprepared (the last user gone, its drivers unprepared it), kubelet (the last user gone, the claim the kubelet prepared is forgotten: the kubelet unprepares it).",
 		}, []string{"how"}),
 	}
 	prepared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -96,7 +124,7 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 		}
 		return float64(n)
 	})
-	r.MustRegister(d.unprepared, prepared)
+	r.MustRegister(d.unprepared, d.decisions, prepared)
 	return d
 }
 
@@ -156,10 +184,79 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 	if err := d.registry.UseClaims(ref, specContainers(pod), uses); err != nil {
 		return err
 	}
+	if by := d.preparer(ctx, ref); by == registry.PreparedByKubelet {
+		d.decisions.WithLabelValues(by).Inc()
+		klog.FromContext(ctx).V(2).Info("Claims prepared by the kubelet: recording their devices", "claims", len(claims))
+		return d.registry.SetObserved(allocatedDevices(claims))
+	}
+	d.decisions.WithLabelValues(registry.PreparedByPodgate).Inc()
 	if err := d.prepareOnce(ctx, claims); err != nil {
 		return fmt.Errorf("pod %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
 	return nil
+}
+
+// preparer decides who prepares the pod's claims, by dra.prepare: podgate (always), the
+// kubelet (never), or with auto the kubelet when it prepares claims (its version) and manages
+// this pod (its PodResources socket knows it): it then called RunPodSandbox after preparing
+// them. A kubelet that does not answer, does not know the pod, or whose version is not known
+// leaves it to podgate: a repeated prepare is harmless, a missing device is not.
+func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
+	switch d.mode {
+	case config.PrepareNever:
+		return registry.PreparedByKubelet
+	case config.PrepareAlways:
+		return registry.PreparedByPodgate
+	}
+	v := d.kubeletVersion.Load()
+	if v == nil || v.LessThan(kubeletPreparesFrom) || d.kubelet == nil {
+		return registry.PreparedByPodgate
+	}
+	known, err := d.kubelet.KnowsPod(ctx, ref.Namespace, ref.Name)
+	if err != nil {
+		klog.FromContext(ctx).V(1).Info("The kubelet's PodResources did not say whether it manages the pod: podgate prepares its claims", "err", err)
+		return registry.PreparedByPodgate
+	}
+	if !known {
+		return registry.PreparedByPodgate
+	}
+	return registry.PreparedByKubelet
+}
+
+// setKubeletVersion takes the kubelet's version from its Node object (status.nodeInfo).
+func (d *draStages) setKubeletVersion(ctx context.Context, node *corev1.Node) {
+	if node == nil {
+		return
+	}
+	raw := node.Status.NodeInfo.KubeletVersion
+	v, err := version.ParseGeneric(raw)
+	if err != nil {
+		klog.FromContext(ctx).Info("Kubelet version of the Node not understood: podgate prepares pods' claims itself", "kubeletVersion", raw, "err", err)
+		return
+	}
+	d.kubeletVersion.Store(v)
+	klog.FromContext(ctx).Info("DRA prepare", "mode", d.mode, "kubeletVersion", raw, "kubeletPrepares", !v.LessThan(kubeletPreparesFrom))
+}
+
+// allocatedDevices are the devices of each claim's allocation that its drivers serve, as the
+// kubelet prepared them: what podgate shows and attaches without having called the drivers.
+func allocatedDevices(claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
+	out := make(map[types.UID][]registry.DeviceRecord, len(claims))
+	for _, c := range claims {
+		var devs []registry.DeviceRecord
+		for _, r := range c.Results {
+			i := slices.IndexFunc(devs, func(d registry.DeviceRecord) bool {
+				return d.Driver == r.Driver && d.Pool == r.Pool && d.Device == r.Device
+			})
+			if i < 0 {
+				devs = append(devs, registry.DeviceRecord{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
+				i = len(devs) - 1
+			}
+			devs[i].Requests = append(devs[i].Requests, r.Request)
+		}
+		out[c.UID] = devs
+	}
+	return out
 }
 
 // prepareOnce makes sure each claim is prepared, calling its drivers at most once however many
@@ -423,6 +520,12 @@ func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 		d.mu.Unlock()
 	}()
 	logger := klog.FromContext(ctx)
+	if c.PreparedBy == registry.PreparedByKubelet {
+		// The kubelet unprepares what it prepared, once its own pods are gone.
+		d.unprepared.WithLabelValues("kubelet").Inc()
+		logger.V(2).Info("Forgot claim the kubelet prepared", "claim", klog.KRef(c.Namespace, c.Name))
+		return d.registry.ClaimUnprepared(c.UID)
+	}
 	claim := dra.Claim{Namespace: c.Namespace, Name: c.Name, UID: c.UID}
 	var errs []error
 	for _, name := range c.Drivers {

@@ -168,7 +168,7 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	// claim with its users, and the pod's use of it.
 	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
 	wantInfo := []registry.ClaimInfo{{UID: "claim-net", Namespace: "default", Name: "net", Drivers: []string{testDriver}, Prepared: true,
-		Devices: want[0].Devices, PodUIDs: []types.UID{pod.UID}}}
+		Devices: want[0].Devices, PreparedBy: registry.PreparedByPodgate, PodUIDs: []types.UID{pod.UID}}}
 	if err != nil || !sameJSON(t, onDisk.Claims, wantInfo) || len(onDisk.Pods) != 1 || onDisk.Pods[0].Pod.UID != pod.UID {
 		t.Errorf("checkpoint: claims %+v, pods %+v (%v); want %+v used by %s", onDisk.Claims, onDisk.Pods, err, wantInfo, pod.UID)
 	}

@@ -174,8 +174,8 @@ func podContainer(pod *corev1.Pod, name string) (*corev1.Container, bool) {
 }
 
 // resolveAllocatable finds the node's allocatable memory from the best source at hand (the
-// kubelet's configuration file, the Node object, MemTotal) and says which it used.
-func (s *resourceStages) resolveAllocatable(ctx context.Context, kubeletConfig string, node func(context.Context) (*corev1.Node, error)) {
+// kubelet's configuration file, the Node object when given, MemTotal) and says which it used.
+func (s *resourceStages) resolveAllocatable(ctx context.Context, kubeletConfig string, node *corev1.Node) {
 	logger := klog.FromContext(ctx)
 	var src cgroup.NodeMemorySources
 	if kubeletConfig != "" {
@@ -185,12 +185,8 @@ func (s *resourceStages) resolveAllocatable(ctx context.Context, kubeletConfig s
 		}
 		src.KubeletConfig = kc
 	}
-	if node != nil && src.KubeletConfig == nil {
-		n, err := node(ctx)
-		if err != nil {
-			logger.Info("Node allocatable memory: the Node object could not be read", "err", err)
-		}
-		src.Node = n
+	if src.KubeletConfig == nil {
+		src.Node = node
 	}
 	mt, err := cgroup.ReadMemTotal(cgroup.MeminfoPath)
 	if err != nil {

@@ -19,6 +19,20 @@ const (
 	DefaultDRACallTimeout = 45 * time.Second
 )
 
+// dra.prepare: who prepares a pod's claims.
+const (
+	// PrepareAuto: podgate prepares a pod's claims unless the kubelet that manages the pod
+	// prepares them itself (a kubelet ≥ 1.34, whose DRA is on by default, that knows the pod);
+	// then podgate only records their devices.
+	PrepareAuto = "auto"
+	// PrepareAlways: podgate prepares every pod's claims before its sandbox, whoever the CRI
+	// client is (a kubelet that prepares too makes it a repeat, which drivers accept).
+	PrepareAlways = "always"
+	// PrepareNever: podgate never calls a driver; it records the claims' devices from their
+	// allocation, for attach, network data and PodResources.
+	PrepareNever = "never"
+)
+
 // DRA is the dra section of the configuration: preparing a pod's Dynamic Resource Allocation
 // claims before its sandbox is created. It needs the Kubernetes API (kubeconfig).
 type DRA struct {
@@ -36,6 +50,8 @@ type DRA struct {
 	// InterfaceNameAttribute is the device attribute, in the drivers' ResourceSlices, that
 	// names a device's host interface; default "interfaceName" (dranet: "dra.net/ifName").
 	InterfaceNameAttribute string `json:"interfaceNameAttribute,omitempty"`
+	// Prepare says who prepares a pod's claims: auto (default), always or never (Prepare*).
+	Prepare string `json:"prepare,omitempty"`
 	// PublishNetworkData writes an attached device's network data (interface name, IPs, MAC)
 	// into its claim's status.devices (needs update on resourceclaims/status).
 	PublishNetworkData bool `json:"publishNetworkData,omitempty"`
@@ -51,6 +67,9 @@ func (d *DRA) setDefaults() {
 	if d.InterfaceNameAttribute == "" {
 		d.InterfaceNameAttribute = dra.DefaultInterfaceNameAttribute
 	}
+	if d.Prepare == "" {
+		d.Prepare = PrepareAuto
+	}
 }
 
 func (d *DRA) validate() error {
@@ -60,6 +79,9 @@ func (d *DRA) validate() error {
 	}
 	if d.CallTimeout.Duration < 0 {
 		errs = append(errs, fmt.Errorf("dra.callTimeout: %s: must not be negative", d.CallTimeout))
+	}
+	if !slices.Contains([]string{PrepareAuto, PrepareAlways, PrepareNever}, d.Prepare) {
+		errs = append(errs, fmt.Errorf("dra.prepare: %q: want auto, always or never", d.Prepare))
 	}
 	errs = append(errs, validDriverList("dra.drivers", d.Drivers)...)
 	errs = append(errs, validDriverList("dra.attach", d.Attach)...)

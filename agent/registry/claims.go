@@ -99,6 +99,9 @@ type ClaimInfo struct {
 	// Prepared: every driver prepared the claim; Devices holds what they returned.
 	Prepared bool           `json:"prepared"`
 	Devices  []DeviceRecord `json:"devices,omitempty"`
+	// PreparedBy says who prepared it (PreparedByPodgate, PreparedByKubelet): podgate
+	// unprepares only what it prepared. Empty while nobody has.
+	PreparedBy string `json:"preparedBy,omitempty"`
 	// PodUIDs are the pods of this node that use the claim, sorted; empty once they are all
 	// gone and the claim waits for its unprepare.
 	PodUIDs []types.UID `json:"podUIDs,omitempty"`
@@ -126,6 +129,15 @@ func cloneDevices(devs []DeviceRecord) []DeviceRecord {
 	}
 	return out
 }
+
+// Who prepared a claim.
+const (
+	// PreparedByPodgate: podgate called the drivers; it unprepares the claim after its last user.
+	PreparedByPodgate = "podgate"
+	// PreparedByKubelet: the kubelet's DRA manager prepared it; podgate recorded the devices of
+	// its allocation and leaves the unprepare to the kubelet.
+	PreparedByKubelet = "kubelet"
+)
 
 // PodClaimRef is one claim a pod uses, by UID, with the pod's name for it.
 type PodClaimRef struct {
@@ -371,17 +383,27 @@ func (r *Registry) UseClaims(pod PodRef, containers []ContainerClaims, claims []
 	})
 }
 
-// SetPrepared records the devices the drivers returned for claims they prepared; claims no
+// SetPrepared records the devices the drivers returned for claims podgate prepared; claims no
 // longer recorded are left out. It returns once the checkpoint holds it.
 func (r *Registry) SetPrepared(devices map[types.UID][]DeviceRecord) error {
+	return r.setPrepared(devices, PreparedByPodgate)
+}
+
+// SetObserved records the devices of claims the kubelet prepared (from their allocation), unless
+// podgate prepared them itself. It returns once the checkpoint holds it.
+func (r *Registry) SetObserved(devices map[types.UID][]DeviceRecord) error {
+	return r.setPrepared(devices, PreparedByKubelet)
+}
+
+func (r *Registry) setPrepared(devices map[types.UID][]DeviceRecord, by string) error {
 	return r.changeClaims(func(st *claimState) (bool, error) {
 		changed := false
 		for uid, devs := range devices {
 			c, ok := st.claims[uid]
-			if !ok {
+			if !ok || (by == PreparedByKubelet && c.Prepared) {
 				continue
 			}
-			c.Prepared, c.Devices = true, cloneDevices(devs)
+			c.Prepared, c.Devices, c.PreparedBy = true, cloneDevices(devs), by
 			st.touch("", c)
 			changed = true
 		}
@@ -434,7 +456,7 @@ func (r *Registry) ClaimUnprepared(uid types.UID) error {
 			delete(st.claims, uid)
 			return true, nil
 		}
-		c.Prepared, c.Devices = false, nil
+		c.Prepared, c.Devices, c.PreparedBy = false, nil, ""
 		return true, nil
 	})
 }
@@ -455,7 +477,7 @@ func migratePodClaims(old []PodClaims) (map[types.UID]*ClaimInfo, map[types.UID]
 				claims[cr.UID] = c
 			}
 			if cr.Prepared && !c.Prepared {
-				c.Prepared, c.Devices = true, cloneDevices(cr.Devices)
+				c.Prepared, c.Devices, c.PreparedBy = true, cloneDevices(cr.Devices), PreparedByPodgate
 			}
 			if i, found := slices.BinarySearch(c.PodUIDs, pc.Pod.UID); !found {
 				c.PodUIDs = slices.Insert(c.PodUIDs, i, pc.Pod.UID)

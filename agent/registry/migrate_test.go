@@ -38,7 +38,7 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	reg := NewRegistry(cp, d)
 	claims := reg.Claims()
 	want := []ClaimInfo{{UID: "claim-shared", Namespace: "ns", Name: "shared", Drivers: []string{"net.example"}, Prepared: true,
-		Devices: []DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
+		Devices: []DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PreparedBy: PreparedByPodgate, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
 	if !sameJSON(t, claims, want) {
 		t.Errorf("migrated claims %+v, want %+v", claims, want)
 	}

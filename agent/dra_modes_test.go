@@ -1,0 +1,137 @@
+package agent
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/version"
+	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/registry"
+)
+
+// kubeletKnows is the kubelet's PodResources Get for the pods it manages: others are NotFound.
+type kubeletKnows struct {
+	v1.UnimplementedPodResourcesListerServer
+	pods []string // namespace/name
+}
+
+func (k *kubeletKnows) Get(_ context.Context, req *v1.GetPodResourcesRequest) (*v1.GetPodResourcesResponse, error) {
+	if !slices.Contains(k.pods, req.GetPodNamespace()+"/"+req.GetPodName()) {
+		return nil, status.Errorf(codes.NotFound, "pod %s not found", req.GetPodName())
+	}
+	return &v1.GetPodResourcesResponse{PodResources: &v1.PodResources{Name: req.GetPodName(), Namespace: req.GetPodNamespace()}}, nil
+}
+
+// serveKubeletKnows serves a kubeletKnows on dir/kubelet.sock until the test ends.
+func serveKubeletKnows(t *testing.T, dir string, pods ...string) string {
+	t.Helper()
+	path := filepath.Join(dir, "kubelet.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	v1.RegisterPodResourcesListerServer(s, &kubeletKnows{pods: pods})
+	served := make(chan struct{})
+	go func() { defer close(served); _ = s.Serve(l) }()
+	t.Cleanup(func() { s.Stop(); <-served })
+	return path
+}
+
+// TestDRAPrepareModes: dra.prepare decides who prepares a pod's claims. Beside a kubelet that
+// prepares (auto with a kubelet ≥ 1.34 that manages the pod, or never) the driver sees no call
+// from podgate, which still records the claim's devices from its allocation (for attach,
+// network data and PodResources) and never unprepares it; otherwise podgate prepares before
+// the sandbox, as always.
+func TestDRAPrepareModes(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		mode    string
+		kubelet string // version on the Node; "" not read
+		knows   bool   // the kubelet's PodResources knows the pod
+		socket  bool   // a kubelet socket is there
+		by      string
+	}{
+		{"always", config.PrepareAlways, "v1.36.3", true, true, registry.PreparedByPodgate},
+		{"never", config.PrepareNever, "", false, false, registry.PreparedByKubelet},
+		{"auto: kubelet 1.36 manages the pod", config.PrepareAuto, "v1.36.3", true, true, registry.PreparedByKubelet},
+		{"auto: kubelet does not know the pod (another CRI client)", config.PrepareAuto, "v1.36.3", false, true, registry.PreparedByPodgate},
+		{"auto: kubelet stopped", config.PrepareAuto, "v1.36.3", true, false, registry.PreparedByPodgate},
+		{"auto: kubelet 1.33", config.PrepareAuto, "v1.33.5", true, true, registry.PreparedByPodgate},
+		{"auto: kubelet version not known", config.PrepareAuto, "", true, true, registry.PreparedByPodgate},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := draPod("1", "net")
+			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
+			dr.dra.mode = tt.mode
+			if tt.kubelet != "" {
+				dr.dra.kubeletVersion.Store(version.MustParseGeneric(tt.kubelet))
+			}
+			socket := filepath.Join(dr.dir, "kubelet.sock")
+			if tt.socket {
+				var known []string
+				if tt.knows {
+					known = []string{pod.Namespace + "/" + pod.Name}
+				}
+				socket = serveKubeletKnows(t, dr.dir, known...)
+			}
+			dr.dra.kubelet = newKubeletPods(socket)
+
+			id, err := dr.runPod(t, pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCalls := []string{"prepare default/net"}
+			if tt.by == registry.PreparedByKubelet {
+				wantCalls = nil
+			}
+			if calls := dr.driver.Calls(); !slices.Equal(calls, wantCalls) {
+				t.Errorf("driver calls %v, want %v", calls, wantCalls)
+			}
+			c, ok := dr.registry.Claim("claim-net")
+			if !ok || !c.Prepared || c.PreparedBy != tt.by || len(c.Devices) != 1 || c.Devices[0].Device != "dev-net" {
+				t.Errorf("claim record %+v, want prepared by %s with device dev-net", c, tt.by)
+			}
+
+			dr.removeSandbox(t, id)
+			if err := dr.kube.CoreV1().Pods("default").Delete(t.Context(), pod.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitPodGoneFromInformer(t, dr, pod.UID)
+			dr.dra.reconcile(t.Context())
+			if tt.by == registry.PreparedByPodgate {
+				wantCalls = append(wantCalls, "unprepare default/net")
+			}
+			if calls := dr.driver.Calls(); !slices.Equal(calls, wantCalls) {
+				t.Errorf("driver calls after the pod is gone %v, want %v", calls, wantCalls)
+			}
+			if _, ok := dr.registry.Claim("claim-net"); ok {
+				t.Error("claim still recorded after its pod is gone")
+			}
+		})
+	}
+}
+
+// TestDRAKubeletVersionFromTheNode: the kubelet's version is taken from the Node object.
+func TestDRAKubeletVersionFromTheNode(t *testing.T) {
+	d := &draStages{mode: config.PrepareAuto}
+	d.setKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
+	if v := d.kubeletVersion.Load(); v == nil || v.String() != "1.36.3" {
+		t.Errorf("kubelet version %v, want 1.36.3", v)
+	}
+	d.setKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "not a version"}}})
+	if v := d.kubeletVersion.Load(); v == nil || v.String() != "1.36.3" {
+		t.Errorf("a version not understood replaced the known one: %v", v)
+	}
+}
