@@ -35,7 +35,7 @@ func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err e
 	}
 	api := a.api
 	if api == nil {
-		if api, err = kube.NewClient(a.cfg.Kubeconfig); err != nil {
+		if api, err = kube.NewClient(a.cfg.Kubeconfig, kube.WithRateLimit(*a.cfg.KubeAPIQPS, int(*a.cfg.KubeAPIBurst))); err != nil {
 			return nil, err
 		}
 	}

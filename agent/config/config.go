@@ -25,6 +25,10 @@ const (
 	DefaultMetricsAddress  = "127.0.0.1:9743"
 	DefaultStateDir        = "/var/lib/podgate"
 	DefaultShutdownGrace   = 10 * time.Second
+	// DefaultKubeAPIQPS and DefaultKubeAPIBurst are client-go's defaults: a pod start costs
+	// podgate at most a GET of the pod the informer has not delivered and one per claim.
+	DefaultKubeAPIQPS   = 5
+	DefaultKubeAPIBurst = 10
 )
 
 // Configuration is podgate's configuration file (apiVersion podgate.dev/v1alpha1, kind
@@ -60,6 +64,10 @@ type Configuration struct {
 	// Kubeconfig is the kubeconfig file for the Kubernetes API; empty turns off what needs the
 	// API (pod deletion cancels pulls, pod priority from the API server).
 	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// KubeAPIQPS and KubeAPIBurst limit podgate's requests to the API server (a token bucket),
+	// as the kubelet's keys of the same names limit its own; defaults 5 and 10.
+	KubeAPIQPS   *float32 `json:"kubeAPIQPS,omitempty"`
+	KubeAPIBurst *int32   `json:"kubeAPIBurst,omitempty"`
 	// NodeName is this node's name in the API (the pod informer's spec.nodeName); empty means
 	// the host name.
 	NodeName string `json:"nodeName,omitempty"`
@@ -130,6 +138,14 @@ func (c *Configuration) SetDefaults() {
 	}
 	if c.Logging.Format == "" {
 		c.Logging.Format = "text"
+	}
+	if c.KubeAPIQPS == nil {
+		q := float32(DefaultKubeAPIQPS)
+		c.KubeAPIQPS = &q
+	}
+	if c.KubeAPIBurst == nil {
+		b := int32(DefaultKubeAPIBurst)
+		c.KubeAPIBurst = &b
 	}
 	c.ImagePulls.setDefaults()
 	c.Sysctls.setDefaults()
@@ -217,7 +233,7 @@ func (c *Configuration) Validate() error {
 	if c.Logging.Verbosity < 0 {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
 	}
-	if err := errors.Join(c.validateKube(), c.ImagePulls.validate()); err != nil {
+	if err := errors.Join(c.validateKube(), c.validateKubeAPILimits(), c.ImagePulls.validate()); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.DRA.validate(); err != nil {
@@ -257,4 +273,16 @@ func validHostPort(addr string) error {
 		return fmt.Errorf("%q: host must be an IP address or localhost", addr)
 	}
 	return nil
+}
+
+// validateKubeAPILimits checks kubeAPIQPS and kubeAPIBurst.
+func (c *Configuration) validateKubeAPILimits() error {
+	var errs []error
+	if c.KubeAPIQPS != nil && !(*c.KubeAPIQPS > 0) {
+		errs = append(errs, fmt.Errorf("kubeAPIQPS: %v: must be above 0", *c.KubeAPIQPS))
+	}
+	if c.KubeAPIBurst != nil && *c.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("kubeAPIBurst: %d: must be at least 1", *c.KubeAPIBurst))
+	}
+	return errors.Join(errs...)
 }

@@ -186,3 +186,18 @@ func TestLoadFileNamesTheFileOnce(t *testing.T) {
 		t.Errorf("%q names the file %d times, want once", err, n)
 	}
 }
+
+func TestKubeAPILimits(t *testing.T) {
+	c := DefaultConfiguration()
+	if *c.KubeAPIQPS != DefaultKubeAPIQPS || *c.KubeAPIBurst != DefaultKubeAPIBurst {
+		t.Errorf("defaults %v/%v, want %v/%v", *c.KubeAPIQPS, *c.KubeAPIBurst, DefaultKubeAPIQPS, DefaultKubeAPIBurst)
+	}
+	zero, none := float32(0), int32(0)
+	c.KubeAPIQPS, c.KubeAPIBurst = &zero, &none
+	err := c.Validate()
+	for _, want := range []string{"kubeAPIQPS: 0: must be above 0", "kubeAPIBurst: 0: must be at least 1"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v, want %q", err, want)
+		}
+	}
+}

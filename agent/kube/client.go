@@ -61,13 +61,26 @@ var (
 	kubeParams = runtime.NewParameterCodec(kubeScheme)
 )
 
-// NewClient builds a Kubernetes client from a kubeconfig file.
-func NewClient(kubeconfig string) (*Client, error) {
+// ClientOption configures a Client.
+type ClientOption func(*rest.Config)
+
+// WithRateLimit limits the client's requests to qps per second with bursts of burst (a token
+// bucket shared by every request of the client), as the kubelet's kubeAPIQPS and kubeAPIBurst.
+func WithRateLimit(qps float32, burst int) ClientOption {
+	return func(c *rest.Config) { c.QPS, c.Burst = qps, burst }
+}
+
+// NewClient builds a Kubernetes client from a kubeconfig file. Its user agent is "podgate", so
+// that the API server's audit log and metrics tell its requests from the kubelet's.
+func NewClient(kubeconfig string, opts ...ClientOption) (*Client, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.UserAgent = "podgate"
+	for _, o := range opts {
+		o(cfg)
+	}
 	return newClientForConfig(cfg)
 }
 
