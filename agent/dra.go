@@ -34,6 +34,11 @@ const (
 	draRetryMax     = 5 * time.Minute
 )
 
+// extendedClaimName is the pod's name for the claim of its extended resources backed by DRA
+// (pod.status.extendedResourceClaimStatus), which has none in the pod's spec: not a DNS label,
+// so no spec claim is named so.
+const extendedClaimName = "(extended resources)"
+
 // configSourceAnnotation is the kubelet's pod annotation saying where a pod comes from; pods
 // not from the API server (static pods: "file", "http") cannot use DRA claims.
 const configSourceAnnotation = "kubernetes.io/config.source"
@@ -156,8 +161,8 @@ func (d *draStages) prepare(ctx context.Context, sb *sandboxRun) error {
 	if err != nil {
 		return err
 	}
-	if len(pod.Spec.ResourceClaims) == 0 {
-		return nil
+	if len(pod.Spec.ResourceClaims) == 0 && pod.Status.ExtendedResourceClaimStatus == nil {
+		return nil // no claim: nothing to ask the API server
 	}
 	// Until the sandbox is recorded (or the call failed), the reconciler must not take the
 	// pod for gone: it has no sandbox yet, and the informer may not know it.
@@ -172,6 +177,7 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 		return err
 	}
 	uses := make([]registry.ClaimUse, len(claims))
+	containers := specContainers(pod)
 	for i, c := range claims {
 		for _, name := range c.Drivers() {
 			if _, err := d.drivers.Lookup(name); err != nil {
@@ -179,9 +185,19 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 			}
 		}
 		uses[i] = registry.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()}
+		if c.Extended {
+			// The claim of the pod's extended resources has no name in the pod's spec: it
+			// gets one that no spec name can be, listed under the containers it serves.
+			uses[i].PodClaimName = extendedClaimName
+			for j := range containers {
+				if slices.Contains(c.Containers(), containers[j].Name) {
+					containers[j].Claims = append(containers[j].Claims, extendedClaimName)
+				}
+			}
+		}
 	}
 	// The obligation is on disk before any driver is called: the pod is a user of each claim.
-	if err := d.registry.UseClaims(ref, specContainers(pod), uses); err != nil {
+	if err := d.registry.UseClaims(ref, containers, uses); err != nil {
 		return err
 	}
 	if by := d.preparer(ctx, ref); by == registry.PreparedByKubelet {

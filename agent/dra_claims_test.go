@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/agent/registry"
 )
@@ -201,4 +202,33 @@ func countOf(list []string, s string) int {
 		}
 	}
 	return n
+}
+
+// TestDRAExtendedResourceClaim: the claim the scheduler made for a pod's extended resources
+// backed by DRA (pod.status.extendedResourceClaimStatus) is prepared with the pod's other
+// claims and listed under the containers it serves only, not under every container.
+func TestDRAExtendedResourceClaim(t *testing.T) {
+	pod := draPod("1")
+	pod.Spec.Containers = []corev1.Container{{Name: "app"}, {Name: "side"}}
+	pod.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{
+		ResourceClaimName: "ext",
+		RequestMappings:   []corev1.ContainerExtendedResourceRequest{{ContainerName: "app", ResourceName: "example.com/gpu", RequestName: "req"}},
+	}
+	claim := draClaim("ext", pod)
+	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
+	dr := newDRARig(t, 5*time.Second, pod, claim)
+	if _, err := dr.runPod(t, pod); err != nil {
+		t.Fatal(err)
+	}
+	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/ext"}) {
+		t.Errorf("driver calls %v, want the extended-resource claim prepared", calls)
+	}
+	pc, ok := dr.registry.PodClaims(pod.UID)
+	if !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != extendedClaimName || !pc.Claims[0].Prepared {
+		t.Fatalf("pod's claims %+v, want the extended-resource claim, prepared", pc)
+	}
+	want := []registry.ContainerClaims{{Name: "app", Claims: []string{extendedClaimName}}, {Name: "side"}}
+	if !sameJSON(t, pc.Containers, want) {
+		t.Errorf("containers %+v, want the claim under app only: %+v", pc.Containers, want)
+	}
 }
