@@ -1,10 +1,12 @@
-// Package registry is a real OCI registry for pull tests (go-containerregistry's, in process,
-// on 127.0.0.1) that throttles every blob download to a fixed bandwidth and counts, per image,
-// the requests it serves: how many images it served at once, how often each blob was fetched,
-// in which order images were first asked for.
+// Package registry is a real OCI registry for pull tests and the demo (go-containerregistry's,
+// in process, on 127.0.0.1) that throttles every blob download to a fixed bandwidth and counts,
+// per image, the requests it serves: how many images it served at once, how often each blob was
+// fetched, in which order images were first asked for. It also keeps a request log, each
+// request with when it started and ended, for checks made after the fact.
 package registry
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"log"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	ggcr "github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
@@ -34,9 +37,27 @@ type Registry struct {
 	handler   http.Handler
 	bandwidth int
 	counting  atomic.Bool
+	srv       *http.Server
 
 	mu    sync.Mutex
 	stats Stats
+	log   []Request
+}
+
+// Request is one entry of the request log: a GET or HEAD of a manifest or a blob.
+type Request struct {
+	// Start and End are when the registry began and finished serving it.
+	Start, End time.Time
+	// Method is GET or HEAD.
+	Method string
+	// Repo is the repository (prefix/imgN).
+	Repo string
+	// Kind is "manifests" or "blobs".
+	Kind string
+	// Ref is the tag or digest asked for.
+	Ref string
+	// Bytes is the number of blob bytes sent.
+	Bytes int64
 }
 
 // Stats is what the registry counted since the last Reset.
@@ -74,47 +95,105 @@ func New(bandwidth int) *Registry {
 // Serve serves the registry on 127.0.0.1 until the test ends and returns its host:port.
 func (r *Registry) Serve(tb testing.TB) string {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	host, err := r.Listen()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(l) }() // ErrServerClosed after Close below
-	tb.Cleanup(func() { _ = srv.Close() })
+	tb.Cleanup(func() { _ = r.Close() })
+	return host
+}
+
+// Listen serves the registry on a free port of 127.0.0.1 until Close, and returns its
+// host:port (also in Host).
+func (r *Registry) Listen() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("registry: %w", err)
+	}
+	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = r.srv.Serve(l) }() // ErrServerClosed after Close
 	r.Host = l.Addr().String()
-	return r.Host
+	return r.Host, nil
+}
+
+// Close stops serving: open downloads are cut.
+func (r *Registry) Close() error {
+	if r.srv == nil {
+		return nil
+	}
+	return r.srv.Close()
 }
 
 // Push pushes n random one-layer images of layerSize bytes as <Host>/<prefix>/imgI:v1 and
 // returns their references. Pushing is not counted.
 func (r *Registry) Push(tb testing.TB, prefix string, n, layerSize int) []string {
 	tb.Helper()
+	refs, err := r.PushRandom(prefix, n, layerSize)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return refs
+}
+
+// PushRandom is Push for programs: it returns the error instead of failing a test.
+func (r *Registry) PushRandom(prefix string, n, layerSize int) ([]string, error) {
 	var refs []string
 	for i := range n {
 		img, err := random.Image(int64(layerSize), 1)
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
-		ref, err := name.ParseReference(fmt.Sprintf("%s/%s/img%d:v1", r.Host, prefix, i))
+		ref, err := r.PushImage(fmt.Sprintf("%s/img%d:v1", prefix, i), img)
 		if err != nil {
-			tb.Fatal(err)
+			return nil, err
 		}
-		if err := remote.Write(ref, img); err != nil {
-			tb.Fatalf("push %s: %v", ref, err)
-		}
-		refs = append(refs, ref.String())
+		refs = append(refs, ref)
 	}
-	return refs
+	return refs, nil
+}
+
+// pushHeader marks the requests of this package's own pushes, which the registry neither counts
+// nor logs, even while counting: a push may happen while pulls are being counted.
+const pushHeader = "X-Podgate-Test-Push"
+
+// pushTransport adds pushHeader to every request.
+type pushTransport struct{ base http.RoundTripper }
+
+func (t pushTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(pushHeader, "1")
+	return t.base.RoundTrip(req)
+}
+
+// PushImage pushes img as <Host>/<repoTag> and returns that reference. Pushing is not counted.
+func (r *Registry) PushImage(repoTag string, img v1.Image) (string, error) {
+	ref, err := name.ParseReference(r.Host + "/" + repoTag)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.Write(ref, img, remote.WithTransport(pushTransport{http.DefaultTransport})); err != nil {
+		return "", fmt.Errorf("push %s: %w", ref, err)
+	}
+	return ref.String(), nil
 }
 
 // Count turns counting on or off.
 func (r *Registry) Count(on bool) { r.counting.Store(on) }
 
-// Reset forgets what was counted.
+// Reset forgets what was counted, request log included.
 func (r *Registry) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats = Stats{Active: map[string]int{}, BlobGets: map[string]int{}}
+	r.log = nil
+}
+
+// Requests returns the request log: every GET and HEAD of a manifest or blob served while
+// counting, in the order they ended.
+func (r *Registry) Requests() []Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.log)
 }
 
 // Stats returns a copy of what was counted.
@@ -128,19 +207,21 @@ func (r *Registry) Stats() Stats {
 
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	m := repoPath.FindStringSubmatch(req.URL.Path)
-	if m == nil || !r.counting.Load() || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
+	if m == nil || !r.counting.Load() || req.Header.Get(pushHeader) != "" || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
 		r.handler.ServeHTTP(w, req)
 		return
 	}
 	repo, blobGet := m[1], m[2] == "blobs" && req.Method == http.MethodGet
+	entry := Request{Start: time.Now(), Method: req.Method, Repo: repo, Kind: m[2], Ref: m[3]}
 	r.begin(repo, blobGet, m[3])
-	defer r.end(repo)
+	defer func() { r.end(repo, entry) }()
 	if !blobGet {
 		r.handler.ServeHTTP(w, req)
 		return
 	}
 	pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now()}
 	r.handler.ServeHTTP(pw, req)
+	entry.Bytes = pw.written
 	r.mu.Lock()
 	r.stats.Bytes += pw.written
 	r.mu.Unlock()
@@ -159,10 +240,55 @@ func (r *Registry) begin(repo string, blobGet bool, digest string) {
 	r.stats.MaxImages = max(r.stats.MaxImages, r.stats.ActiveImages())
 }
 
-func (r *Registry) end(repo string) {
+func (r *Registry) end(repo string, entry Request) {
+	entry.End = time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Active[repo]--
+	r.log = append(r.log, entry)
+}
+
+// MaxAtOnce is the largest number of distinct groups (as group names them, e.g. by repository)
+// with a request in flight at one moment of the log. Of a request that ends when another starts,
+// the end counts first.
+func MaxAtOnce(log []Request, group func(Request) string) int {
+	type edge struct {
+		at    time.Time
+		delta int
+		key   string
+	}
+	var edges []edge
+	for _, q := range log {
+		edges = append(edges, edge{q.Start, 1, group(q)}, edge{q.End, -1, group(q)})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		return cmp.Or(a.at.Compare(b.at), cmp.Compare(a.delta, b.delta))
+	})
+	active, most := map[string]int{}, 0
+	for _, e := range edges {
+		active[e.key] += e.delta
+		if active[e.key] == 0 {
+			delete(active, e.key)
+		}
+		most = max(most, len(active))
+	}
+	return most
+}
+
+// ByRepo groups requests by repository, for MaxAtOnce.
+func ByRepo(q Request) string { return q.Repo }
+
+// FirstRequests returns the repositories of the log in the order of their first request.
+func FirstRequests(log []Request) []string {
+	sorted := slices.Clone(log)
+	slices.SortStableFunc(sorted, func(a, b Request) int { return a.Start.Compare(b.Start) })
+	var out []string
+	for _, q := range sorted {
+		if !slices.Contains(out, q.Repo) {
+			out = append(out, q.Repo)
+		}
+	}
+	return out
 }
 
 // pacedWriter throttles a response to bps bytes per second.

@@ -1,0 +1,98 @@
+package registry
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+func TestMaxAtOnceAndFirstRequests(t *testing.T) {
+	t0 := time.Date(2026, 11, 25, 2, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	log := []Request{
+		{Repo: "a", Start: at(0), End: at(10)},
+		{Repo: "a", Start: at(5), End: at(30)}, // a second request of a, overlapping: still one image
+		{Repo: "b", Start: at(20), End: at(40)},
+		{Repo: "c", Start: at(30), End: at(50)}, // starts as a's last ends: a and c never overlap
+		{Repo: "d", Start: at(45), End: at(60)},
+	}
+	if got := MaxAtOnce(log, ByRepo); got != 2 {
+		t.Errorf("MaxAtOnce = %d, want 2 (a+b, b+c, c+d)", got)
+	}
+	if got := MaxAtOnce(nil, ByRepo); got != 0 {
+		t.Errorf("MaxAtOnce of nothing = %d", got)
+	}
+	// The log is in the order requests ended; the first requests are by start.
+	shuffled := []Request{log[4], log[2], log[0], log[3], log[1]}
+	if got := FirstRequests(shuffled); !slices.Equal(got, []string{"a", "b", "c", "d"}) {
+		t.Errorf("FirstRequests = %v, want [a b c d]", got)
+	}
+}
+
+// TestRequestLog pulls an image from a served registry and finds the pull in the request log,
+// the blob bytes counted, and nothing of the pushes, before counting started or during it.
+func TestRequestLog(t *testing.T) {
+	const size = 64 << 10
+	reg := New(16 << 20)
+	reg.Serve(t)
+	reg.Push(t, "before", 1, size)
+	if got := reg.Requests(); len(got) != 0 {
+		t.Fatalf("requests logged while not counting: %+v", got)
+	}
+	reg.Count(true)
+	ref := reg.Push(t, "log", 1, size)[0]
+	if got := reg.Requests(); len(got) != 0 {
+		t.Fatalf("a push logged while counting: %+v", got)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[0].Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for {
+		if _, err := rc.Read(buf); err != nil {
+			break
+		}
+	}
+	rc.Close()
+	log := reg.Requests()
+	var manifests, blobs int
+	var bytes int64
+	for _, q := range log {
+		if q.Repo != "log/img0" || q.End.Before(q.Start) {
+			t.Errorf("request %+v: want repository log/img0, ending after it started", q)
+		}
+		switch q.Kind {
+		case "manifests":
+			manifests++
+		case "blobs":
+			blobs++
+			bytes += q.Bytes
+		}
+	}
+	if manifests == 0 || blobs != 1 {
+		t.Errorf("log %+v: want the manifest and the layer's blob", log)
+	}
+	if s := reg.Stats(); bytes != s.Bytes || bytes < size {
+		t.Errorf("log counts %d blob bytes, stats %d; want the layer's (≥ %d)", bytes, s.Bytes, size)
+	}
+	reg.Reset()
+	if got := reg.Requests(); len(got) != 0 {
+		t.Errorf("requests after Reset: %+v", got)
+	}
+}
