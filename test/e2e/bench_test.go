@@ -4,16 +4,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/scrape"
 )
 
 // BenchmarkRunPodSandbox measures what sysctl validation, defaults and verification add to
@@ -101,16 +98,11 @@ func percentile(d []time.Duration, p int) time.Duration {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // metricFamilies reads and parses podgate's /metrics page.
-func metricFamilies(b *testing.B, p *harness.Podgate) map[string]*dto.MetricFamily {
+func metricFamilies(b *testing.B, p *harness.Podgate) scrape.Metrics {
 	b.Helper()
-	text, err := p.Metrics(b.Context())
+	m, err := p.Scrape(b.Context())
 	if err != nil {
 		b.Fatal(err)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		b.Fatal(err)
-	}
-	return families
+	return m
 }

@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/registry"
 )
 
@@ -79,10 +78,13 @@ func runScenario(ctx context.Context, tb testing.TB, n *node, reg *registry.Regi
 	// The critical pod comes last, once the three slots are busy and everything else queued.
 	waitFor(ctx, tb, "3 images in flight and the rest queued in podgate", func() bool {
 		active := reg.Stats().ActiveImages()
-		m, err := n.podgate.Metrics(ctx)
-		return err == nil && active == scenarioCap &&
-			metricValue(m, "podgate_image_pull_queue_length") == float64(len(ordinary)-scenarioCap) &&
-			metricValue(m, "podgate_image_pull_deduplicated_total") == scenarioDups
+		m, err := n.podgate.Scrape(ctx)
+		if err != nil {
+			return false
+		}
+		queued, _ := m.Value("podgate_image_pull_queue_length")
+		joined, _ := m.Value("podgate_image_pull_deduplicated_total")
+		return active == scenarioCap && queued == float64(len(ordinary)-scenarioCap) && joined == scenarioDups
 	})
 	pull(refs[scenarioImages-1], sandbox("kube-system", "critical", map[string]string{"podgate.dev/priority-class": "system-node-critical"}))
 	wg.Wait()
@@ -101,19 +103,6 @@ func waitFor(ctx context.Context, tb testing.TB, what string, cond func() bool) 
 	if err != nil {
 		tb.Fatalf("waiting for %s: %v", what, err)
 	}
-}
-
-// metricValue returns the value of an unlabelled metric on a /metrics page, or -1.
-func metricValue(page, metric string) float64 {
-	for line := range strings.Lines(page) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), metric+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err == nil {
-				return f
-			}
-		}
-	}
-	return -1
 }
 
 // TestImagePullGovernor: containerd pulls through podgate from a throttled registry with
@@ -154,7 +143,7 @@ func TestImagePullGovernor(t *testing.T) {
 	// 3 were running when it came; it must be the next to start. podgate's log has the
 	// governor's start order; at the registry, the three first pulls end together, so the next
 	// three start within milliseconds of each other: the critical one must be among them.
-	if got := startOrder(n.podgate.Log.String()); len(got) <= scenarioCap || got[scenarioCap] != host+"/"+critical+":v1" {
+	if got := harness.PullsStarted(n.podgate.Log.String()); len(got) <= scenarioCap || got[scenarioCap] != host+"/"+critical+":v1" {
 		t.Errorf("podgate started pulls in order %v: the critical pod's %s should be 4th, right after the 3 running", got, critical)
 	}
 	if !slices.Contains(started[scenarioCap:2*scenarioCap], critical) {
@@ -173,17 +162,6 @@ func TestImagePullGovernor(t *testing.T) {
 	if !strings.Contains(n.podgate.Log.String(), "Image pull waits") {
 		t.Error("podgate logged no waiting pull")
 	}
-}
-
-var startedLine = regexp.MustCompile(`"Image pull started" image="([^"]+)"`)
-
-// startOrder returns the images in the order podgate's log says their pulls started.
-func startOrder(log string) []string {
-	var out []string
-	for _, m := range startedLine.FindAllStringSubmatch(log, -1) {
-		out = append(out, m[1])
-	}
-	return out
 }
 
 func grepLines(s, sub string) string {

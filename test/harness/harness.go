@@ -14,10 +14,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/podgate/podgate/test/scrape"
 )
 
 // readyTimeout bounds podgate's start-up: it does not wait for its backend, so READY=1 comes
@@ -28,19 +31,50 @@ const readyTimeout = 30 * time.Second
 // build flags (the e2e tests add -race). Like `make build`, it stamps the binary with
 // `git describe --tags --always --dirty`, or "dev" outside a git checkout.
 func Build(ctx context.Context, dir string, flags ...string) (string, error) {
-	bin := filepath.Join(dir, "podgate")
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
 	}
-	ldflags := "-X main.version=" + describe(ctx, root)
-	args := append(append([]string{"build", "-ldflags", ldflags}, flags...), "-o", bin, "./cmd/podgate")
+	bin := filepath.Join(dir, "podgate")
+	args := append(append([]string{"build", "-ldflags", "-X main.version=" + describe(ctx, root)}, flags...), "-o", bin, "./cmd/podgate")
+	if err := goBuild(ctx, root, args); err != nil {
+		return "", err
+	}
+	return bin, nil
+}
+
+// BuildPrograms compiles ./cmd/podgate, stamped as Build does, and the main packages pkgs
+// (paths relative to the module's root, such as ./test/dradriver) into dir, in one go build:
+// the packages they share are compiled once and the binaries linked in parallel. Each binary is
+// named after its package's directory; the result maps those names to the binaries' paths.
+func BuildPrograms(ctx context.Context, dir string, pkgs ...string) (map[string]string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	pkgs = append([]string{"./cmd/podgate"}, pkgs...)
+	// With -o naming a directory (the trailing slash), go build writes every main package there.
+	args := append([]string{"build", "-ldflags", "-X main.version=" + describe(ctx, root), "-o", dir + "/"}, pkgs...)
+	if err := goBuild(ctx, root, args); err != nil {
+		return nil, err
+	}
+	bins := map[string]string{}
+	for _, p := range pkgs {
+		bins[filepath.Base(p)] = filepath.Join(dir, filepath.Base(p))
+	}
+	return bins, nil
+}
+
+func goBuild(ctx context.Context, root string, args []string) error {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build podgate: %w\n%s", err, out)
+		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
-	return bin, nil
+	return nil
 }
 
 // describe is the Makefile's VERSION: `git describe --tags --always --dirty` in dir, or "dev"
@@ -213,6 +247,27 @@ func (p *Podgate) Metrics(ctx context.Context) (string, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return string(b), err
+}
+
+// Scrape reads and parses podgate's /metrics page.
+func (p *Podgate) Scrape(ctx context.Context) (scrape.Metrics, error) {
+	page, err := p.Metrics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return scrape.Parse(page)
+}
+
+var pullStarted = regexp.MustCompile(`"Image pull started" image="([^"]+)"`)
+
+// PullsStarted returns the images whose pulls podgate's log (klog's text format) says started,
+// in that order: the order of the pull governor's queue.
+func PullsStarted(log string) []string {
+	var out []string
+	for _, m := range pullStarted.FindAllStringSubmatch(log, -1) {
+		out = append(out, m[1])
+	}
+	return out
 }
 
 func freePort() (int, error) {

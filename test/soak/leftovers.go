@@ -54,7 +54,7 @@ func leftovers(ctx context.Context, pg *harness.Podgate, r *rig.Rig, work string
 	var inRegistry float64
 	var recs int
 	err = poll(ctx, 10*time.Second, 100*time.Millisecond, func() (bool, error) {
-		page, err := pg.Metrics(ctx)
+		m, err := pg.Scrape(ctx)
 		if err != nil {
 			return false, err
 		}
@@ -62,7 +62,7 @@ func leftovers(ctx context.Context, pg *harness.Podgate, r *rig.Rig, work string
 		if err != nil {
 			return false, err
 		}
-		inRegistry, recs = metric(page, "podgate_registry_sandboxes"), len(rs)
+		inRegistry, recs = value(m, "podgate_registry_sandboxes"), len(rs)
 		return inRegistry == 0 && recs == 0, nil
 	})
 	if err != nil {

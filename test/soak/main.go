@@ -33,8 +33,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -44,6 +42,7 @@ import (
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/scrape"
 )
 
 // sample is podgate's footprint after some lifecycles.
@@ -170,23 +169,21 @@ func (r *recorder) sampleLocked(ctx context.Context) error {
 
 // measure reads podgate's RSS, goroutines and open fds from its metrics.
 func measure(ctx context.Context, pg *harness.Podgate) (sample, error) {
-	page, err := pg.Metrics(ctx)
+	m, err := pg.Scrape(ctx)
 	if err != nil {
 		return sample{}, err
 	}
 	var s sample
-	s.rssMiB = metric(page, "process_resident_memory_bytes") / (1 << 20)
-	s.goroutines = metric(page, "go_goroutines")
-	s.openFDs = metric(page, "process_open_fds")
+	s.rssMiB = value(m, "process_resident_memory_bytes") / (1 << 20)
+	s.goroutines = value(m, "go_goroutines")
+	s.openFDs = value(m, "process_open_fds")
 	return s, nil
 }
 
-func metric(page, name string) float64 {
-	for line := range strings.Lines(page) {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return f
-		}
+// value is the value of an unlabelled metric, -1 when the page lacks it.
+func value(m scrape.Metrics, name string) float64 {
+	if v, ok := m.Value(name); ok {
+		return v
 	}
 	return -1
 }
