@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# build.sh: build the binaries of test/cluster's single-node Kubernetes from the Go module proxy:
+# build.sh [BINARY...]: build the binaries of test/cluster's single-node Kubernetes from the Go
+# module proxy:
 #
 #   etcd            go.etcd.io/etcd/server/v3 $ETCD_VERSION     (wrapper module etcd/)
 #   kube-apiserver  k8s.io/kubernetes/cmd/kube-apiserver $K8S_VERSION  (wrapper module k8s/)
 #   kubelet         k8s.io/kubernetes/cmd/kubelet $K8S_VERSION
 #
-# into $PODGATE_RIG_DIR/cluster/bin (default /var/lib/podgate-rig/cluster/bin). Idempotent: a
-# binary whose build information names the wanted module version and the stamp of the wrapper's
-# go.mod/go.sum and build settings is reused (see stamp). test/rig/install.sh runs it; it needs no
-# root itself. A first build takes about 12 CPU-minutes: 6-7 minutes on two cores.
+# into $PODGATE_RIG_DIR/cluster/bin (default /var/lib/podgate-rig/cluster/bin): the BINARYs
+# named, all three by default (`build.sh etcd kube-apiserver` is the control plane alone, what
+# `make demo` uses). Idempotent: a binary whose build information names the wanted module version
+# and the stamp of the wrapper's go.mod/go.sum and build settings is reused (see stamp), so the
+# kubelet built later reuses the control plane built first. test/rig/install.sh runs it; it
+# needs no root itself. A first build of all three takes about 12 CPU-minutes: 6-7 minutes on
+# two cores.
 # The versions live in the wrapper modules' go.mod files (update.sh regenerates them); the ones
 # below only tell build.sh what a correct binary contains.
 set -euo pipefail
@@ -43,6 +47,21 @@ built() {
 		grep -qF "podgate-cluster-stamp=$4" <<<"$info"
 }
 
+ALL=(etcd kube-apiserver kubelet)
+WANT=("$@")
+[ ${#WANT[@]} -gt 0 ] || WANT=("${ALL[@]}")
+wants() {
+	local w
+	for w in "${WANT[@]}"; do [ "$w" = "$1" ] && return 0; done
+	return 1
+}
+for w in "${WANT[@]}"; do
+	case " ${ALL[*]} " in
+	*" $w "*) ;;
+	*) log "unknown binary $w: want some of ${ALL[*]}"; exit 2 ;;
+	esac
+done
+
 mkdir -p "$BIN"
 
 # build WRAPPER LDFLAGS NAME PACKAGE...: build the main packages into BIN, as NAME when there is
@@ -64,7 +83,7 @@ build() {
 # etcd is built static, as etcd's own release build does.
 etcd_recipe="CGO_ENABLED=0 -s -w"
 etcd_stamp=$(stamp etcd "$etcd_recipe")
-if ! built etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$etcd_stamp"; then
+if wants etcd && ! built etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$etcd_stamp"; then
 	log "building etcd $ETCD_VERSION (about 1 minute)"
 	start=$SECONDS
 	CGO_ENABLED=0 build etcd "-s -w -X main.podgate-cluster-stamp=$etcd_stamp" etcd go.etcd.io/etcd/server/v3
@@ -72,10 +91,12 @@ if ! built etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$etcd_stamp"; then
 fi
 
 # What kubernetes' own build (hack/lib/version.sh) stamps in: the apiserver and kubelet report
-# this version (Node status, /version) instead of v0.0.0-master. Both are built in one go build
-# with cgo on, as kubernetes builds the kubelet; kubernetes builds kube-apiserver static, but a
-# second build with CGO_ENABLED=0 would compile nearly every shared package again (net and all
-# that imports it depend on the setting) for no gain in a test.
+# this version (Node status, /version) instead of v0.0.0-master. Both are built with the same
+# settings, in one go build when both are wanted, with cgo on, as kubernetes builds the kubelet;
+# kubernetes builds kube-apiserver static, but a build with CGO_ENABLED=0 would compile nearly
+# every shared package again (net and all that imports it depend on the setting) for no gain in
+# a test. With the same settings, the kubelet built after the control plane reuses Go's build
+# cache for the packages they share.
 minor=${K8S_VERSION#v1.}
 minor=${minor%%.*}
 k8s_ldflags="-s -w"
@@ -83,12 +104,17 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	k8s_ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
 k8s_stamp=$(stamp k8s "CGO_ENABLED=1 $k8s_ldflags")
-if ! built kube-apiserver k8s.io/kubernetes "$K8S_VERSION" "$k8s_stamp" || ! built kubelet k8s.io/kubernetes "$K8S_VERSION" "$k8s_stamp"; then
-	log "building kube-apiserver and kubelet $K8S_VERSION (about 5 minutes on 2 cores)"
+pkgs=()
+for b in kube-apiserver kubelet; do
+	if wants "$b" && ! built "$b" k8s.io/kubernetes "$K8S_VERSION" "$k8s_stamp"; then
+		pkgs+=("k8s.io/kubernetes/cmd/$b")
+	fi
+done
+if [ ${#pkgs[@]} -gt 0 ]; then
+	log "building ${pkgs[*]##*/} $K8S_VERSION (both: about 5 minutes on 2 cores)"
 	start=$SECONDS
-	CGO_ENABLED=1 build k8s "$k8s_ldflags -X main.podgate-cluster-stamp=$k8s_stamp" "" \
-		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet
-	log "built kube-apiserver and kubelet in $((SECONDS - start))s"
+	CGO_ENABLED=1 build k8s "$k8s_ldflags -X main.podgate-cluster-stamp=$k8s_stamp" "" "${pkgs[@]}"
+	log "built ${pkgs[*]##*/} in $((SECONDS - start))s"
 fi
 
-log "ready in $BIN: etcd $ETCD_VERSION, kube-apiserver and kubelet $K8S_VERSION"
+log "ready in $BIN: ${WANT[*]} (etcd $ETCD_VERSION, Kubernetes $K8S_VERSION)"

@@ -54,15 +54,26 @@ const (
 // ErrNotInstalled means the cluster's binaries are missing: run test/rig/install.sh.
 var ErrNotInstalled = errors.New("cluster not installed: run test/rig/install.sh (make rig)")
 
-// binaries are the programs test/cluster/build.sh puts in BinDir.
-var binaries = []string{"etcd", "kube-apiserver", "kubelet"}
+// binaries are the programs test/cluster/build.sh puts in BinDir; controlPlane those a cluster
+// without a kubelet (Options.DeferKubelet) needs.
+var (
+	binaries     = []string{"etcd", "kube-apiserver", "kubelet"}
+	controlPlane = binaries[:2]
+)
 
 // BinDir is where build.sh puts etcd, kube-apiserver and kubelet: the cluster/bin directory of
 // the rig's install directory ($PODGATE_RIG_DIR, by default /var/lib/podgate-rig).
 func BinDir() string { return filepath.Join(rig.InstallDir(), "cluster", "bin") }
 
 // CheckInstalled reports, wrapping ErrNotInstalled, the first missing binary.
-func CheckInstalled() error {
+func CheckInstalled() error { return checkInstalled(binaries) }
+
+// CheckControlPlaneInstalled reports, wrapping ErrNotInstalled, the first missing binary of the
+// control plane (etcd and kube-apiserver): what Up needs with Options.DeferKubelet, as long as
+// StartKubelet is not called.
+func CheckControlPlaneInstalled() error { return checkInstalled(controlPlane) }
+
+func checkInstalled(binaries []string) error {
 	for _, b := range binaries {
 		p := filepath.Join(BinDir(), b)
 		if err := unix.Access(p, unix.X_OK); err != nil {
@@ -155,9 +166,14 @@ func Start(t testing.TB, o Options) *Cluster {
 }
 
 // Up starts etcd, kube-apiserver and, unless o.DeferKubelet, the kubelet, and waits until the
-// Node is Ready. When it fails part-way, it stops what it started.
+// Node is Ready. When it fails part-way, it stops what it started. With o.DeferKubelet it needs
+// only the control plane's binaries (CheckControlPlaneInstalled).
 func Up(ctx context.Context, o Options) (_ *Cluster, err error) {
-	if err := CheckInstalled(); err != nil {
+	check := CheckInstalled
+	if o.DeferKubelet {
+		check = CheckControlPlaneInstalled
+	}
+	if err := check(); err != nil {
 		return nil, err
 	}
 	if o.CRIEndpoint == "" && !o.DeferKubelet {
