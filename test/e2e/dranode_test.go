@@ -3,34 +3,27 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/test/cluster"
-	"github.com/podgate/podgate/test/cni/record"
 	"github.com/podgate/podgate/test/dradriver/driver"
+	"github.com/podgate/podgate/test/dranode"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 	"github.com/podgate/podgate/test/testfs"
 )
 
 // draDriverName is the test driver's name; its devices nicN are host interfaces pgnicN.
-const draDriverName = "net.podgate.test"
+const draDriverName = dranode.DriverName
 
 // draNode is a real single-node cluster whose kubelet talks to podgate in front of a real
 // containerd, with the test DRA driver registered and a CNI plugin recording what CNI ADD saw.
@@ -45,8 +38,8 @@ type draNode struct {
 	through *rig.Client // podgate, as the kubelet talks to it
 	// records is the CNI recorder's file; events the driver's.
 	records, events string
-	driver          *exec.Cmd
-	driverArgs      []string
+	driver          *dranode.Driver
+	driverConfig    dranode.DriverConfig
 	binDir          string
 }
 
@@ -102,7 +95,7 @@ func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 	n.records = filepath.Join(n.binDir, "cni-record.jsonl")
 	n.events = filepath.Join(n.binDir, "dra-events.jsonl")
 
-	chain := []string{fmt.Sprintf(`{"type": "pgrecorder", "recordFile": %q, "watchPrefixes": ["pgnic"]}`, n.records)}
+	chain := []string{dranode.RecorderConf(n.records)}
 	if o.cniChain != nil {
 		chain = append(chain, o.cniChain(n)...)
 	}
@@ -134,10 +127,10 @@ func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 		"--config", writeConfig(t, config),
 	}
 	n.startPodgate(t)
-	n.driverArgs = []string{
-		"--node-name", n.cluster.NodeName(), "--kubeconfig", n.cluster.Kubeconfig(),
-		"--registry-dir", n.cluster.PluginRegistryDir(), "--plugin-dir", filepath.Join(n.cluster.PluginsDir(), draDriverName),
-		"--cdi-dir", "", "--events-file", n.events,
+	n.driverConfig = dranode.DriverConfig{
+		Bin: filepath.Join(n.binDir, "dradriver"), NodeName: n.cluster.NodeName(), Kubeconfig: n.cluster.Kubeconfig(),
+		RegistryDir: n.cluster.PluginRegistryDir(), PluginDir: filepath.Join(n.cluster.PluginsDir(), draDriverName),
+		EventsFile: n.events, LogDir: n.binDir,
 	}
 	n.startDriver(t)
 	n.direct = rig.Connect(t, n.rig.Endpoint)
@@ -157,27 +150,22 @@ func (n *draNode) startPodgate(t *testing.T) {
 
 func (n *draNode) startDriver(t *testing.T) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(n.binDir, "dradriver"), n.driverArgs...)
-	log, err := os.Create(filepath.Join(n.binDir, fmt.Sprintf("dradriver-%d.log", time.Now().UnixNano())))
+	d, err := dranode.StartDriver(n.driverConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	n.driver = cmd
+	n.driver = d
 }
 
-// stopDriver stops the driver with SIGTERM (it removes its sockets) and waits for podgate to
-// see it go.
+// stopDriver stops the driver with SIGTERM (it removes its sockets).
 func (n *draNode) stopDriver(t *testing.T) {
 	t.Helper()
 	if n.driver == nil {
 		return
 	}
-	_ = n.driver.Process.Signal(syscall.SIGTERM)
-	_ = n.driver.Wait()
+	if err := n.driver.Stop(); err != nil {
+		t.Error(err)
+	}
 	n.driver = nil
 }
 
@@ -199,68 +187,12 @@ func (n *draNode) draPodWith(t *testing.T, name string, device int, opaque strin
 // the claim is the pod's, as a network device's usually is.
 func (n *draNode) makeDRAPod(t *testing.T, name string, device int, opaque string, podLevel bool) *corev1.Pod {
 	t.Helper()
-	ctx := t.Context()
-	spec := resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-		Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: draDriverName},
-	}}}}
-	if opaque != "" {
-		spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: draDriverName, Parameters: runtime.RawExtension{Raw: []byte(opaque)}},
-		}}}
-	}
-	claim, err := n.kube.ResourceV1().ResourceClaims("default").Create(ctx, &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec:       spec,
-	}, metav1.CreateOptions{})
+	pod, err := dranode.Pod{
+		Namespace: "default", Name: name, Node: n.cluster.NodeName(), Device: device, Opaque: opaque, PodLevel: podLevel,
+	}.Create(t.Context(), n.kube)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctr := corev1.Container{
-		Name: "c", Image: rig.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-		Command:   []string{"sleep", "3600"},
-		Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "nic"}}},
-	}
-	if podLevel {
-		ctr.Resources.Claims = nil
-	}
-	pod, err := n.kube.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken:  ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](0),
-			ResourceClaims:                []corev1.PodResourceClaim{{Name: "nic", ResourceClaimName: ptr.To(name)}},
-			Containers:                    []corev1.Container{ctr},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := n.cluster.NodeName()
-	claim.Status.Allocation = &resourceapi.AllocationResult{
-		Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
-			Request: "nic", Driver: draDriverName, Pool: node, Device: fmt.Sprintf("nic%d", device),
-		}}},
-		NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{node}}},
-		}}},
-	}
-	// The scheduler copies the claim's configuration into the allocation.
-	for _, c := range claim.Spec.Devices.Config {
-		claim.Status.Allocation.Devices.Config = append(claim.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
-			Source: resourceapi.AllocationConfigSourceClaim, Requests: c.Requests, DeviceConfiguration: c.DeviceConfiguration,
-		})
-	}
-	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
-	if _, err := n.kube.ResourceV1().ResourceClaims("default").UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.kube.CoreV1().Pods("default").Bind(ctx, &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, UID: pod.UID},
-		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod.Spec.NodeName = node
 	return pod
 }
 
@@ -268,23 +200,14 @@ func (n *draNode) makeDRAPod(t *testing.T, name string, device int, opaque strin
 // podgate reads the host interface of an attached device there.
 func (n *draNode) waitSlice(t *testing.T) {
 	t.Helper()
-	waitWithin(t, time.Minute, "the driver's ResourceSlice", func() bool {
-		slices, err := n.kube.ResourceV1().ResourceSlices().List(t.Context(), metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		for _, s := range slices.Items {
-			if s.Spec.Driver == draDriverName && s.Spec.NodeName != nil && *s.Spec.NodeName == n.cluster.NodeName() && len(s.Spec.Devices) > 0 {
-				return true
-			}
-		}
-		return false
-	})
+	if err := dranode.WaitSlice(t.Context(), n.kube, n.cluster.NodeName(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (n *draNode) deletePod(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
-	if err := n.kube.CoreV1().Pods(pod.Namespace).Delete(t.Context(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+	if err := dranode.DeletePod(t.Context(), n.kube, pod); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -292,11 +215,7 @@ func (n *draNode) deletePod(t *testing.T, pod *corev1.Pod) {
 // runSandbox starts the pod's sandbox through podgate as a CRI client, as the kubelet would.
 func (n *draNode) runSandbox(t *testing.T, pod *corev1.Pod) (string, error) {
 	t.Helper()
-	return n.through.Runtime.RunPodSandbox(t.Context(), &runtimeapi.PodSandboxConfig{
-		Metadata:     &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
-		Labels:       map[string]string{"io.kubernetes.pod.uid": string(pod.UID), "io.kubernetes.pod.name": pod.Name, "io.kubernetes.pod.namespace": pod.Namespace},
-		LogDirectory: filepath.Join(n.rig.Dir, "pods", pod.Name),
-	}, "")
+	return n.through.Runtime.RunPodSandbox(t.Context(), dranode.SandboxConfig(pod, filepath.Join(n.rig.Dir, "pods")), "")
 }
 
 // waitWithin polls cond until it holds, failing the test after limit.
@@ -309,40 +228,29 @@ func waitWithin(t testing.TB, limit time.Duration, what string, cond func() bool
 
 func (n *draNode) driverEvents(t *testing.T, claim string) []driver.Event {
 	t.Helper()
-	evs, err := driver.ReadEvents(n.events)
-	if err != nil && !os.IsNotExist(err) {
+	evs, err := dranode.Events(n.events, claim)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.DeleteFunc(evs, func(e driver.Event) bool { return e.Name != claim })
+	return evs
 }
 
 // cniAdd returns whether the pod's CNI ADD found the interface on the host; ok is false when no
 // ADD for the pod was recorded.
 func (n *draNode) cniAdd(t *testing.T, pod, iface string) (existed, ok bool) {
 	t.Helper()
-	entries, err := record.Read(n.records)
-	if err != nil && !os.IsNotExist(err) {
+	add, ok, err := dranode.CNIAdd(n.records, "default", pod)
+	if err != nil {
 		t.Fatal(err)
 	}
-	adds := record.Find(entries, "ADD", "default", pod)
-	if len(adds) == 0 {
-		return false, false
-	}
-	return adds[0].Interfaces[iface], true
+	return add.Interfaces[iface], ok
 }
 
 // removeTestLinks deletes the host interfaces the test driver makes (pgnicN and its peer).
 func removeTestLinks(t *testing.T) {
 	t.Helper()
-	ifaces, err := net.Interfaces()
-	if err != nil {
+	if err := dranode.RemoveLinks(); err != nil {
 		t.Fatal(err)
-	}
-	for _, i := range ifaces {
-		if strings.HasPrefix(i.Name, "pgnic") {
-			// Deleting one end of a veth pair deletes the other: "not found" is fine.
-			_ = exec.Command("ip", "link", "del", i.Name).Run()
-		}
 	}
 }
 
@@ -363,7 +271,4 @@ func (n *draNode) execInPod(t *testing.T, pod *corev1.Pod, cmd ...string) string
 	return string(out)
 }
 
-func hostHasLink(name string) bool {
-	_, err := net.InterfaceByName(name)
-	return err == nil
-}
+func hostHasLink(name string) bool { return dranode.HostHasLink(name) }
