@@ -24,6 +24,9 @@
 // go.mod/go.sum and build settings; a first build takes about 12 CPU-minutes (6-7 minutes on
 // two cores).
 // Start skips the test, with a message saying what is missing, when not root or not installed.
+// A cluster started with Options.DeferKubelet needs only etcd and kube-apiserver until
+// StartKubelet (`build.sh etcd kube-apiserver`, make rig-control-plane): the demo runs so, and
+// registers the Node itself (RegisterNode) for the DRA driver's ResourceSlice.
 //
 // # How it runs
 //
