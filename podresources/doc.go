@@ -14,10 +14,20 @@
 //
 // podgate's knowledge comes from the agent through small interfaces ([PodLister],
 // [PodGetter], [ContainerLister]), so this package never imports the agent. Devices, CPUs and
-// memory come from the kubelet's own PodResources socket when it answers,
-// merged per pod and container; when it does not, the answer holds what podgate knows, and a
-// log line and podgate_podresources_kubelet_requests_total say so — never an error for the
-// whole call.
+// memory come from the kubelet's own PodResources socket, merged per pod and container.
+//
+// # The kubelet under a burst
+//
+// A meta-CNI plugin asks on every CNI ADD, so the pods of a drained node ask together, and the
+// kubelet's socket refuses what is over its token bucket (100 QPS, burst 10, shared by its
+// clients). Identical v1 calls therefore share the kubelet's answer, and a v1 call is answered
+// only by a kubelet call sent after it arrived, so no answer hides a pod the kubelet admitted
+// before the call (flightGroup). podgate's own token bucket, at most half the kubelet's
+// (podResources.kubeletQPS, podResources.kubeletBurst), with as many calls in flight as its
+// burst, keeps podgate within the kubelet's limit. When the kubelet refuses, restarts or does
+// not answer, a v1 call waits and tries again within its caller's deadline, then fails
+// Unavailable saying why: never an answer without the kubelet's part, except when there is no
+// kubelet socket at all.
 //
 // # Protection
 //

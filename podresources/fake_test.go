@@ -3,7 +3,9 @@ package podresources
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"path"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -12,8 +14,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -87,37 +92,95 @@ func (f *fakeSource) set(rev uint64, pods ...*pb.Pod) {
 }
 
 // fakeKubelet is the kubelet's PodResources service answering from fixed data, with the
-// kubelet's own error for a pod it does not know.
+// kubelet's own error for a pod it does not know, and, when limiter is set, the kubelet's
+// token bucket in front (pkg/kubelet/apis/grpc/ratelimit.go): a call over it is
+// ResourceExhausted, "rejected by rate limit", and never reaches the service.
 type fakeKubelet struct {
 	v1.UnimplementedPodResourcesListerServer
-	pods        []*v1.PodResources
 	allocatable *v1.AllocatableResourcesResponse
 	// fail, when set, is every call's answer.
 	fail error
-	// entered, when set, receives a value when List starts, and List then waits for its
-	// caller to give up.
-	entered chan struct{}
+	// limiter, when set, is the kubelet's token bucket over every call.
+	limiter *rate.Limiter
+	// refuse is how many calls, from the first, are refused as over the rate limit, as when
+	// other clients have emptied the kubelet's bucket.
+	refuse int
+	// hold, when set, makes List take its answer, then receive from hold before sending it:
+	// the kubelet's state as the call found it, answered late. A value releases one List,
+	// closing it releases every List.
+	hold chan struct{}
+	// listing, when set, receives a value when List has taken its answer.
+	listing chan struct{}
+
+	mu   sync.Mutex
+	pods []*v1.PodResources
+	// calls are the calls that reached the service, by method; refused those over the limit.
+	calls   map[string]int
+	refused int
 }
 
 var _ v1.PodResourcesListerServer = (*fakeKubelet)(nil)
 
-func (k *fakeKubelet) List(ctx context.Context, _ *v1.ListPodResourcesRequest) (*v1.ListPodResourcesResponse, error) {
-	if k.entered != nil {
-		k.entered <- struct{}{}
-		<-ctx.Done()
-		return nil, ctx.Err()
+// setPods replaces the pods, as the kubelet admitting or removing pods.
+func (k *fakeKubelet) setPods(pods ...*v1.PodResources) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pods = pods
+}
+
+func (k *fakeKubelet) snapshot() []*v1.PodResources {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.pods)
+}
+
+// counts returns the calls that reached the service, by method, and those refused.
+func (k *fakeKubelet) counts() (calls map[string]int, refused int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.calls), k.refused
+}
+
+// limit is the kubelet's rate-limiting interceptor, counting what reaches the service.
+func (k *fakeKubelet) limit(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	k.mu.Lock()
+	if k.refuse > 0 || k.limiter != nil && !k.limiter.Allow() {
+		k.refuse = max(k.refuse-1, 0)
+		k.refused++
+		k.mu.Unlock()
+		return nil, status.Error(codes.ResourceExhausted, "rejected by rate limit")
 	}
+	if k.calls == nil {
+		k.calls = map[string]int{}
+	}
+	k.calls[path.Base(info.FullMethod)]++
+	k.mu.Unlock()
+	return handler(ctx, req)
+}
+
+func (k *fakeKubelet) List(ctx context.Context, _ *v1.ListPodResourcesRequest) (*v1.ListPodResourcesResponse, error) {
 	if k.fail != nil {
 		return nil, k.fail
 	}
-	return &v1.ListPodResourcesResponse{PodResources: k.pods}, nil
+	resp := &v1.ListPodResourcesResponse{PodResources: k.snapshot()}
+	if k.listing != nil {
+		k.listing <- struct{}{}
+	}
+	if k.hold != nil {
+		select {
+		case <-k.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return resp, nil
 }
 
 func (k *fakeKubelet) Get(_ context.Context, req *v1.GetPodResourcesRequest) (*v1.GetPodResourcesResponse, error) {
 	if k.fail != nil {
 		return nil, k.fail
 	}
-	for _, p := range k.pods {
+	for _, p := range k.snapshot() {
 		if p.GetNamespace() == req.GetPodNamespace() && p.GetName() == req.GetPodName() {
 			return &v1.GetPodResourcesResponse{PodResources: p}, nil
 		}
@@ -149,7 +212,7 @@ func serveKubelet(t testing.TB, path string, k *fakeKubelet, keepSocket bool) *k
 		t.Fatal(err)
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(!keepSocket)
-	r := &kubeletRig{t: t, srv: grpc.NewServer(), done: make(chan error, 1)}
+	r := &kubeletRig{t: t, srv: grpc.NewServer(grpc.UnaryInterceptor(k.limit)), done: make(chan error, 1)}
 	v1.RegisterPodResourcesListerServer(r.srv, k)
 	go func() { r.done <- r.srv.Serve(l) }()
 	t.Cleanup(r.stop)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -20,12 +21,22 @@ import (
 // Limits of a call to the kubelet's PodResources socket.
 const (
 	// kubeletCallTimeout bounds one call: the kubelet answers from memory in milliseconds, and
-	// podgate's own caller (multus gives List 10 s) must still get podgate's answer when the
-	// kubelet hangs.
+	// a hung kubelet must leave time for another try within multus's 10 s.
 	kubeletCallTimeout = 2 * time.Second
 	// MaxMessageSize is the largest answer podgate sends or takes from the kubelet: multus's
 	// client accepts 16 MiB.
 	MaxMessageSize = 16 << 20
+)
+
+// Defaults of podgate's own token bucket for its calls to the kubelet's socket: half the
+// kubelet's (a token bucket of 100 QPS, burst 10, fixed in the kubelet 1.36:
+// pkg/kubelet/apis/podresources/constants.go). Half, because podgate's calls may reach the
+// kubelet up to twice its burst at once (throttle), and because every client of the kubelet's
+// socket shares its bucket: multus, device-plugin monitors and topology exporters keep the
+// other half.
+const (
+	DefaultKubeletQPS   = 50
+	DefaultKubeletBurst = 5
 )
 
 // Results of a call to the kubelet, the result label of
@@ -33,31 +44,123 @@ const (
 const (
 	kubeletOK          = "ok"
 	kubeletNotFound    = "not_found"   // Get: the kubelet does not know the pod
-	kubeletUnavailable = "unavailable" // no socket, not answering, or over its rate limit
+	kubeletRefused     = "refused"     // ResourceExhausted: over the kubelet's rate limit
+	kubeletUnavailable = "unavailable" // not answering: restarting, hung, a stale socket
+	kubeletAbsent      = "absent"      // no socket: no kubelet on this node
 	kubeletError       = "error"       // any other error
 )
 
+var (
+	errKubeletNotFound = errors.New("the kubelet does not know the pod")
+	errKubeletClosed   = errors.New("podgate is stopping")
+	// errNoKubelet: the kubelet's socket does not exist. With no kubelet there are no
+	// kubelet devices to miss, and podgate answers with its own part.
+	errNoKubelet = errors.New("no kubelet PodResources socket")
+)
+
+// kubeletCallError is a failed call to the kubelet, with its result label.
+type kubeletCallError struct {
+	socket, method, result string
+	err                    error
+}
+
+func (e *kubeletCallError) Error() string {
+	return fmt.Sprintf("%s on the kubelet's PodResources socket %s: %v", e.method, e.socket, e.err)
+}
+func (e *kubeletCallError) Unwrap() error { return e.err }
+
+// retryable reports whether a failed kubelet call may succeed if made again soon: the kubelet
+// was over its rate limit (other clients share it), restarting or slow.
+func retryable(err error) bool {
+	ce, ok := errors.AsType[*kubeletCallError](err)
+	return ok && (ce.result == kubeletRefused || ce.result == kubeletUnavailable)
+}
+
 // kubeletClient calls the kubelet's own PodResources socket, whose devices, CPUs and memory
-// podgate merges into its answers. Errors are the caller's to tolerate: the kubelet may be
-// down, restarting, or not yet listening.
+// podgate merges into its answers. Its List, Get and GetAllocatableResources coalesce
+// concurrent callers (flightGroup), keep within podgate's own token bucket, and wait for the
+// kubelet within the caller's deadline: they return an answer, errNoKubelet (no socket), or
+// an error saying why the kubelet's answer is missing.
 type kubeletClient struct {
 	socket  string
 	metrics *metrics
+	limiter *rate.Limiter
+	slots   chan struct{} // one per call in flight, burst in all
+	qps     float64
+	burst   int
+	maxWait time.Duration
+	// callTimeout bounds each call: kubeletCallTimeout.
+	callTimeout time.Duration
+
+	// ctx is the flights' parent, cancelled by Close; wg counts the flights.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup
+
+	lists  *flightGroup[struct{}, *v1.ListPodResourcesResponse]
+	gets   *flightGroup[podKey, getResult]
+	allocs *flightGroup[struct{}, *v1.AllocatableResourcesResponse]
 
 	mu     sync.Mutex
 	conn   *grpc.ClientConn
 	client v1.PodResourcesListerClient
-	// down is true after a failed call, so that the change is logged once each way.
-	down bool
-	// closed: Close ran; a call still in flight at shutdown does not connect again.
+	// health is the result of the last call, so that a change is logged once each way.
+	health string
+	// failures counts the calls in a row that failed and may pass (retryable), the last at
+	// lastFailure with lastErr: the next call waits retryDelay.
+	failures    int
+	lastFailure time.Time
+	lastErr     error
+	// closed: Close ran; no flight starts and no connection is made.
 	closed bool
 }
 
-// newKubeletClient returns a client for the kubelet's PodResources socket at path; it
-// connects on first use.
-func newKubeletClient(path string, m *metrics) *kubeletClient {
-	m.kubeletUp.Set(1) // until a call says otherwise, as down starts false
-	return &kubeletClient{socket: path, metrics: m}
+// newKubeletClient returns a client for the kubelet's PodResources socket at path, which
+// sends at most qps calls a second with bursts of burst; it connects on first use.
+func newKubeletClient(path string, m *metrics, qps float64, burst int) *kubeletClient {
+	m.kubeletUp.Set(1) // until a call says otherwise, as health starts ok
+	k := &kubeletClient{
+		socket: path, metrics: m, limiter: rate.NewLimiter(rate.Limit(qps), burst), slots: make(chan struct{}, burst), qps: qps, burst: burst,
+		maxWait: maxKubeletWait, callTimeout: kubeletCallTimeout, health: kubeletOK,
+	}
+	k.ctx, k.cancel = context.WithCancelCause(context.Background())
+	k.lists = newFlightGroup(k, "List", func(ctx context.Context, _ struct{}) (*v1.ListPodResourcesResponse, error) {
+		return kubeletCall(ctx, k, "List", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.ListPodResourcesResponse, error) {
+			return c.List(ctx, &v1.ListPodResourcesRequest{})
+		})
+	})
+	k.gets = newFlightGroup(k, "Get", func(ctx context.Context, key podKey) (getResult, error) {
+		resp, err := kubeletCall(ctx, k, "Get", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.GetPodResourcesResponse, error) {
+			return c.Get(ctx, &v1.GetPodResourcesRequest{PodName: key.name, PodNamespace: key.namespace})
+		})
+		if errors.Is(err, errKubeletNotFound) {
+			return getResult{}, nil
+		}
+		return getResult{pod: resp.GetPodResources(), found: resp.GetPodResources() != nil}, err
+	})
+	k.allocs = newFlightGroup(k, "GetAllocatableResources", func(ctx context.Context, _ struct{}) (*v1.AllocatableResourcesResponse, error) {
+		return kubeletCall(ctx, k, "GetAllocatableResources", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.AllocatableResourcesResponse, error) {
+			return c.GetAllocatableResources(ctx, &v1.AllocatableResourcesRequest{})
+		})
+	})
+	return k
+}
+
+// List returns the kubelet's List answer, from a call sent after List was called.
+func (k *kubeletClient) List(ctx context.Context) (*v1.ListPodResourcesResponse, error) {
+	return k.lists.do(ctx, struct{}{})
+}
+
+// Get returns the kubelet's Get answer, from a call sent after Get was called; found is
+// false, with no error, when the kubelet does not know the pod.
+func (k *kubeletClient) Get(ctx context.Context, namespace, name string) (pr *v1.PodResources, found bool, err error) {
+	r, err := k.gets.do(ctx, podKey{namespace: namespace, name: name})
+	return r.pod, r.found, err
+}
+
+// GetAllocatableResources returns the kubelet's GetAllocatableResources answer.
+func (k *kubeletClient) GetAllocatableResources(ctx context.Context) (*v1.AllocatableResourcesResponse, error) {
+	return k.allocs.do(ctx, struct{}{})
 }
 
 func (k *kubeletClient) lister() (v1.PodResourcesListerClient, error) {
@@ -85,11 +188,26 @@ func (k *kubeletClient) lister() (v1.PodResourcesListerClient, error) {
 	return k.client, nil
 }
 
-// Close closes the connection.
-func (k *kubeletClient) Close() error {
+// startFlight counts a flight about to start; false once Close ran.
+func (k *kubeletClient) startFlight() bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return false
+	}
+	k.wg.Add(1)
+	return true
+}
+
+// Close ends the calls waiting to be sent, waits for those sent, and closes the connection.
+func (k *kubeletClient) Close() error {
+	k.mu.Lock()
 	k.closed = true
+	k.mu.Unlock()
+	k.cancel(errKubeletClosed)
+	k.wg.Wait()
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	if k.conn == nil {
 		return nil
 	}
@@ -98,53 +216,66 @@ func (k *kubeletClient) Close() error {
 	return err
 }
 
-// List returns the kubelet's List answer.
-func (k *kubeletClient) List(ctx context.Context) (*v1.ListPodResourcesResponse, error) {
-	return kubeletCall(ctx, k, "List", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.ListPodResourcesResponse, error) {
-		return c.List(ctx, &v1.ListPodResourcesRequest{})
-	})
-}
-
-// Get returns the kubelet's Get answer; found is false, with no error, when the kubelet does
-// not know the pod.
-func (k *kubeletClient) Get(ctx context.Context, namespace, name string) (pr *v1.PodResources, found bool, err error) {
-	resp, err := kubeletCall(ctx, k, "Get", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.GetPodResourcesResponse, error) {
-		return c.Get(ctx, &v1.GetPodResourcesRequest{PodName: name, PodNamespace: namespace})
-	})
-	if errors.Is(err, errKubeletNotFound) {
-		return nil, false, nil
+// throttle waits for one of the burst slots of calls in flight, then for a token of the
+// bucket; release gives the slot back once the call is answered. The bucket alone bounds when
+// calls may start, not when they reach the kubelet: calls delayed between their token and
+// their send (a busy node) would reach it together. With at most burst calls in flight, the
+// kubelet sees at most 2×burst + qps×t calls in any t seconds — within its own bucket when
+// podgate's is at most half of it, as by default.
+func (k *kubeletClient) throttle(ctx context.Context) (release func(), err error) {
+	select {
+	case k.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
 	}
-	if err != nil {
-		return nil, false, err
+	if err := k.limiter.Wait(ctx); err != nil {
+		<-k.slots
+		if cause := context.Cause(ctx); cause != nil {
+			return nil, cause
+		}
+		return nil, err
 	}
-	return resp.GetPodResources(), resp.GetPodResources() != nil, nil
+	return func() { <-k.slots }, nil
 }
 
-// GetAllocatableResources returns the kubelet's GetAllocatableResources answer.
-func (k *kubeletClient) GetAllocatableResources(ctx context.Context) (*v1.AllocatableResourcesResponse, error) {
-	return kubeletCall(ctx, k, "GetAllocatableResources", func(ctx context.Context, c v1.PodResourcesListerClient) (*v1.AllocatableResourcesResponse, error) {
-		return c.GetAllocatableResources(ctx, &v1.AllocatableResourcesRequest{})
-	})
+// retryDelay is how long the next call waits after failures in a row that may pass, and the
+// last of them.
+func (k *kubeletClient) retryDelay() (time.Duration, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.failures == 0 {
+		return 0, nil
+	}
+	d := maxRetryDelay
+	if k.failures < 6 {
+		d = min(minRetryDelay<<(k.failures-1), maxRetryDelay)
+	}
+	return d - time.Since(k.lastFailure), k.lastErr
 }
 
-var (
-	errKubeletNotFound = errors.New("the kubelet does not know the pod")
-	errKubeletClosed   = errors.New("podgate is stopping")
-)
+// present checks that the kubelet's socket exists; when it does not, the call is counted as
+// absent and fails with errNoKubelet.
+func (k *kubeletClient) present(ctx context.Context, method string) error {
+	_, err := os.Stat(k.socket)
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil // another error: the call will say it
+	}
+	k.metrics.kubeletRequests.WithLabelValues(method, kubeletAbsent).Inc()
+	err = fmt.Errorf("%w %s", errNoKubelet, k.socket)
+	k.noteHealth(ctx, kubeletAbsent, err)
+	return err
+}
 
 // kubeletCall makes one call with its timeout, counts it, and logs when the kubelet stops or
-// starts answering.
+// starts answering. An error is a *kubeletCallError, errKubeletNotFound, or ctx's cause.
 func kubeletCall[T any](ctx context.Context, k *kubeletClient, method string, call func(context.Context, v1.PodResourcesListerClient) (T, error)) (T, error) {
 	var zero T
 	result, err := func() (T, error) {
-		if _, err := os.Stat(k.socket); err != nil {
-			return zero, fmt.Errorf("kubelet PodResources socket %s: %w", k.socket, err)
-		}
 		c, err := k.lister()
 		if err != nil {
 			return zero, fmt.Errorf("kubelet PodResources socket %s: %w", k.socket, err)
 		}
-		ctx, cancel := context.WithTimeout(ctx, kubeletCallTimeout)
+		ctx, cancel := context.WithTimeout(ctx, k.callTimeout)
 		defer cancel()
 		return call(ctx, c)
 	}()
@@ -154,16 +285,23 @@ func kubeletCall[T any](ctx context.Context, k *kubeletClient, method string, ca
 	case method == "Get" && isKubeletNotFound(err):
 		outcome, err = kubeletNotFound, errKubeletNotFound
 	case ctx.Err() != nil:
-		// podgate's own caller gave up: says nothing of the kubelet.
+		// podgate is stopping: says nothing of the kubelet.
+		if cause := context.Cause(ctx); cause != nil {
+			return zero, cause
+		}
 		return zero, err
-	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.DeadlineExceeded,
-		status.Code(err) == codes.ResourceExhausted, errors.Is(err, os.ErrNotExist):
+	case status.Code(err) == codes.ResourceExhausted:
+		outcome = kubeletRefused
+	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.DeadlineExceeded:
 		outcome = kubeletUnavailable
 	default:
 		outcome = kubeletError
 	}
 	k.metrics.kubeletRequests.WithLabelValues(method, outcome).Inc()
 	k.noteHealth(ctx, outcome, err)
+	if outcome != kubeletOK && outcome != kubeletNotFound {
+		err = &kubeletCallError{socket: k.socket, method: method, result: outcome, err: err}
+	}
 	return result, err
 }
 
@@ -174,22 +312,41 @@ func isKubeletNotFound(err error) bool {
 	return st.Code() == codes.NotFound || st.Code() == codes.Unknown && containsFold(st.Message(), "not found")
 }
 
+// noteHealth records a call's result: kubelet_up, the failures in a row that set the delay
+// before the next call, and a log line when the kubelet's state changes.
 func (k *kubeletClient) noteHealth(ctx context.Context, outcome string, err error) {
-	failed := outcome == kubeletUnavailable || outcome == kubeletError
+	health := outcome
+	switch outcome {
+	case kubeletNotFound:
+		health = kubeletOK
+	case kubeletRefused:
+		// Over its rate limit, the kubelet still answers: not worth a log line each way.
+		health = kubeletOK
+	}
 	k.mu.Lock()
-	changed := failed != k.down
-	k.down = failed
+	if outcome == kubeletRefused || outcome == kubeletUnavailable {
+		k.failures++
+		k.lastFailure, k.lastErr = time.Now(), err
+	} else {
+		k.failures, k.lastErr = 0, nil
+	}
+	changed := health != k.health
+	k.health = health
 	k.mu.Unlock()
-	k.metrics.kubeletUp.Set(boolFloat(!failed))
+	k.metrics.kubeletUp.Set(boolFloat(health == kubeletOK))
 	if !changed {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	if failed {
-		logger.Info("The kubelet's PodResources socket does not answer; serving what podgate knows, without the kubelet's devices, CPUs and memory",
-			"socket", k.socket, "err", err)
-	} else {
+	switch health {
+	case kubeletOK:
 		logger.Info("The kubelet's PodResources socket answers again", "socket", k.socket)
+	case kubeletAbsent:
+		logger.Info("No kubelet PodResources socket; serving what podgate knows, without a kubelet's devices, CPUs and memory",
+			"socket", k.socket)
+	default:
+		logger.Info("The kubelet's PodResources socket does not answer; v1 calls wait for it within their deadline, then fail Unavailable",
+			"socket", k.socket, "err", err)
 	}
 }
 

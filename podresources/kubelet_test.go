@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -67,7 +68,7 @@ func checkAnswers(t *testing.T, r *rig, want *v1.PodResources, wantAlloc *v1.All
 // kubeletMetrics is the exposition of the kubelet metrics after one round of checkAnswers,
 // every call with result.
 func kubeletMetrics(result string, up int) string {
-	return `# HELP podgate_podresources_kubelet_requests_total Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, unavailable, error).
+	return `# HELP podgate_podresources_kubelet_requests_total Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, absent: no socket, error).
 # TYPE podgate_podresources_kubelet_requests_total counter
 podgate_podresources_kubelet_requests_total{method="Get",result="` + result + `"} 1
 podgate_podresources_kubelet_requests_total{method="GetAllocatableResources",result="` + result + `"} 1
@@ -85,37 +86,95 @@ func compareMetrics(t *testing.T, reg *prometheus.Registry, want string) {
 	}
 }
 
+// TestKubeletSocketMissing: without a kubelet socket there is no kubelet whose devices could be
+// missing: podgate answers with its own part, counts the kubelet absent, and spends no time.
 func TestKubeletSocketMissing(t *testing.T) {
 	dir := testfs.ShortDir(t)
 	r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: filepath.Join(dir, "absent.sock")})
 	checkAnswers(t, r, podgateOnlyWeb(), &v1.AllocatableResourcesResponse{})
-	compareMetrics(t, r.metrics, kubeletMetrics("unavailable", 0))
+	compareMetrics(t, r.metrics, kubeletMetrics("absent", 0))
 }
 
-// TestKubeletAnswerErrors: a kubelet that answers with an error leaves podgate's part, and the
-// error is counted by kind: over its rate limit is unavailable, anything else error.
-func TestKubeletAnswerErrors(t *testing.T) {
+// v1Calls are the three v1 calls, for tests that expect the same of each.
+func v1Calls(r *rig) map[string]func(context.Context) error {
+	return map[string]func(context.Context) error{
+		"List": func(ctx context.Context) error {
+			_, err := r.v1().List(ctx, &v1.ListPodResourcesRequest{})
+			return err
+		},
+		"Get": func(ctx context.Context) error {
+			_, err := r.v1().Get(ctx, &v1.GetPodResourcesRequest{PodNamespace: "shop", PodName: "web"})
+			return err
+		},
+		"GetAllocatableResources": func(ctx context.Context) error {
+			_, err := r.v1().GetAllocatableResources(ctx, &v1.AllocatableResourcesRequest{})
+			return err
+		},
+	}
+}
+
+// withDeadline is the test's context bounded by d, as a CNI plugin bounds its call.
+func withDeadline(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(testContext(t), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestKubeletFailureIsUnavailable: a kubelet that answers with an error leaves podgate without
+// its part, so every v1 call fails Unavailable naming the kubelet's socket and its error, never
+// an answer without the kubelet's devices. A failure that may pass (over the kubelet's rate
+// limit, unavailable) is tried again until the caller's deadline is near; another fails at once.
+func TestKubeletFailureIsUnavailable(t *testing.T) {
 	tests := []struct {
 		name   string
 		err    error
 		result string
+		reason string
 	}{
-		{"rate limited", status.Error(codes.ResourceExhausted, "rejected by rate limit"), "unavailable"},
-		{"unavailable", status.Error(codes.Unavailable, "restarting"), "unavailable"},
-		{"internal", status.Error(codes.Internal, "broken"), "error"},
+		{"rate limited", status.Error(codes.ResourceExhausted, "rejected by rate limit"), "refused", "timeout"},
+		{"unavailable", status.Error(codes.Unavailable, "restarting"), "unavailable", "timeout"},
+		{"internal", status.Error(codes.Internal, "broken"), "error", "error"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRigWithKubelet(t, webSource(), &fakeKubelet{fail: tt.err})
-			checkAnswers(t, r, podgateOnlyWeb(), &v1.AllocatableResourcesResponse{})
-			compareMetrics(t, r.metrics, kubeletMetrics(tt.result, 0))
+			dir := testfs.ShortDir(t)
+			ksock := filepath.Join(dir, "kubelet.sock")
+			serveKubelet(t, ksock, &fakeKubelet{fail: tt.err}, false)
+			r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: ksock})
+			tries := 0.0
+			for method, call := range v1Calls(r) {
+				start := time.Now()
+				err := call(withDeadline(t, 400*time.Millisecond))
+				took := time.Since(start)
+				st := status.Convert(err)
+				if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), ksock) || !strings.Contains(st.Message(), status.Convert(tt.err).Message()) {
+					t.Errorf("%s: %v; want Unavailable naming %s and the kubelet's error", method, err, ksock)
+				}
+				if tt.reason == "error" && took > 200*time.Millisecond {
+					t.Errorf("%s: answered after %s; a failure that does not pass is answered at once", method, took)
+				}
+				if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_unavailable_total", "method", method, "reason", tt.reason); got != 1 {
+					t.Errorf("%s: kubelet_unavailable_total{%s} = %v, want 1", method, tt.reason, got)
+				}
+				tries += metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", method, "result", tt.result)
+			}
+			// The delay between tries grows with the failures in a row, whatever the method: the
+			// first call is tried several times, the later ones perhaps once.
+			if retried := tries > 3; retried != (tt.reason == "timeout") {
+				t.Errorf("kubelet_requests_total{%s} = %v for 3 calls; want more than one try each only for a failure that may pass", tt.result, tries)
+			}
+			if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_up"); got != boolFloat(tt.result == "refused") {
+				t.Errorf("kubelet_up = %v; want 1 only for a kubelet that refuses (it answers)", got)
+			}
 		})
 	}
 }
 
-// TestKubeletStopsAndReturns: the kubelet stops (its socket removed, as on a clean exit, or left
-// behind, as when it is killed); podgate answers with its own part, counts the kubelet
-// unavailable and down, and merges the kubelet's part again once it is back.
+// TestKubeletStopsAndReturns: the kubelet stops. With its socket removed, there is no kubelet:
+// podgate answers with its own part. With its socket left behind, as when it is killed, the
+// kubelet is down: v1 calls wait for it within their deadline, then fail Unavailable. Once the
+// kubelet is back, podgate merges its part again, within the call that waits for it.
 func TestKubeletStopsAndReturns(t *testing.T) {
 	for _, keepSocket := range []bool{false, true} {
 		name := "socket removed"
@@ -136,10 +195,19 @@ func TestKubeletStopsAndReturns(t *testing.T) {
 			if _, err := os.Stat(ksock); (err == nil) != keepSocket {
 				t.Fatalf("after the kubelet stopped, stat %s: %v (want the socket kept: %v)", ksock, err, keepSocket)
 			}
-			checkAnswers(t, r, podgateOnlyWeb(), &v1.AllocatableResourcesResponse{})
-			for _, method := range []string{"List", "Get", "GetAllocatableResources"} {
-				if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", method, "result", "unavailable"); got != 1 {
-					t.Errorf("kubelet_requests_total{%s,unavailable} = %v, want 1", method, got)
+			if !keepSocket {
+				checkAnswers(t, r, podgateOnlyWeb(), &v1.AllocatableResourcesResponse{})
+				for _, method := range []string{"List", "Get", "GetAllocatableResources"} {
+					if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", method, "result", "absent"); got != 1 {
+						t.Errorf("kubelet_requests_total{%s,absent} = %v, want 1", method, got)
+					}
+				}
+			} else {
+				for method, call := range v1Calls(r) {
+					err := call(withDeadline(t, 500*time.Millisecond))
+					if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), ksock) {
+						t.Errorf("%s with the kubelet down: %v, want Unavailable naming %s", method, err, ksock)
+					}
 				}
 			}
 			if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_up"); got != 0 {
@@ -152,48 +220,40 @@ func TestKubeletStopsAndReturns(t *testing.T) {
 				}
 			}
 			serveKubelet(t, ksock, k, false)
-			ctx := testContext(t)
-			eventually(t, "podgate merges the restarted kubelet's answer", func() bool {
-				list, err := r.v1().List(ctx, &v1.ListPodResourcesRequest{})
-				if err != nil {
-					t.Fatalf("List: %v", err)
-				}
-				return len(list.GetPodResources()) == 1 && proto.Equal(list.GetPodResources()[0], mergedWebIn("shop"))
-			})
+			checkAnswers(t, r, mergedWebIn("shop"), webAllocatable)
 			if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_up"); got != 1 {
 				t.Errorf("kubelet_up = %v once the kubelet answers again, want 1", got)
 			}
-			checkAnswers(t, r, mergedWebIn("shop"), webAllocatable)
 		})
 	}
 }
 
-// TestKubeletCallerGaveUp: when podgate's own caller gives up during the kubelet's call, the
-// call says nothing of the kubelet: it is not counted and kubelet_up does not change.
+// TestKubeletCallerGaveUp: a caller that gives up while the kubelet's call is in flight gets
+// its own Canceled at once; the call, sent, ends on its own and says how the kubelet is.
 func TestKubeletCallerGaveUp(t *testing.T) {
 	dir := testfs.ShortDir(t)
 	ksock := filepath.Join(dir, "kubelet.sock")
-	k := &fakeKubelet{entered: make(chan struct{}, 1)}
+	k := &fakeKubelet{pods: []*v1.PodResources{kubeletWeb()}, listing: make(chan struct{}, 1), hold: make(chan struct{})}
 	serveKubelet(t, ksock, k, false)
-	reg := prometheus.NewRegistry()
-	m := newMetrics(reg)
-	m.kubeletUp.Set(1)
-	client := newKubeletClient(ksock, m)
-	t.Cleanup(func() { client.Close() })
+	r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: ksock})
 
 	ctx, cancel := context.WithCancel(testContext(t))
 	go func() {
-		<-k.entered
+		<-k.listing
 		cancel()
 	}()
-	if _, err := client.List(ctx); status.Code(err) != codes.Canceled {
+	if _, err := r.v1().List(ctx, &v1.ListPodResourcesRequest{}); status.Code(err) != codes.Canceled {
 		t.Fatalf("List with a canceled caller: %v, want Canceled", err)
 	}
-	if n := gatherCount(t, reg, "podgate_podresources_kubelet_requests_total"); n != 0 {
-		t.Errorf("kubelet_requests_total has %d series, want none", n)
+	close(k.hold)
+	eventually(t, "the kubelet's call, sent before the caller gave up, is answered", func() bool {
+		return metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", "List", "result", "ok") == 1
+	})
+	if got := gatherCount(t, r.metrics, "podgate_podresources_kubelet_unavailable_total"); got != 0 {
+		t.Errorf("kubelet_unavailable_total has %d series; a caller that gave up is not answered Unavailable", got)
 	}
-	if got := testutil.ToFloat64(m.kubeletUp); got != 1 {
-		t.Errorf("kubelet_up = %v, want it unchanged (1)", got)
+	if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_up"); got != 1 {
+		t.Errorf("kubelet_up = %v, want 1", got)
 	}
 }
 

@@ -11,8 +11,13 @@ type metrics struct {
 	requests        *prometheus.CounterVec
 	kubeletRequests *prometheus.CounterVec
 	kubeletUp       prometheus.Gauge
-	watchers        prometheus.GaugeFunc
-	watchersDropped prometheus.Counter
+	// The coalescing of calls to the kubelet, its waits and what they cost the callers.
+	kubeletCoalesced   *prometheus.CounterVec
+	kubeletThrottle    prometheus.Histogram
+	kubeletWait        *prometheus.HistogramVec
+	kubeletUnavailable *prometheus.CounterVec
+	watchers           prometheus.GaugeFunc
+	watchersDropped    prometheus.Counter
 }
 
 // newMetrics makes the metrics and registers them with r when r is not nil. watchers reads
@@ -25,8 +30,26 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}, []string{"method", "code"}),
 		kubeletRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_requests_total",
-			Help: "Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, unavailable, error).",
+			Help: "Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, absent: no socket, error).",
 		}, []string{"method", "result"}),
+		kubeletCoalesced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_coalesced_total",
+			Help: "v1 calls that shared a call to the kubelet's PodResources socket another v1 call had asked for, instead of making their own, by method.",
+		}, []string{"method"}),
+		kubeletThrottle: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_throttle_seconds",
+			Help:    "How long calls to the kubelet's PodResources socket waited for podgate's own token bucket (podResources.kubeletQPS, podResources.kubeletBurst).",
+			Buckets: prometheus.ExponentialBucketsRange(0.001, 10, 9),
+		}),
+		kubeletWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_wait_seconds",
+			Help:    "How long v1 calls waited for the kubelet's answer (behind another call, for a token, for retries), by method, whether it came or not.",
+			Buckets: prometheus.ExponentialBucketsRange(0.001, 10, 9),
+		}, []string{"method"}),
+		kubeletUnavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_unavailable_total",
+			Help: "v1 calls answered Unavailable because the kubelet's part was missing, by method and reason (timeout: no answer within the wait, error: the kubelet failed, stopping: podgate is stopping).",
+		}, []string{"method", "reason"}),
 		kubeletUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_up",
 			Help: "1 when the last call to the kubelet's PodResources socket was answered, 0 when it was not.",
@@ -46,7 +69,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 // when podgate asks the kubelet.
 func (m *metrics) registerKubelet(r prometheus.Registerer) {
 	if r != nil {
-		r.MustRegister(m.kubeletUp)
+		r.MustRegister(m.kubeletUp, m.kubeletCoalesced, m.kubeletThrottle, m.kubeletWait, m.kubeletUnavailable)
 	}
 }
 

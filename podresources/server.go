@@ -24,10 +24,13 @@ import (
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
-// Defaults of the rate limit, the kubelet's own for its PodResources socket.
+// Defaults of the rate limit of podgate's socket: the kubelet's rate (100 QPS), with a burst
+// that lets every pod of a full node start at once (multus asks on every CNI ADD) where the
+// kubelet's 10 refuses most of them. A call to podgate costs the kubelet at most a share of
+// one call (flightGroup), so podgate's burst need not be the kubelet's.
 const (
 	DefaultQPS   = 100
-	DefaultBurst = 10
+	DefaultBurst = 100
 )
 
 // maxRequestSize bounds a request: the largest a client needs is a Get with a 253-byte name
@@ -43,12 +46,19 @@ type Options struct {
 	Broadcaster *Broadcaster
 	// KubeletSocket is the kubelet's PodResources socket to merge; empty: podgate's part alone.
 	KubeletSocket string
+	// KubeletQPS and KubeletBurst are podgate's own token bucket for its calls to the
+	// kubelet's socket, at or below the kubelet's limit; zero means the defaults.
+	KubeletQPS   float64
+	KubeletBurst int
 	// QPS and Burst are the token bucket every call but the health check takes from; zero
 	// means the defaults.
 	QPS   float64
 	Burst int
 	// Registerer takes the podgate_podresources_* metrics; nil: not registered.
 	Registerer prometheus.Registerer
+	// Logger is the handlers' logger (klog.FromContext of their context); unset: klog's
+	// global logger.
+	Logger klog.Logger
 }
 
 // Server is podgate's PodResources gRPC server: the v1 lister, podgate's extension, server
@@ -71,8 +81,17 @@ func NewServer(o Options) (*Server, error) {
 	if o.Burst == 0 {
 		o.Burst = DefaultBurst
 	}
+	if o.KubeletQPS == 0 {
+		o.KubeletQPS = DefaultKubeletQPS
+	}
+	if o.KubeletBurst == 0 {
+		o.KubeletBurst = DefaultKubeletBurst
+	}
 	if o.QPS < 0 || o.Burst < 0 {
 		return nil, fmt.Errorf("podresources: qps %v and burst %d must be positive", o.QPS, o.Burst)
+	}
+	if o.KubeletQPS < 0 || o.KubeletBurst < 0 {
+		return nil, fmt.Errorf("podresources: kubelet qps %v and burst %d must be positive", o.KubeletQPS, o.KubeletBurst)
 	}
 	if o.Broadcaster == nil {
 		o.Broadcaster = NewBroadcaster(DefaultMaxWatchers, DefaultWatcherBuffer)
@@ -86,7 +105,7 @@ func NewServer(o Options) (*Server, error) {
 	s := &Server{health: health.NewServer(), broadcaster: o.Broadcaster}
 	if o.KubeletSocket != "" {
 		m.registerKubelet(o.Registerer)
-		s.kubelet = newKubeletClient(o.KubeletSocket, m)
+		s.kubelet = newKubeletClient(o.KubeletSocket, m, o.KubeletQPS, o.KubeletBurst)
 	}
 	limit := &limiter{bucket: rate.NewLimiter(rate.Limit(o.QPS), o.Burst), qps: o.QPS, burst: o.Burst}
 	s.grpc = grpc.NewServer(
@@ -95,8 +114,8 @@ func NewServer(o Options) (*Server, error) {
 		// A client that went away without closing its connection (a CNI plugin killed in the
 		// middle of a call) is found and its connection closed.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
-		grpc.ChainUnaryInterceptor(m.countUnary, limit.unary),
-		grpc.ChainStreamInterceptor(m.countStream, limit.stream),
+		grpc.ChainUnaryInterceptor(withLogger(o.Logger), m.countUnary, limit.unary),
+		grpc.ChainStreamInterceptor(withStreamLogger(o.Logger), m.countStream, limit.stream),
 	)
 	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
 	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster})
@@ -155,6 +174,33 @@ func (l *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	return handler(srv, ss)
 }
+
+// withLogger gives the handlers logger, when set.
+func withLogger(logger klog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if logger.GetSink() != nil {
+			ctx = klog.NewContext(ctx, logger)
+		}
+		return handler(ctx, req)
+	}
+}
+
+func withStreamLogger(logger klog.Logger) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if logger.GetSink() != nil {
+			ss = &loggerStream{ServerStream: ss, ctx: klog.NewContext(ss.Context(), logger)}
+		}
+		return handler(srv, ss)
+	}
+}
+
+// loggerStream is a stream whose context carries the server's logger.
+type loggerStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *loggerStream) Context() context.Context { return s.ctx }
 
 func (m *metrics) countUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)

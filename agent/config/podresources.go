@@ -26,10 +26,17 @@ type PodResources struct {
 	// podgate merges into its answers; "" turns the merge off. Unset means
 	// /var/lib/kubelet/pod-resources/kubelet.sock.
 	KubeletSocket *string `json:"kubeletSocket,omitempty"`
-	// QPS and Burst are the rate limit of calls (a token bucket), as the kubelet's: 100 calls
-	// per second with a burst of 10 by default. A call over it is ResourceExhausted.
+	// QPS and Burst are the rate limit of calls to podgate's socket (a token bucket): 100 calls
+	// per second, as the kubelet's, with a burst of 100 by default, so that the pods of a
+	// drained node may all start at once. A call over it is ResourceExhausted.
 	QPS   float64 `json:"qps,omitempty"`
 	Burst int     `json:"burst,omitempty"`
+	// KubeletQPS and KubeletBurst are podgate's own token bucket for its calls to the
+	// kubelet's socket, which refuses calls over its own (100 QPS, burst 10, shared by every
+	// client). 50 and 5 by default: half, which the kubelet never refuses however podgate's
+	// calls bunch, and the other half for other clients.
+	KubeletQPS   float64 `json:"kubeletQPS,omitempty"`
+	KubeletBurst int     `json:"kubeletBurst,omitempty"`
 }
 
 func (p *PodResources) setDefaults() {
@@ -46,6 +53,12 @@ func (p *PodResources) setDefaults() {
 	}
 	if p.Burst == 0 {
 		p.Burst = podresources.DefaultBurst
+	}
+	if p.KubeletQPS == 0 {
+		p.KubeletQPS = podresources.DefaultKubeletQPS
+	}
+	if p.KubeletBurst == 0 {
+		p.KubeletBurst = podresources.DefaultKubeletBurst
 	}
 }
 
@@ -73,6 +86,12 @@ func (p *PodResources) validate(criSocket string) error {
 	}
 	if p.Burst < 0 {
 		errs = append(errs, fmt.Errorf("podResources.burst: %d: must be positive", p.Burst))
+	}
+	if p.KubeletQPS < 0 {
+		errs = append(errs, fmt.Errorf("podResources.kubeletQPS: %v: must be positive", p.KubeletQPS))
+	}
+	if p.KubeletBurst < 0 {
+		errs = append(errs, fmt.Errorf("podResources.kubeletBurst: %d: must be positive", p.KubeletBurst))
 	}
 	return errors.Join(errs...)
 }

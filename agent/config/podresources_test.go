@@ -1,0 +1,40 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/podgate/podgate/podresources"
+)
+
+// TestPodResourcesKubeletLimits: podgate's own bucket toward the kubelet's socket defaults to
+// half the kubelet's, takes what the file says, and must be positive.
+func TestPodResourcesKubeletLimits(t *testing.T) {
+	c, err := Parse([]byte(header))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.PodResources; p.KubeletQPS != podresources.DefaultKubeletQPS || p.KubeletBurst != podresources.DefaultKubeletBurst ||
+		p.QPS != podresources.DefaultQPS || p.Burst != podresources.DefaultBurst {
+		t.Errorf("defaults: qps %v burst %d kubeletQPS %v kubeletBurst %d", p.QPS, p.Burst, p.KubeletQPS, p.KubeletBurst)
+	}
+	if 2*podresources.DefaultKubeletBurst > 10 || podresources.DefaultKubeletQPS > 100 {
+		t.Errorf("default kubeletQPS %v and kubeletBurst %d: twice the burst and the rate must fit the kubelet's 100 QPS, burst 10",
+			podresources.DefaultKubeletQPS, podresources.DefaultKubeletBurst)
+	}
+	c, err = Parse([]byte(header + "podResources: {kubeletQPS: 20, kubeletBurst: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.PodResources; p.KubeletQPS != 20 || p.KubeletBurst != 2 {
+		t.Errorf("values not read: kubeletQPS %v kubeletBurst %d", p.KubeletQPS, p.KubeletBurst)
+	}
+	c, err = Parse([]byte(header + "podResources: {kubeletQPS: -1, kubeletBurst: -2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "podResources.kubeletQPS: -1") || !strings.Contains(err.Error(), "podResources.kubeletBurst: -2") {
+		t.Errorf("negative limits: %v, want both keys named", err)
+	}
+}
