@@ -205,7 +205,9 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,
+		KubeletQPS: cfg.KubeletQPS, KubeletBurst: cfg.KubeletBurst,
 		Registerer: a.registry,
+		Logger:     klog.FromContext(ctx),
 	})
 	if err != nil {
 		return service{}, err
@@ -215,7 +217,8 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
 	publishChanges(a.sandboxes, b)
-	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst)
+	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
+		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst)
 	return service{
 		name:  "PodResources",
 		serve: func() error { return s.Serve(l) },
