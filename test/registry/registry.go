@@ -42,6 +42,8 @@ type Registry struct {
 	mu    sync.Mutex
 	stats Stats
 	log   []Request
+	// held, while not nil, holds blob downloads until it is closed (Hold, Release).
+	held chan struct{}
 }
 
 // Request is one entry of the request log: a GET or HEAD of a manifest or a blob.
@@ -188,6 +190,34 @@ func (r *Registry) Reset() {
 	r.log = nil
 }
 
+// Hold makes blob downloads wait, before their first byte, until Release: pulls that started
+// stay in flight, however long it takes to start the ones that are to wait behind them, on a
+// machine as loaded as it may be. Manifests are still served. As the throttle, it applies to
+// what the registry counts (Count(true)), never to pushes.
+func (r *Registry) Hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held == nil {
+		r.held = make(chan struct{})
+	}
+}
+
+// Release lets the held downloads and every later one go.
+func (r *Registry) Release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.held != nil {
+		close(r.held)
+		r.held = nil
+	}
+}
+
+func (r *Registry) holding() chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held
+}
+
 // Requests returns the request log: every GET and HEAD of a manifest or blob served while
 // counting, in the order they ended.
 func (r *Registry) Requests() []Request {
@@ -218,6 +248,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if !blobGet {
 		r.handler.ServeHTTP(w, req)
 		return
+	}
+	if held := r.holding(); held != nil {
+		select {
+		case <-held:
+		case <-req.Context().Done(): // the puller gave up
+			return
+		}
 	}
 	pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now()}
 	r.handler.ServeHTTP(pw, req)

@@ -1,12 +1,15 @@
 package registry
 
 import (
+	"context"
+	"io"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func TestMaxAtOnceAndFirstRequests(t *testing.T) {
@@ -94,5 +97,55 @@ func TestRequestLog(t *testing.T) {
 	reg.Reset()
 	if got := reg.Requests(); len(got) != 0 {
 		t.Errorf("requests after Reset: %+v", got)
+	}
+}
+
+// TestHold: a held download is in flight and sends nothing until Release, then completes.
+func TestHold(t *testing.T) {
+	reg := New(64 << 20)
+	reg.Serve(t)
+	reg.Count(true)
+	ref, err := name.ParseReference(reg.Push(t, "held", 1, 4096)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Hold()
+	done := make(chan error, 1)
+	go func() {
+		rc, err := layers[0].Compressed()
+		if err == nil {
+			_, err = io.Copy(io.Discard, rc)
+			rc.Close()
+		}
+		done <- err
+	}()
+	err = wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return reg.Stats().Active["held/img0"] == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("the download never reached the registry: %v", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the download ended while held: %v", err)
+	default:
+	}
+	if s := reg.Stats(); s.Bytes != 0 {
+		t.Errorf("%d bytes served while held", s.Bytes)
+	}
+	reg.Release()
+	if err := <-done; err != nil {
+		t.Fatalf("download after Release: %v", err)
+	}
+	if s := reg.Stats(); s.Bytes < 4096 || s.Active["held/img0"] != 0 {
+		t.Errorf("after Release: %d bytes served, %d requests active; want the layer, none", s.Bytes, s.Active["held/img0"])
 	}
 }
