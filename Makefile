@@ -1,6 +1,8 @@
 # podgate — build, demo, tests.
 #
-#   make demo    a real containerd with podgate in front, a pod started through it (root)
+#   make demo    podgate's mission on a real containerd and API server: governed pulls, DRA before
+#                CNI, sysctls, PodResources; a timeline of each pod start (root). Builds only what
+#                it uses (make rig-node rig-control-plane), not the kubelet nor crictl/grpcurl
 #   make test    lint + all tests with -race; the end-to-end tests run when root
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
 #   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
@@ -26,7 +28,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test lint rig bench soak generate verify-generate install uninstall clean clean-rig
+.PHONY: all build demo test lint rig rig-node rig-control-plane rig-cluster rig-tools bench soak generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -39,12 +41,26 @@ all: build
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/podgate ./cmd/podgate
 
-# rig: containerd, runc, CNI plugins and the test images (root; idempotent, reuses what is built).
+# rig: everything the tests use (root; idempotent, reuses what is built), in parts
+# (test/rig/install.sh): rig-node is containerd, runc, CNI plugins and the test images;
+# rig-control-plane etcd and kube-apiserver; rig-cluster those and the kubelet; rig-tools crictl
+# and grpcurl.
 rig:
 	bash test/rig/install.sh
+rig-node:
+	bash test/rig/install.sh node
+rig-control-plane:
+	bash test/rig/install.sh control-plane
+rig-cluster:
+	bash test/rig/install.sh cluster
+rig-tools:
+	bash test/rig/install.sh tools
 
-demo: rig
-	$(GO) run ./test/demo
+# demo: the parts of the rig it uses, then the demo (test/demo); DEMO_OUT holds its timeline
+# picture and logs.
+DEMO_OUT ?= _output/demo
+demo: rig-node rig-control-plane
+	$(GO) run ./test/demo -out $(DEMO_OUT)
 
 SOAK_N ?= 1000
 SOAK_MODE ?= auto
@@ -125,7 +141,8 @@ uninstall:
 clean:
 	rm -rf $(BIN) bench.txt
 
-# clean-rig: remove what `make rig` built (containerd, runc, images, cluster binaries, crictl).
+# clean-rig: remove what `make rig` built (containerd, runc, images, cluster binaries, crictl,
+# grpcurl).
 # The Debian packages test/rig/install.sh installed stay: other software may use them.
 RIG_DIR := $(or $(PODGATE_RIG_DIR),/var/lib/podgate-rig)
 clean-rig:
