@@ -35,7 +35,8 @@ import (
 	"github.com/podgate/podgate/test/rig"
 )
 
-// DriverName is the test driver's name; its devices nicN are the host interfaces pgnicN.
+// DriverName is the test driver's name; its devices nicN are the host interfaces <prefix>N,
+// pgnicN unless DriverConfig.InterfacePrefix says otherwise.
 const DriverName = driver.DefaultDriverName
 
 // DriverConfig is how to run the test driver.
@@ -51,6 +52,11 @@ type DriverConfig struct {
 	EventsFile string
 	// LogDir receives the driver's log, a new file per start.
 	LogDir string
+	// InterfacePrefix names the driver's host interfaces (<prefix>N, peers <prefix>Np); empty
+	// means the driver's default, pgnic. Programs that may run beside each other (the demo and
+	// the end-to-end tests under go test ./...) each use their own, since the interfaces are
+	// the host's.
+	InterfacePrefix string
 }
 
 // Driver is the test driver running as a process.
@@ -61,10 +67,15 @@ type Driver struct {
 
 // StartDriver starts the driver; it registers and serves on its own once it runs.
 func StartDriver(c DriverConfig) (*Driver, error) {
-	cmd := exec.Command(c.Bin,
+	args := []string{
 		"--node-name", c.NodeName, "--kubeconfig", c.Kubeconfig,
 		"--registry-dir", c.RegistryDir, "--plugin-dir", c.PluginDir,
-		"--cdi-dir", "", "--events-file", c.EventsFile)
+		"--cdi-dir", "", "--events-file", c.EventsFile,
+	}
+	if c.InterfacePrefix != "" {
+		args = append(args, "--interface-prefix", c.InterfacePrefix)
+	}
+	cmd := exec.Command(c.Bin, args...)
 	log, err := os.Create(filepath.Join(c.LogDir, fmt.Sprintf("dradriver-%d.log", time.Now().UnixNano())))
 	if err != nil {
 		return nil, fmt.Errorf("start DRA driver: %w", err)
@@ -260,20 +271,29 @@ func CNIAdd(path, namespace, pod string) (e record.Entry, ok bool, err error) {
 }
 
 // RecorderConf is the recording CNI plugin's entry in a CNI chain (binary pgrecorder): it
-// records, at each ADD and DEL, which of the driver's host interfaces exist.
-func RecorderConf(recordFile string) string {
-	return fmt.Sprintf(`{"type": "pgrecorder", "recordFile": %q, "watchPrefixes": [%q]}`, recordFile, driver.DefaultInterfacePrefix)
+// records, at each ADD and DEL, which of the driver's host interfaces exist, those named with
+// prefix, or the driver's default prefix (pgnic) when there is none.
+func RecorderConf(recordFile string, prefix ...string) string {
+	return fmt.Sprintf(`{"type": "pgrecorder", "recordFile": %q, "watchPrefixes": [%q]}`, recordFile, interfacePrefix(prefix))
 }
 
-// RemoveLinks deletes the host interfaces the driver makes (pgnicN and its peer), which a run
-// that failed half-way may have left.
-func RemoveLinks() error {
+func interfacePrefix(prefix []string) string {
+	if len(prefix) > 0 && prefix[0] != "" {
+		return prefix[0]
+	}
+	return driver.DefaultInterfacePrefix
+}
+
+// RemoveLinks deletes the host interfaces the driver makes (<prefix>N and its peer, pgnicN when
+// no prefix is given), which a run that failed half-way may have left.
+func RemoveLinks(prefix ...string) error {
 	ifaces, err := net.Interfaces()
 	if err != nil {
 		return err
 	}
+	p := interfacePrefix(prefix)
 	for _, i := range ifaces {
-		if strings.HasPrefix(i.Name, driver.DefaultInterfacePrefix) {
+		if strings.HasPrefix(i.Name, p) {
 			// Deleting one end of a veth pair deletes the other: "not found" is fine.
 			_ = exec.Command("ip", "link", "del", i.Name).Run()
 		}

@@ -43,6 +43,10 @@ const (
 	layerSize    = 4 << 20
 )
 
+// InterfacePrefix names the DRA driver's host interfaces in the demo (pgdemoN): not the
+// end-to-end tests' (pgnicN), which go test ./... may run at the same time.
+const InterfacePrefix = "pgdemo"
+
 // CheckInstalled reports what of the rig the tour needs is missing: containerd, runc, the
 // images, etcd and kube-apiserver (make rig-node rig-control-plane).
 func CheckInstalled() error {
@@ -118,7 +122,7 @@ func Up(ctx context.Context, out io.Writer, outDir string) (_ *Env, err error) {
 		return nil, err
 	}
 	// The driver's host interfaces are the demo's: a run that died half-way may have left some.
-	if err := dranode.RemoveLinks(); err != nil {
+	if err := dranode.RemoveLinks(InterfacePrefix); err != nil {
 		return nil, err
 	}
 	e.step("Starting the node: containerd, an API server, a DRA driver, two image registries, podgate")
@@ -153,7 +157,7 @@ func (e *Env) build(ctx context.Context) error {
 func (e *Env) startNode(ctx context.Context) error {
 	e.Records = filepath.Join(e.work, "cni-record.jsonl")
 	e.Events = filepath.Join(e.work, "dra-events.jsonl")
-	r, err := rig.UpWith(ctx, "", rig.Options{CNIBinDir: filepath.Join(e.work, "bin"), CNIChain: []string{dranode.RecorderConf(e.Records)}})
+	r, err := rig.UpWith(ctx, "", rig.Options{CNIBinDir: filepath.Join(e.work, "bin"), CNIChain: []string{dranode.RecorderConf(e.Records, InterfacePrefix)}})
 	if err != nil {
 		return err
 	}
@@ -218,7 +222,7 @@ func (e *Env) startDriverAndPodgate(ctx context.Context) error {
 	d, err := dranode.StartDriver(dranode.DriverConfig{
 		Bin: filepath.Join(e.work, "bin", "dradriver"), NodeName: c.NodeName(), Kubeconfig: c.Kubeconfig(),
 		RegistryDir: c.PluginRegistryDir(), PluginDir: filepath.Join(c.PluginsDir(), dranode.DriverName),
-		EventsFile: e.Events, LogDir: e.OutDir,
+		EventsFile: e.Events, LogDir: e.OutDir, InterfacePrefix: InterfacePrefix,
 	})
 	if err != nil {
 		return err
@@ -227,7 +231,7 @@ func (e *Env) startDriverAndPodgate(ctx context.Context) error {
 	if err := dranode.WaitSlice(ctx, e.Kube, c.NodeName(), time.Minute); err != nil {
 		return err
 	}
-	e.say("DRA driver %s registered; it publishes devices nic0..nic3 (host interfaces pgnic0..3) for node %s", dranode.DriverName, c.NodeName())
+	e.say("DRA driver %s registered; it publishes devices nic0..nic3 (host interfaces %s0..3) for node %s", dranode.DriverName, InterfacePrefix, c.NodeName())
 
 	configPath := filepath.Join(e.work, "podgate.yaml")
 	if err := os.WriteFile(configPath, []byte(e.config()), 0o600); err != nil {
@@ -291,7 +295,7 @@ func (e *Env) Down(ctx context.Context) error {
 			errs = append(errs, reg.Close())
 		}
 	}
-	errs = append(errs, dranode.RemoveLinks())
+	errs = append(errs, dranode.RemoveLinks(InterfacePrefix))
 	if e.work != "" {
 		errs = append(errs, os.RemoveAll(e.work))
 	}

@@ -298,7 +298,7 @@ func (e *Env) Cleanup(ctx context.Context) error {
 			return err
 		}
 		if s.pod.Name == "web" {
-			backOnHost = dranode.HostHasLink("pgnic0")
+			backOnHost = dranode.HostHasLink(InterfacePrefix + "0")
 		}
 		if err := e.Through.Runtime.RemovePodSandbox(ctx, s.sandbox); err != nil {
 			return err
@@ -326,8 +326,8 @@ func (e *Env) Cleanup(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	e.say("give-back: on StopPodSandbox podgate moved the device back to the host (pgnic0 on the host: %v); with the pod gone from the API "+
-		"and containerd, it had the driver unprepare claim %s/web (%s by %s): nothing left behind", backOnHost, Namespace, unprepared.Op, unprepared.Caller.Comm)
+	e.say("give-back: on StopPodSandbox podgate moved the device back to the host (%s0 on the host: %v); with the pod gone from the API "+
+		"and containerd, it had the driver unprepare claim %s/web (%s by %s): nothing left behind", InterfacePrefix, backOnHost, Namespace, unprepared.Op, unprepared.Caller.Comm)
 	return nil
 }
 

@@ -187,8 +187,8 @@ func checkDRA(t *testing.T, e *tour.Env, dra *tour.DRAReport, printed string) {
 	// the CNI ADD the recording plugin logged.
 	m := find(t, printed, `prepare: podgate had the driver prepare claim demo/web \(\S+\) before it forwarded RunPodSandbox; at CNI ADD (\S+) was on the host: (\w+)`)
 	iface, atAdd := m[1], m[2]
-	if iface != "pgnic0" || atAdd != "true" {
-		t.Errorf("printed: at CNI ADD %s on the host: %s; want pgnic0, true", iface, atAdd)
+	if iface != tour.InterfacePrefix+"0" || atAdd != "true" {
+		t.Errorf("printed: at CNI ADD %s on the host: %s; want %s0, true", iface, atAdd, tour.InterfacePrefix)
 	}
 	evs, err := dranode.Events(e.Events, "web")
 	if err != nil {
