@@ -91,8 +91,9 @@ type draStages struct {
 
 // kubeletPods is the kubelet's PodResources socket as the DRA stage asks it: does the kubelet
 // manage this pod? A kubelet that does called RunPodSandbox for it after preparing its claims.
+// podgate's PodResources server asks it, within the kubelet's rate limit.
 type kubeletPods interface {
-	KnowsPod(ctx context.Context, namespace, name string) (bool, error)
+	KubeletKnowsPod(ctx context.Context, namespace, name string) (bool, error)
 }
 
 // kubeletPreparesFrom is the first kubelet version whose DRA manager prepares claims by
@@ -225,10 +226,10 @@ func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
 		return registry.PreparedByPodgate
 	}
 	v := d.kubeletVersion.Load()
-	if v == nil || v.LessThan(kubeletPreparesFrom) || d.kubelet == nil {
+	if v == nil || v.LessThan(kubeletPreparesFrom) || d.kubelet == nil { // no podResources.socket: nobody to ask
 		return registry.PreparedByPodgate
 	}
-	known, err := d.kubelet.KnowsPod(ctx, ref.Namespace, ref.Name)
+	known, err := d.kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
 	if err != nil {
 		klog.FromContext(ctx).V(1).Info("The kubelet's PodResources did not say whether it manages the pod: podgate prepares its claims", "err", err)
 		return registry.PreparedByPodgate

@@ -18,6 +18,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/podresources"
 )
 
 // kubeletKnows is the kubelet's PodResources Get for the pods it manages: others are NotFound.
@@ -86,7 +87,11 @@ func TestDRAPrepareModes(t *testing.T) {
 				}
 				socket = serveKubeletKnows(t, dr.dir, known...)
 			}
-			dr.dra.kubelet = newKubeletPods(socket)
+			pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry}, KubeletSocket: socket})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dr.dra.kubelet = pr
 
 			id, err := dr.runPod(t, pod)
 			if err != nil {

@@ -217,6 +217,9 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
 	publishChanges(a.sandboxes, b)
+	if p.drivers != nil {
+		p.dra.kubelet = s // dra.prepare auto asks whether the kubelet manages a pod
+	}
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
 		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst)
 	return service{

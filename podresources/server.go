@@ -127,6 +127,17 @@ func NewServer(o Options) (*Server, error) {
 	return s, nil
 }
 
+// KubeletKnowsPod asks the kubelet's PodResources socket whether it manages the pod (its Get
+// knows it), through the same rate limit and coalescing as the v1 calls, so that asking never
+// pushes podgate over the kubelet's limit. Without a kubelet socket it is an error.
+func (s *Server) KubeletKnowsPod(ctx context.Context, namespace, name string) (bool, error) {
+	if s.kubelet == nil {
+		return false, errNoKubelet
+	}
+	_, found, err := s.kubelet.Get(ctx, namespace, name)
+	return found, err
+}
+
 // Serve serves on l until Shutdown; it returns nil after Shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
