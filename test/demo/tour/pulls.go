@@ -89,6 +89,9 @@ func (e *Env) Pulls(ctx context.Context) (*PullReport, error) {
 	rep.Refs["critical"] = refs["b/4"]
 
 	var wg sync.WaitGroup
+	// Whatever goes wrong, the step returns once its pulls have: the held ones once released
+	// (the deferred release runs first).
+	defer wg.Wait()
 	var mu sync.Mutex
 	answers := map[string]error{}
 	pull := func(pod *corev1.Pod, ref string) {
