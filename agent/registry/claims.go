@@ -65,25 +65,20 @@ type PodClaims struct {
 
 // Clone returns a deep copy of p.
 func (p *PodClaims) Clone() PodClaims {
-	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: slices.Clone(p.Containers)}
-	for i := range c.Containers {
-		c.Containers[i].Claims = slices.Clone(c.Containers[i].Claims)
-	}
+	c := PodClaims{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: cloneContainers(p.Containers)}
 	for i := range c.Claims {
-		cl := &c.Claims[i]
-		cl.Drivers = slices.Clone(cl.Drivers)
-		cl.Devices = slices.Clone(cl.Devices)
-		for j := range cl.Devices {
-			cl.Devices[j].Requests = slices.Clone(cl.Devices[j].Requests)
-			cl.Devices[j].CDIDeviceIDs = slices.Clone(cl.Devices[j].CDIDeviceIDs)
-			if n := cl.Devices[j].Network; n != nil {
-				nc := *n
-				nc.Addresses = slices.Clone(n.Addresses)
-				cl.Devices[j].Network = &nc
-			}
-		}
+		c.Claims[i].Drivers = slices.Clone(c.Claims[i].Drivers)
+		c.Claims[i].Devices = cloneDevices(c.Claims[i].Devices)
 	}
 	return c
+}
+
+func cloneContainers(cs []ContainerClaims) []ContainerClaims {
+	out := slices.Clone(cs)
+	for i := range out {
+		out[i].Claims = slices.Clone(out[i].Claims)
+	}
+	return out
 }
 
 // ClaimInfo is one ResourceClaim podgate holds for the pods of this node: one record per
@@ -156,11 +151,7 @@ type PodDRA struct {
 
 // Clone returns a deep copy of p.
 func (p *PodDRA) Clone() PodDRA {
-	c := PodDRA{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: slices.Clone(p.Containers)}
-	for i := range c.Containers {
-		c.Containers[i].Claims = slices.Clone(c.Containers[i].Claims)
-	}
-	return c
+	return PodDRA{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: cloneContainers(p.Containers)}
 }
 
 // ClaimUse is one claim a pod starting now uses, as resolved from the API server.
@@ -190,10 +181,7 @@ func (r *Registry) podClaimsLocked(uid types.UID) (PodClaims, bool) {
 	if !ok {
 		return PodClaims{}, false
 	}
-	pc := PodClaims{Pod: p.Pod, Containers: slices.Clone(p.Containers), Claims: make([]ClaimRecord, 0, len(p.Claims))}
-	for i := range pc.Containers {
-		pc.Containers[i].Claims = slices.Clone(pc.Containers[i].Claims)
-	}
+	pc := PodClaims{Pod: p.Pod, Containers: cloneContainers(p.Containers), Claims: make([]ClaimRecord, 0, len(p.Claims))}
 	for _, ref := range p.Claims {
 		c, ok := r.claimInfos[ref.UID]
 		if !ok {
