@@ -108,6 +108,10 @@ type Options struct {
 	KubeletConfig map[string]any
 	// APIServerArgs are more kube-apiserver arguments; a flag given twice takes the last value.
 	APIServerArgs []string
+	// AuditLog has kube-apiserver write an audit log at AuditLogPath: one JSON line per request
+	// at the Metadata level (user, user agent, verb, resource, status; no bodies), for tests that
+	// count each client's requests (ReadAudit).
+	AuditLog bool
 }
 
 // Cluster is a running single-node Kubernetes: etcd, kube-apiserver and a kubelet.

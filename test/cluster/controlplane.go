@@ -106,6 +106,11 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return fmt.Errorf("start kube-apiserver: %w", err)
 	}
+	if c.opts.AuditLog {
+		if err := c.writeAuditPolicy(); err != nil {
+			return fmt.Errorf("start kube-apiserver: %w", err)
+		}
+	}
 	p, ports, err := c.startDaemon(ctx, "kube-apiserver", apiServerTimeout, 1, func(ports []int) []string {
 		args := []string{
 			"--etcd-servers=" + c.etcdURL,
@@ -131,6 +136,9 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		}
 		if fg := featureGateFlag(c.opts.FeatureGates); fg != "" {
 			args = append(args, "--feature-gates="+fg)
+		}
+		if c.opts.AuditLog {
+			args = append(args, c.auditArgs()...)
 		}
 		return append(args, c.opts.APIServerArgs...)
 	}, func(ctx context.Context, ports []int) error {
