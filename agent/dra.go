@@ -87,7 +87,16 @@ type draStages struct {
 	// both decide whether the kubelet prepared a pod's claims.
 	kubeletVersion atomic.Pointer[version.Version]
 	kubelet        kubeletPods
+	// nodeMu serialises the reads of the Node for a decision (kubeletVersionNow); nodeReadAt
+	// is when the last began.
+	nodeMu     sync.Mutex
+	nodeReadAt time.Time
 }
+
+// nodeReadInterval spaces the reads of the Node that pod starts make while the kubelet's
+// version is not known (kubeletVersionNow): a Node podgate may not read costs one GET per
+// interval, not one per pod start.
+const nodeReadInterval = 10 * time.Second
 
 // kubeletPods is the kubelet's PodResources socket as the DRA stage asks it: does the kubelet
 // manage this pod? A kubelet that does called RunPodSandbox for it after preparing its claims.
@@ -225,8 +234,10 @@ func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
 	case config.PrepareAlways:
 		return registry.PreparedByPodgate
 	}
-	v := d.kubeletVersion.Load()
-	if v == nil || v.LessThan(kubeletPreparesFrom) || d.kubelet == nil { // no podResources.socket: nobody to ask
+	if d.kubelet == nil { // no podResources.kubeletSocket: nobody to ask
+		return registry.PreparedByPodgate
+	}
+	if v := d.kubeletVersionNow(ctx); v == nil || v.LessThan(kubeletPreparesFrom) {
 		return registry.PreparedByPodgate
 	}
 	known, err := d.kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
@@ -238,6 +249,32 @@ func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
 		return registry.PreparedByPodgate
 	}
 	return registry.PreparedByKubelet
+}
+
+// kubeletVersionNow is the kubelet's version for a decision now: the one read at start-up or,
+// while that read has not succeeded (podgate started before the kubelet registered its Node,
+// and retries with a backoff of up to 30 s), the Node read now, by one GET at most every
+// nodeReadInterval, which the sandboxes asking meanwhile wait for. Without it, the claims of
+// the pods the kubelet starts right after it registered would be prepared twice.
+func (d *draStages) kubeletVersionNow(ctx context.Context) *version.Version {
+	if v := d.kubeletVersion.Load(); v != nil || d.pods == nil {
+		return v
+	}
+	d.nodeMu.Lock()
+	defer d.nodeMu.Unlock()
+	if v := d.kubeletVersion.Load(); v != nil || (!d.nodeReadAt.IsZero() && d.now().Sub(d.nodeReadAt) < nodeReadInterval) {
+		return v
+	}
+	d.nodeReadAt = d.now()
+	gctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
+	defer cancel()
+	node, err := d.pods.Client().GetNode(gctx, d.pods.NodeName())
+	if err != nil {
+		klog.FromContext(ctx).V(1).Info("Node not read: podgate prepares the pod's claims itself", "node", d.pods.NodeName(), "err", err)
+		return nil
+	}
+	d.setKubeletVersion(ctx, node)
+	return d.kubeletVersion.Load()
 }
 
 // setKubeletVersion takes the kubelet's version from its Node object (status.nodeInfo).
@@ -541,6 +578,7 @@ func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 		// The kubelet unprepares what it prepared, once its own pods are gone.
 		d.unprepared.WithLabelValues("kubelet").Inc()
 		logger.V(2).Info("Forgot claim the kubelet prepared", "claim", klog.KRef(c.Namespace, c.Name))
+		d.claims.Forget(c.Namespace, c.Name)
 		return d.registry.ClaimUnprepared(c.UID)
 	}
 	claim := dra.Claim{Namespace: c.Namespace, Name: c.Name, UID: c.UID}

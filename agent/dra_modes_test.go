@@ -59,18 +59,21 @@ func TestDRAPrepareModes(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		mode    string
-		kubelet string // version on the Node; "" not read
+		kubelet string // version on the Node read at start-up; "" not read
+		node    string // version on the Node in the API server now; "" no Node
 		knows   bool   // the kubelet's PodResources knows the pod
 		socket  bool   // a kubelet socket is there
 		by      string
 	}{
-		{"always", config.PrepareAlways, "v1.36.3", true, true, registry.PreparedByPodgate},
-		{"never", config.PrepareNever, "", false, false, registry.PreparedByKubelet},
-		{"auto: kubelet 1.36 manages the pod", config.PrepareAuto, "v1.36.3", true, true, registry.PreparedByKubelet},
-		{"auto: kubelet does not know the pod (another CRI client)", config.PrepareAuto, "v1.36.3", false, true, registry.PreparedByPodgate},
-		{"auto: kubelet stopped", config.PrepareAuto, "v1.36.3", true, false, registry.PreparedByPodgate},
-		{"auto: kubelet 1.33", config.PrepareAuto, "v1.33.5", true, true, registry.PreparedByPodgate},
-		{"auto: kubelet version not known", config.PrepareAuto, "", true, true, registry.PreparedByPodgate},
+		{"always", config.PrepareAlways, "v1.36.3", "", true, true, registry.PreparedByPodgate},
+		{"never", config.PrepareNever, "", "", false, false, registry.PreparedByKubelet},
+		{"auto: kubelet 1.36 manages the pod", config.PrepareAuto, "v1.36.3", "", true, true, registry.PreparedByKubelet},
+		{"auto: kubelet does not know the pod (another CRI client)", config.PrepareAuto, "v1.36.3", "", false, true, registry.PreparedByPodgate},
+		{"auto: kubelet stopped", config.PrepareAuto, "v1.36.3", "", true, false, registry.PreparedByPodgate},
+		{"auto: kubelet 1.33", config.PrepareAuto, "v1.33.5", "", true, true, registry.PreparedByPodgate},
+		{"auto: kubelet version not known, no Node", config.PrepareAuto, "", "", true, true, registry.PreparedByPodgate},
+		// podgate started before the kubelet registered the Node: the pod start reads it.
+		{"auto: kubelet version not read yet, the Node says 1.36", config.PrepareAuto, "", "v1.36.3", true, true, registry.PreparedByKubelet},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := draPod("1", "net")
@@ -78,6 +81,12 @@ func TestDRAPrepareModes(t *testing.T) {
 			dr.dra.mode = tt.mode
 			if tt.kubelet != "" {
 				dr.dra.kubeletVersion.Store(version.MustParseGeneric(tt.kubelet))
+			}
+			if tt.node != "" {
+				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: tt.node}}}
+				if _, err := dr.kube.CoreV1().Nodes().Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			socket := filepath.Join(dr.dir, "kubelet.sock")
 			if tt.socket {
@@ -123,6 +132,14 @@ func TestDRAPrepareModes(t *testing.T) {
 			}
 			if _, ok := dr.registry.Claim("claim-net"); ok {
 				t.Error("claim still recorded after its pod is gone")
+			}
+			// Nor remembered: a claim read after that is read from the API server.
+			gets := dr.gets.Load()
+			if _, err := dr.dra.claims.Claim(t.Context(), "default", "net"); err != nil {
+				t.Fatal(err)
+			}
+			if dr.gets.Load() == gets {
+				t.Error("claim still remembered by the resolver after its pod is gone")
 			}
 		})
 	}
