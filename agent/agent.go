@@ -40,6 +40,8 @@ type Agent struct {
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
+	// events writes pod Events; nil without the Kubernetes API.
+	events *kube.EventRecorder
 }
 
 // New creates an agent from a validated configuration. version is reported in metrics and logs.
@@ -77,7 +79,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := a.buildProxy(ctx)
+	a.startEvents(ctx)
+	tr, err := a.newTracing(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := a.buildProxy(ctx, tr)
 	if err != nil {
 		return err
 	}
@@ -98,6 +105,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		running.Go(func() { runKube(ctx) })
 	}
 	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
+	if a.events != nil {
+		running.Go(func() { a.events.Run(ctx) })
+	}
+	if p.pullEvents != nil {
+		running.Go(func() { p.pullEvents.run(ctx) })
+	}
+	if p.pullView.progress != nil {
+		defer p.pullView.progress.Close()
+		running.Go(func() { p.pullView.progress.Run(ctx) })
+	}
 	running.Go(func() { p.resources.run(ctx) })
 	if p.resources.memoryQoS {
 		p.resources.resolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
@@ -152,6 +169,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	running.Wait()
+	if err := tr.shutdown(shutdownCtx); err != nil {
+		logger.Error(err, "Export the last spans")
+	}
 	if a.pods != nil {
 		a.pods.WaitFetches() // those the last CRI calls started
 	}
@@ -200,6 +220,10 @@ type proxy struct {
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
 	pulls   *imagepull.Governor
+	// pullView shows the pulls with their progress; pullEvents tells pods of them (nil
+	// without the Kubernetes API).
+	pullView   *pullView
+	pullEvents *pullEvents
 	// pullInterceptor is the governor as PullImage's hook.
 	pullInterceptor cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
 	// resources: memory QoS and cgroup verification of containers.
@@ -208,10 +232,10 @@ type proxy struct {
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
 // podgate's other interceptors.
-func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
+func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 	metrics := cri.NewMetrics(a.registry)
 	runtime, err := cri.NewBackend(ctx, "runtime", a.cfg.RuntimeEndpoint,
-		cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))
+		append(tr.backendOptions(), cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))...)
 	if err != nil {
 		return nil, fmt.Errorf("runtimeEndpoint: %w", err)
 	}
@@ -219,7 +243,7 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 	image := runtime
 	if a.cfg.ImageEndpoint != "" && a.cfg.ImageEndpoint != a.cfg.RuntimeEndpoint {
 		image, err = cri.NewBackend(ctx, "image", a.cfg.ImageEndpoint,
-			cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))
+			append(tr.backendOptions(), cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))...)
 		if err != nil {
 			closeAll(p.backends)
 			return nil, fmt.Errorf("imageEndpoint: %w", err)
@@ -231,14 +255,18 @@ func (a *Agent) buildProxy(ctx context.Context) (*proxy, error) {
 		closeAll(p.backends)
 		return nil, err
 	}
-	p.server = cri.NewServer(runtime, image, cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))
+	p.server = cri.NewServer(runtime, image, append(tr.serverOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))...)
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
 	a.buildDRA(ctx, p)
 	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
+	p.pipeline.events, p.pipeline.heldAfter = a.events, a.cfg.Events.SandboxHeldAfter.Duration
 	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, a.sandboxes, p.runtime, a.registry)
 	p.resources.logNode(klog.FromContext(ctx))
-	p.pulls, p.pullInterceptor = a.newImagePulls()
+	if err := a.newImagePulls(ctx, p); err != nil {
+		closeAll(p.backends)
+		return nil, err
+	}
 	p.register()
 	return p, nil
 }

@@ -22,10 +22,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 )
@@ -111,6 +116,10 @@ type sandboxPipeline struct {
 	duration   *prometheus.HistogramVec
 	// background holds the status reads that finish records after their answer.
 	background backgroundWork
+	// events tells the pod when a stage of podgate's refuses its sandbox or holds it longer
+	// than heldAfter; nil without the Kubernetes API.
+	events    *kube.EventRecorder
+	heldAfter time.Duration
 }
 
 func newSandboxPipeline(reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, sys *sysctlStages, dra *draStages, r prometheus.Registerer) *sandboxPipeline {
@@ -171,11 +180,12 @@ func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.Run
 	start := time.Now()
 	for i, st := range p.stages {
 		stageStart := time.Now()
-		err := st.run(ctx, sb)
+		err := p.runStage(ctx, st, sb)
 		p.duration.WithLabelValues(st.name).Observe(time.Since(stageStart).Seconds())
 		if err != nil {
 			p.failures.WithLabelValues(st.name).Inc()
 			sb.logger.Info("Pod sandbox failed", "stage", st.name, "err", err, "duration", time.Since(start))
+			p.refused(sb, st.name, err)
 			p.rollback(ctx, sb, i)
 			return nil, err
 		}
@@ -188,6 +198,73 @@ func (p *sandboxPipeline) runPodSandbox(ctx context.Context, req *runtimeapi.Run
 	sb.logger.Info("Pod sandbox started", "podSandboxID", sb.rec.ID, "runtimeHandler", sb.rec.RuntimeHandler,
 		"duration", time.Since(start))
 	return sb.resp, nil
+}
+
+// tracerName names the spans of podgate's own work in the agent.
+const tracerName = "github.com/podgate/podgate/agent"
+
+// startSpan starts a span of podgate's work as a child of the span in ctx (the CRI call's,
+// made by the tracing stats handler), from that span's provider: a no-op one when tracing is
+// off or the call is not sampled.
+func startSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	return trace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName).Start(ctx, name, trace.WithAttributes(attrs...))
+}
+
+// endSpan ends span, marking it failed with err.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// runStage runs one stage in a span of its own ("RunPodSandbox/<stage>", a child of the CRI
+// call's span; the forward stage's is the parent of containerd's), and tells the pod when a
+// stage of podgate's holds its sandbox longer than heldAfter.
+func (p *sandboxPipeline) runStage(ctx context.Context, st stage, sb *sandboxRun) error {
+	ctx, span := startSpan(ctx, "RunPodSandbox/"+st.name,
+		attribute.String("k8s.pod.name", sb.rec.Pod.Name), attribute.String("k8s.namespace.name", sb.rec.Pod.Namespace),
+		attribute.String("k8s.pod.uid", string(sb.rec.Pod.UID)))
+	if what, ok := holdingStages[st.name]; ok && p.events != nil && p.heldAfter > 0 {
+		pod := kube.PodRef{Namespace: sb.rec.Pod.Namespace, Name: sb.rec.Pod.Name, UID: sb.rec.Pod.UID}
+		held := time.AfterFunc(p.heldAfter, func() {
+			p.events.Eventf(pod, corev1.EventTypeNormal, "SandboxHeld", "Waiting",
+				"podgate's stage %q has held the pod sandbox for %s: %s", st.name, p.heldAfter, what)
+		})
+		defer held.Stop()
+	}
+	err := st.run(ctx, sb)
+	endSpan(span, err)
+	return err
+}
+
+// holdingStages are podgate's stages that may hold a sandbox for long, and what they do then.
+var holdingStages = map[string]string{
+	"sysctl-check":  "checking the pod's sysctls",
+	"dra-prepare":   "the DRA drivers prepare the pod's claims",
+	"sysctl-verify": "reading the pod's sysctls back in its network namespace",
+	"dra-attach":    "moving the pod's DRA network devices into its network namespace",
+}
+
+// refusedReasons are the Event reasons of a sandbox refused by a stage of podgate's.
+var refusedReasons = map[string]string{
+	"sysctl-check":  "FailedSysctlCheck",
+	"dra-prepare":   "FailedDRAPrepare",
+	"sysctl-verify": "FailedSysctlVerify",
+	"dra-attach":    "FailedDRAAttach",
+}
+
+// refused tells the pod which stage of podgate's refused its sandbox, and why: the kubelet's
+// own FailedCreatePodSandBox says only the error. The runtime's failures (forward) are the
+// kubelet's to report.
+func (p *sandboxPipeline) refused(sb *sandboxRun, stage string, err error) {
+	reason, ok := refusedReasons[stage]
+	if !ok || p.events == nil {
+		return
+	}
+	pod := kube.PodRef{Namespace: sb.rec.Pod.Namespace, Name: sb.rec.Pod.Name, UID: sb.rec.Pod.UID}
+	p.events.Eventf(pod, corev1.EventTypeWarning, reason, "RunPodSandbox", "podgate's stage %q refused the pod sandbox: %v", stage, err)
 }
 
 // rollback undoes the stages before failed, last first. It runs to the end whatever fails:

@@ -14,7 +14,6 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/podresources/cgroup"
@@ -24,9 +23,9 @@ import (
 // the PodResources services.
 type podResourcesSource struct {
 	registry  *registry.Registry
-	pulls     *imagepull.Governor // nil: no pulls shown
-	pods      *kube.PodLookup     // nil without the Kubernetes API
-	resources *resourceStages     // nil: no containers shown
+	pulls     *pullView       // nil: no pulls shown
+	pods      *kube.PodLookup // nil without the Kubernetes API
+	resources *resourceStages // nil: no containers shown
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -79,15 +78,8 @@ func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 	if s.resources != nil {
 		s.resources.describe(p)
 	}
-	if s.pulls == nil {
-		return p
-	}
-	for _, pull := range s.pulls.PodPulls(p.GetUid()) {
-		st := pb.ImagePull_QUEUED
-		if pull.Started {
-			st = pb.ImagePull_PULLING
-		}
-		p.ImagePulls = append(p.ImagePulls, &pb.ImagePull{Image: pull.Image, State: st, Since: timestamppb.New(pull.Since)})
+	if s.pulls != nil {
+		p.ImagePulls = s.pulls.podPulls(p.GetUid())
 	}
 	return p
 }
@@ -201,7 +193,8 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
+		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pullView, pods: a.pods, resources: p.resources},
+		Pulls:         p.pullView,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,

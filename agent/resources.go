@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -253,9 +254,11 @@ func (s *resourceStages) removeContainer(ctx context.Context, req *runtimeapi.Re
 // verifyContainer reads the container's cgroup and compares it with what was asked. It
 // returns an error only for a mismatch (the fail policy's answer to the kubelet); a cgroup
 // that cannot be read is recorded and logged, not returned.
-func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) error {
+func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) (err error) {
 	start := time.Now()
 	defer func() { s.verifyTime.Observe(time.Since(start).Seconds()) }()
+	ctx, span := startSpan(ctx, "cgroup verification", attribute.String("containerID", id), attribute.String("after", after))
+	defer func() { endSpan(span, err) }()
 	logger := klog.FromContext(ctx).WithValues("containerID", id)
 	rec, ok := s.containers.Container(id)
 	if !ok {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -195,7 +196,11 @@ func (res verifyResult) record(r *registry.SysctlRecord) {
 func (g *sysctlStages) timedVerify(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, want map[string]string) verifyResult {
 	start := time.Now()
 	defer func() { g.duration.WithLabelValues("verify").Observe(time.Since(start).Seconds()) }()
-	return g.verifyPod(ctx, logger, rec, want)
+	ctx, span := startSpan(ctx, "sysctl verification", attribute.String("podSandboxID", rec.ID), attribute.Int("sysctls", len(want)))
+	res := g.verifyPod(ctx, logger, rec, want)
+	span.SetAttributes(attribute.String("verification", res.verification))
+	endSpan(span, res.failure)
+	return res
 }
 
 // createContainer holds a container of a sandbox whose sysctls are still being verified.

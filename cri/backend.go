@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 )
@@ -35,6 +36,8 @@ type Backend struct {
 	connectWait time.Duration
 	lastDialErr atomic.Pointer[string]
 	onState     func(up bool)
+	// statsHandlers see every call to the backend (tracing).
+	statsHandlers []stats.Handler
 }
 
 // BackendOption configures a Backend.
@@ -45,6 +48,13 @@ type BackendOption func(*Backend)
 // only matters for a runtime that is starting or hung.
 func WithConnectWait(d time.Duration) BackendOption {
 	return func(b *Backend) { b.connectWait = d }
+}
+
+// WithBackendStatsHandler adds a gRPC stats handler that sees every call to the backend:
+// tracing's, which passes podgate's span on to containerd in the call's metadata, in place of
+// the kubelet's it would otherwise forward. Without one the connection is built as before.
+func WithBackendStatsHandler(h stats.Handler) BackendOption {
+	return func(b *Backend) { b.statsHandlers = append(b.statsHandlers, h) }
 }
 
 // WithStateFunc sets a function called with every change of the backend between connected and
@@ -83,7 +93,7 @@ func NewBackend(ctx context.Context, name, endpoint string, opts ...BackendOptio
 		o(b)
 	}
 	codec := newRawCodec()
-	conn, err := grpc.NewClient("passthrough:///"+path,
+	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(b.dial),
 		grpc.WithDefaultCallOptions(
@@ -100,7 +110,11 @@ func NewBackend(ctx context.Context, name, endpoint string, opts ...BackendOptio
 		// An idle channel would report "not ready" between calls; a node agent keeps its runtime
 		// connection open.
 		grpc.WithIdleTimeout(0),
-	)
+	}
+	for _, h := range b.statsHandlers {
+		dialOpts = append(dialOpts, grpc.WithStatsHandler(h))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+path, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s backend %s: %w", name, b.endpoint, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -40,6 +41,9 @@ type Server struct {
 	chains  map[string]any
 	started bool
 
+	// statsHandlers see every call (tracing); none by default, and then grpc calls none.
+	statsHandlers []stats.Handler
+
 	// stopping is cancelled when shutdown begins: open streams end then.
 	stopping   context.Context
 	stopStream context.CancelFunc
@@ -51,6 +55,13 @@ type Option func(*Server)
 
 // WithMetrics records per-method metrics in m.
 func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
+
+// WithStatsHandler adds a gRPC stats handler that sees every call, intercepted or passed
+// through: tracing's, which continues the kubelet's trace from the call's metadata. Without
+// one the server is built exactly as before, so a call costs nothing more.
+func WithStatsHandler(h stats.Handler) Option {
+	return func(s *Server) { s.statsHandlers = append(s.statsHandlers, h) }
+}
 
 // WithLogger sets the server's logger (default: klog's global logger).
 func WithLogger(l klog.Logger) Option { return func(s *Server) { s.logger = l } }
@@ -78,14 +89,18 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 			s.unary["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}
 	}
-	s.grpc = grpc.NewServer(
+	serverOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(newRawCodec()),
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		// grpc hands unknown services and unknown methods of registered services to this
 		// handler: everything podgate does not intercept.
 		grpc.UnknownServiceHandler(s.passthrough),
-	)
+	}
+	for _, h := range s.statsHandlers {
+		serverOpts = append(serverOpts, grpc.StatsHandler(h))
+	}
+	s.grpc = grpc.NewServer(serverOpts...)
 	return s
 }
 

@@ -17,6 +17,8 @@ type extension struct {
 	pb.UnimplementedPodResourcesServer
 	source      Source
 	broadcaster *Broadcaster
+	// pulls is nil when podgate shows no pulls.
+	pulls PullLister
 }
 
 var _ pb.PodResourcesServer = (*extension)(nil)
@@ -81,4 +83,18 @@ func (e *extension) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[
 			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
+}
+
+// PodPulls implements pb.PodResourcesServer: every pod's pulls, or the named pod's.
+func (e *extension) PodPulls(_ context.Context, req *pb.PodPullsRequest) (*pb.PodPullsResponse, error) {
+	ns, name := req.GetPodNamespace(), req.GetPodName()
+	if ns != "" || name != "" {
+		if err := validPodRef("pod_name", name, "pod_namespace", ns); err != nil {
+			return nil, err
+		}
+	}
+	if e.pulls == nil {
+		return &pb.PodPullsResponse{}, nil
+	}
+	return &pb.PodPullsResponse{Pulls: e.pulls.Pulls(ns, name)}, nil
 }

@@ -41,6 +41,8 @@ const maxRequestSize = 64 << 10
 type Options struct {
 	// Source is what podgate knows of the pods. Required.
 	Source Source
+	// Pulls lists the image pulls for PodPulls; nil: none are shown.
+	Pulls PullLister
 	// Broadcaster carries the changes to watches; nil: a broadcaster with the default limits
 	// that nothing publishes to.
 	Broadcaster *Broadcaster
@@ -118,7 +120,7 @@ func NewServer(o Options) (*Server, error) {
 		grpc.ChainStreamInterceptor(withStreamLogger(o.Logger), m.countStream, limit.stream),
 	)
 	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
-	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster})
+	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	for _, name := range []string{"", "v1.PodResourcesLister", pb.PodResources_ServiceDesc.ServiceName} {

@@ -37,3 +37,9 @@ type Source interface {
 	PodGetter
 	ContainerLister
 }
+
+// PullLister returns the image pulls in podgate's pull governor, oldest first: every pod's
+// when namespace and name are empty, else that pod's. The messages are the caller's.
+type PullLister interface {
+	Pulls(namespace, name string) []*pb.ImagePull
+}

@@ -81,6 +81,11 @@ type Configuration struct {
 	PodResources PodResources `json:"podResources,omitzero"`
 	// Resources is memory QoS and the verification of containers' cgroups.
 	Resources Resources `json:"resources,omitzero"`
+	// Events are the pod Events podgate writes; they need the Kubernetes API.
+	Events Events `json:"events,omitzero"`
+	// Tracing exports OpenTelemetry spans of podgate's work, as the kubelet's tracing does;
+	// unset means off.
+	Tracing *Tracing `json:"tracing,omitempty"`
 }
 
 // Logging configures klog.
@@ -152,6 +157,10 @@ func (c *Configuration) SetDefaults() {
 	c.DRA.setDefaults()
 	c.PodResources.setDefaults()
 	c.Resources.setDefaults()
+	c.Events.setDefaults()
+	if c.Tracing != nil {
+		c.Tracing.setDefaults()
+	}
 }
 
 // LoadFile reads, strictly decodes and defaults a configuration file. An unknown or misspelt key
@@ -247,6 +256,14 @@ func (c *Configuration) Validate() error {
 	}
 	if err := c.Resources.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Events.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Tracing != nil {
+		if err := c.Tracing.validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

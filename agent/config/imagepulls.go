@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 )
 
@@ -36,7 +38,31 @@ type ImagePulls struct {
 	// PriorityNamespaces are the namespaces whose pods may claim a critical priority through
 	// PriorityLabel. Default [kube-system]; [] turns the fallback off.
 	PriorityNamespaces []string `json:"priorityNamespaces,omitempty"`
+	// ContainerdAddress is containerd's own socket (its content service shows the bytes of a
+	// pull in progress: podgate's pull progress). Unset means the image endpoint
+	// (imageEndpoint, else runtimeEndpoint), which is containerd's socket when the runtime is
+	// containerd; "" turns pull progress off.
+	ContainerdAddress *string `json:"containerdAddress,omitempty"`
+	// ContainerdNamespace is the containerd namespace of the CRI's images. Default k8s.io.
+	ContainerdNamespace string `json:"containerdNamespace,omitempty"`
+	// WaitEventAfter is how long a pull waits for a slot before its pod gets an Event saying
+	// why (which cap, its place in the queue). Default 5s.
+	WaitEventAfter Duration `json:"waitEventAfter,omitzero"`
+	// ProgressEventAfter is how long a pull runs before its pod gets an Event with its
+	// progress (bytes done of total, rate); then again every ProgressEventInterval. Default 30s.
+	ProgressEventAfter Duration `json:"progressEventAfter,omitzero"`
+	// ProgressEventInterval is the least time between two progress Events of one pull.
+	// Default 30s.
+	ProgressEventInterval Duration `json:"progressEventInterval,omitzero"`
 }
+
+// Defaults of the pull Events.
+const (
+	DefaultPullWaitEventAfter        = 5 * time.Second
+	DefaultPullProgressEventAfter    = 30 * time.Second
+	DefaultPullProgressEventInterval = 30 * time.Second
+	DefaultContainerdNamespace       = "k8s.io"
+)
 
 func (p *ImagePulls) setDefaults() {
 	if p.PriorityLabel == "" {
@@ -44,6 +70,18 @@ func (p *ImagePulls) setDefaults() {
 	}
 	if p.PriorityNamespaces == nil {
 		p.PriorityNamespaces = []string{DefaultPriorityNamespace}
+	}
+	if p.ContainerdNamespace == "" {
+		p.ContainerdNamespace = DefaultContainerdNamespace
+	}
+	if p.WaitEventAfter.Duration == 0 {
+		p.WaitEventAfter.Duration = DefaultPullWaitEventAfter
+	}
+	if p.ProgressEventAfter.Duration == 0 {
+		p.ProgressEventAfter.Duration = DefaultPullProgressEventAfter
+	}
+	if p.ProgressEventInterval.Duration == 0 {
+		p.ProgressEventInterval.Duration = DefaultPullProgressEventInterval
 	}
 }
 
@@ -72,6 +110,19 @@ func (p *ImagePulls) validate() error {
 	if p.PriorityLabel != "" {
 		for _, msg := range validation.IsQualifiedName(p.PriorityLabel) {
 			errs = append(errs, fmt.Errorf("imagePulls.priorityLabel: %q: %s", p.PriorityLabel, msg))
+		}
+	}
+	if p.ContainerdAddress != nil && *p.ContainerdAddress != "" {
+		if _, err := cri.ParseEndpoint(*p.ContainerdAddress); err != nil {
+			errs = append(errs, fmt.Errorf("imagePulls.containerdAddress: %w", err))
+		}
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"waitEventAfter", p.WaitEventAfter.Duration}, {"progressEventAfter", p.ProgressEventAfter.Duration}, {"progressEventInterval", p.ProgressEventInterval.Duration}} {
+		if d.value < time.Second {
+			errs = append(errs, fmt.Errorf("imagePulls.%s: %s: must be at least 1s", d.name, d.value))
 		}
 	}
 	for i, ns := range p.PriorityNamespaces {
@@ -113,4 +164,18 @@ func (c *Configuration) validateKube() error {
 		errs = append(errs, fmt.Errorf("nodeName: %q: %s", c.NodeName, msg))
 	}
 	return errors.Join(errs...)
+}
+
+// ContainerdSocket is the path of containerd's socket for pull progress; "" when it is off.
+// The section is valid, and so is imageEndpoint.
+func (c *Configuration) ContainerdSocket() string {
+	addr := c.ImageBackend()
+	if c.ImagePulls.ContainerdAddress != nil {
+		addr = *c.ImagePulls.ContainerdAddress
+	}
+	if addr == "" {
+		return ""
+	}
+	p, _ := cri.ParseEndpoint(addr) // validated
+	return p
 }

@@ -8,11 +8,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -36,23 +38,35 @@ type API interface {
 	dra.ResourceSliceLister
 }
 
-// Client is a Kubernetes client that knows only the types podgate uses (core/v1 and
-// resource.k8s.io/v1). Like client-go's generated clients it speaks protobuf: JSON would
+// EventWriter writes events.k8s.io/v1 Events: new ones, and the series of a repeated one.
+type EventWriter interface {
+	CreateEvent(ctx context.Context, event *eventsv1.Event) (*eventsv1.Event, error)
+	// PatchEvent applies a JSON merge patch to an Event.
+	PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*eventsv1.Event, error)
+}
+
+// Client is a Kubernetes client that knows only the types podgate uses (core/v1,
+// resource.k8s.io/v1, and events.k8s.io/v1 to write Events). Like client-go's generated clients it speaks protobuf: JSON would
 // re-encode what it does not own, e.g. a claim's opaque parameters on a status update, which
 // the API server then refuses as a change of the immutable allocation. client-go's clientset would do the same requests, but it registers every
 // built-in API group at start, and those types' code and tables cost ≈ 10 MiB of resident
 // memory on every node (BENCHMARKS.md, "podgate's memory with 110 running pods").
 type Client struct {
-	core, resource rest.Interface
+	core, resource, events rest.Interface
 }
 
-var _ API = (*Client)(nil)
+var (
+	_ API         = (*Client)(nil)
+	_ EventWriter = (*Client)(nil)
+)
 
-// kubeScheme holds core/v1 and resource.k8s.io/v1 (each with the meta/v1 options types).
+// kubeScheme holds core/v1, resource.k8s.io/v1 and events.k8s.io/v1 (each with the meta/v1
+// options types).
 var kubeScheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	utilruntime.Must(corev1.AddToScheme(s))
 	utilruntime.Must(resourceapi.AddToScheme(s))
+	utilruntime.Must(eventsv1.AddToScheme(s))
 	return s
 }()
 
@@ -109,7 +123,30 @@ func newClientForConfig(cfg *rest.Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: core, resource: res}, nil
+	events, err := group("/apis", eventsv1.SchemeGroupVersion)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{core: core, resource: res, events: events}, nil
+}
+
+// CreateEvent implements EventWriter.
+func (c *Client) CreateEvent(ctx context.Context, event *eventsv1.Event) (*eventsv1.Event, error) {
+	out := &eventsv1.Event{}
+	if err := c.events.Post().UseProtobufAsDefault().Namespace(event.Namespace).Resource("events").Body(event).Do(ctx).Into(out); err != nil {
+		return nil, fmt.Errorf("create Event %s/%s: %w", event.Namespace, event.Name, err)
+	}
+	return out, nil
+}
+
+// PatchEvent implements EventWriter.
+func (c *Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*eventsv1.Event, error) {
+	out := &eventsv1.Event{}
+	if err := c.events.Patch(types.MergePatchType).UseProtobufAsDefault().Namespace(namespace).Resource("events").Name(name).
+		Body(patch).Do(ctx).Into(out); err != nil {
+		return nil, fmt.Errorf("patch Event %s/%s: %w", namespace, name, err)
+	}
+	return out, nil
 }
 
 // GetPod reads a pod.

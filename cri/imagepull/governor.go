@@ -12,6 +12,9 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -45,11 +48,51 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(g *Governor) { g.metrics = newMetrics(reg) }
 }
 
+// WithObserver tells o of what happens to callers that the caps and the queue do not show: a
+// caller that joins another caller's pull, and one that leaves because its pod was deleted.
+func WithObserver(o Observer) Option {
+	return func(g *Governor) { g.observer = o }
+}
+
+// Observer is told of callers' events (see [WithObserver]). It is called without the
+// governor's lock held, from the caller's goroutine; it must not block for long.
+type Observer interface {
+	PullEvent(e Event)
+}
+
+// EventKind says what happened to a caller.
+type EventKind int
+
+// The events an Observer is told of.
+const (
+	// EventJoined: the caller shares a pull another caller started (Event.Leader).
+	EventJoined EventKind = iota + 1
+	// EventPodDeleted: the caller left because its pod was deleted.
+	EventPodDeleted
+	// EventFinished: the caller got the backend pull's result (Event.Err).
+	EventFinished
+)
+
+// Event is one caller's event.
+type Event struct {
+	Kind EventKind
+	// Pull is the caller's pull.
+	Pull Pull
+	// Leader is the pod whose call made the backend pull the caller joined (EventJoined); the
+	// zero ref when that call named no pod.
+	Leader klog.ObjectRef
+	// Started: the backend pull was running at the time.
+	Started bool
+	// Err is the backend pull's error (EventFinished).
+	Err error
+}
+
 // Governor holds PullImage calls until they may start; see the package documentation.
 type Governor struct {
-	limits  Limits
-	metrics *metrics
-	now     func() time.Time
+	limits   Limits
+	metrics  *metrics
+	observer Observer
+	now      func() time.Time
 	// trace, when set (by tests), is told of queue events under g.mu: "queued", "joined",
 	// "left", "started", "done", with the flight's image. It must not block.
 	trace func(event, image string)
@@ -62,7 +105,9 @@ type Governor struct {
 	queue         queue
 	flights       map[flightKey]*flight
 	pods          map[string]map[*waiter]struct{}
-	seq           uint64
+	// anonymous are the callers whose call names no pod.
+	anonymous map[*waiter]struct{}
+	seq       uint64
 }
 
 // flight is one backend pull and the callers waiting for it. Fields below mu are guarded by
@@ -75,8 +120,12 @@ type flight struct {
 	ctx      context.Context // the backend call's: detached from every single caller
 	cancel   context.CancelCauseFunc
 	done     chan struct{}
-	resp     *runtimeapi.PullImageResponse
-	err      error
+	// running is closed when the backend call starts.
+	running chan struct{}
+	resp    *runtimeapi.PullImageResponse
+	err     error
+	// pod is the pod of the caller that made the flight.
+	pod klog.ObjectRef
 
 	// guarded by Governor.mu
 	prio      Priority
@@ -91,7 +140,9 @@ type flight struct {
 type waiter struct {
 	cancel  context.CancelCauseFunc
 	arrived time.Time
+	pull    Pull
 	flight  *flight // set under Governor.mu when the caller joins
+	leads   bool    // the caller made the flight
 }
 
 // New creates a governor with the given caps.
@@ -104,6 +155,7 @@ func New(limits Limits, opts ...Option) *Governor {
 		queue:         newQueue(),
 		flights:       map[flightKey]*flight{},
 		pods:          map[string]map[*waiter]struct{}{},
+		anonymous:     map[*waiter]struct{}{},
 	}
 	for _, o := range opts {
 		o(g)
@@ -123,15 +175,28 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	arrived := g.now()
-	w := &waiter{cancel: cancel, arrived: arrived}
-
+	w := &waiter{cancel: cancel, arrived: arrived, pull: p}
+	// The span of the wait for a slot; a caller that joins a running pull waits for nothing.
+	_, wait := spanTracer(ctx).Start(ctx, "image pull: wait for a slot", oteltrace.WithAttributes(
+		attribute.String("image", p.Image), attribute.String("registry", p.Registry), attribute.String("pod", p.Pod.String())))
 	g.mu.Lock()
 	g.addWaiter(p.PodUID, w)
 	f, leader := g.join(ctx, p, fn)
-	w.flight = f
+	w.flight, w.leads = f, leader
+	joined := Event{Kind: EventJoined, Pull: p, Leader: f.pod, Started: !f.started.IsZero()}
 	g.mu.Unlock()
 	defer g.removeWaiter(p.PodUID, w)
+	if !leader && g.observer != nil {
+		g.observer.PullEvent(joined)
+	}
+	wait.SetAttributes(attribute.Bool("shared", !leader))
 
+	select {
+	case <-f.running:
+	case <-f.done: // left the queue without running: every caller gave up
+	case <-ctx.Done():
+	}
+	wait.End()
 	select {
 	case <-f.done:
 	case <-ctx.Done():
@@ -143,6 +208,9 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 	}
 	// A caller that joined a pull already running waited for nothing.
 	g.metrics.wait.Observe(max(0, f.started.Sub(arrived).Seconds()))
+	if g.observer != nil {
+		g.observer.PullEvent(Event{Kind: EventFinished, Pull: p, Leader: f.pod, Started: true, Err: f.err})
+	}
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -151,6 +219,15 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 		return f.resp, nil
 	}
 	return proto.CloneOf(f.resp), nil
+}
+
+// tracerName names podgate's image pull spans.
+const tracerName = "github.com/podgate/podgate/cri/imagepull"
+
+// spanTracer is the tracer of the call's trace: the provider that made the span of the CRI call in
+// ctx, a no-op one when tracing is off.
+func spanTracer(ctx context.Context) oteltrace.Tracer {
+	return oteltrace.SpanFromContext(ctx).TracerProvider().Tracer(tracerName)
 }
 
 // join adds a caller to the flight of p's key, or makes a new flight and queues it. It reports
@@ -173,8 +250,8 @@ func (g *Governor) join(ctx context.Context, p Pull, fn PullFunc) (*flight, bool
 	g.seq++
 	f := &flight{
 		key: p.key, image: p.Image, registry: p.Registry, fn: fn,
-		ctx: fctx, cancel: fcancel, done: make(chan struct{}),
-		prio: p.Priority, seq: g.seq, waiters: 1,
+		ctx: fctx, cancel: fcancel, done: make(chan struct{}), running: make(chan struct{}),
+		prio: p.Priority, seq: g.seq, waiters: 1, pod: p.Pod,
 	}
 	g.flights[p.key] = f
 	g.queue.push(f)
@@ -222,6 +299,9 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 	}
 	logger.Info("Image pull abandoned", "reason", reason, "cause", cause.Error(),
 		"started", !started.IsZero(), "sharedWithOthers", shared)
+	if reason == reasonPodDeleted && g.observer != nil {
+		g.observer.PullEvent(Event{Kind: EventPodDeleted, Pull: p, Started: !started.IsZero()})
+	}
 	switch {
 	case reason == reasonPodDeleted:
 		return errorf(errdefs.ErrAborted, "pull of %s abandoned: pod %s was deleted", p.Image, p.Pod)
@@ -249,6 +329,10 @@ func (g *Governor) registryFree(registry string) bool {
 	return !ok || g.regInFlight[registry] < limit
 }
 
+// RegistryLabel is the label podgate's metrics give registry: the host itself when it has a
+// cap of its own (imagePulls.perRegistry), "other" for the rest.
+func (g *Governor) RegistryLabel(registry string) string { return g.registryLabel(registry) }
+
 // registryLabel is the registry's metric label: its host when it has a cap of its own, "other"
 // for the rest, whose names come from pod specs and must not grow the label set.
 func (g *Governor) registryLabel(registry string) string {
@@ -273,6 +357,7 @@ func (g *Governor) start(f *flight) {
 	g.regInFlight[f.registry]++
 	g.labelInFlight[g.registryLabel(f.registry)]++
 	f.started = g.now()
+	close(f.running)
 	g.metrics.queueLength.Set(float64(g.queue.len))
 	g.metrics.inFlight.Set(float64(g.inFlight))
 	g.setRegistryGauge(f.registry)
@@ -284,7 +369,13 @@ func (g *Governor) start(f *flight) {
 
 // run makes f's backend call, then frees its slots and starts what may start next.
 func (g *Governor) run(f *flight) {
-	resp, err := f.fn(f.ctx)
+	ctx, span := spanTracer(f.ctx).Start(f.ctx, "image pull", oteltrace.WithAttributes(
+		attribute.String("image", f.image), attribute.String("registry", f.registry)))
+	resp, err := f.fn(ctx)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 	// Only now, with the call back from the backend, is the slot free: the callers may have
 	// left long ago, but until fn returns podgate still has the call outstanding.
 	g.mu.Lock()
@@ -332,6 +423,7 @@ func (g *Governor) PodDeleted(uid string) {
 
 func (g *Governor) addWaiter(uid string, w *waiter) {
 	if uid == "" {
+		g.anonymous[w] = struct{}{}
 		return
 	}
 	ws := g.pods[uid]
@@ -343,47 +435,136 @@ func (g *Governor) addWaiter(uid string, w *waiter) {
 }
 
 func (g *Governor) removeWaiter(uid string, w *waiter) {
-	if uid == "" {
-		return
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if uid == "" {
+		delete(g.anonymous, w)
+		return
+	}
 	delete(g.pods[uid], w)
 	if len(g.pods[uid]) == 0 {
 		delete(g.pods, uid)
 	}
 }
 
-// PodPull is one pull a pod's caller waits for.
-type PodPull struct {
-	Image string
-	// Started: the backend pull runs; otherwise it waits in the queue.
-	Started bool
-	// Since is when the caller asked.
-	Since time.Time
+// Waiting says why a queued pull has not started.
+type Waiting string
+
+// Why a pull waits.
+const (
+	// WaitingNode: the node-wide cap (imagePulls.maxParallel) is reached.
+	WaitingNode Waiting = "node"
+	// WaitingRegistry: the cap of the pull's registry (imagePulls.perRegistry) is reached.
+	WaitingRegistry Waiting = "registry"
+)
+
+// PullStatus is one caller's pull as it is now.
+type PullStatus struct {
+	// Image and Registry are the pull's, as in [Pull].
+	Image, Registry string
+	// Pod and PodUID name the caller's pod; empty when the call named none.
+	Pod    klog.ObjectRef
+	PodUID string
+	// Priority is the backend pull's priority in the queue.
+	Priority Priority
+	// Since is when the caller asked; Started when the backend pull started (zero while it
+	// waits).
+	Since, Started time.Time
+	// Position is the backend pull's 1-based place in the queue while it waits, 0 once it runs.
+	Position int
+	// Waiting says which cap holds it while it waits.
+	Waiting Waiting
+	// Queued counts the backend pulls waiting; InFlight those running on the node, and
+	// RegistryInFlight those of this pull's registry.
+	Queued, InFlight, RegistryInFlight int
+	// MaxParallel and RegistryCap are the caps that apply (0: none).
+	MaxParallel, RegistryCap int
+	// Shared: the caller joined a pull another caller made; SharedWith names that caller's pod.
+	Shared     bool
+	SharedWith klog.ObjectRef
+	// Waiters counts the callers sharing the backend pull, this one included.
+	Waiters int
+}
+
+// Pulls returns every caller's pull, oldest first (then by image and pod).
+func (g *Governor) Pulls() []PullStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []PullStatus
+	for _, ws := range g.pods {
+		for w := range ws {
+			out = append(out, g.status(w))
+		}
+	}
+	for w := range g.anonymous {
+		out = append(out, g.status(w))
+	}
+	sortStatuses(out)
+	return out
 }
 
 // PodPulls returns the pulls the callers for the pod with this UID wait for, oldest first.
-func (g *Governor) PodPulls(uid string) []PodPull {
+func (g *Governor) PodPulls(uid string) []PullStatus {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ws := g.pods[uid]
 	if len(ws) == 0 {
 		return nil
 	}
-	out := make([]PodPull, 0, len(ws))
+	out := make([]PullStatus, 0, len(ws))
 	for w := range ws {
-		if w.flight == nil {
-			continue
-		}
-		out = append(out, PodPull{Image: w.flight.image, Started: !w.flight.started.IsZero(), Since: w.arrived})
+		out = append(out, g.status(w))
 	}
-	slices.SortFunc(out, func(a, b PodPull) int {
+	sortStatuses(out)
+	return out
+}
+
+// status describes w's pull. g.mu is held.
+func (g *Governor) status(w *waiter) PullStatus {
+	f := w.flight
+	s := PullStatus{
+		Image: w.pull.Image, Registry: w.pull.Registry, Pod: w.pull.Pod, PodUID: w.pull.PodUID,
+		Priority: f.prio, Since: w.arrived, Started: f.started,
+		Queued: g.queue.len, InFlight: g.inFlight, RegistryInFlight: g.regInFlight[f.registry],
+		MaxParallel: g.limits.MaxParallel, RegistryCap: g.limits.PerRegistry[f.registry],
+		Shared: !w.leads, Waiters: f.waiters,
+	}
+	if !w.leads {
+		s.SharedWith = f.pod
+	}
+	if f.elem != nil {
+		s.Position = g.queue.position(f)
+		s.Waiting = WaitingRegistry
+		if g.limits.MaxParallel > 0 && g.inFlight >= g.limits.MaxParallel {
+			s.Waiting = WaitingNode
+		}
+	}
+	return s
+}
+
+func sortStatuses(s []PullStatus) {
+	slices.SortFunc(s, func(a, b PullStatus) int {
 		if c := a.Since.Compare(b.Since); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Image, b.Image)
+		if c := strings.Compare(a.Image, b.Image); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Pod.String(), b.Pod.String())
 	})
+}
+
+// Running returns the backend pulls running now, one per flight.
+func (g *Governor) Running() []PullStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []PullStatus
+	for _, f := range g.flights {
+		if !f.started.IsZero() {
+			out = append(out, PullStatus{Image: f.image, Registry: f.registry, Pod: f.pod, Priority: f.prio, Started: f.started, Waiters: f.waiters})
+		}
+	}
+	sortStatuses(out)
 	return out
 }
 

@@ -1,10 +1,14 @@
 package imagepull
 
 import (
+	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // TestPodPulls: a pod's waiting pulls are reported, queued or started, oldest first, and
@@ -38,9 +42,12 @@ func TestPodPulls(t *testing.T) {
 	resOther := goDo(t.Context(), g, other, b.pull(other.Image))
 	tr.await(t, "queued", other.Image)
 
-	want := []PodPull{
-		{Image: first.Image, Started: true, Since: t0.Add(time.Second)},
-		{Image: second.Image, Started: false, Since: t0.Add(2 * time.Second)},
+	web := klog.KRef("default", "web")
+	want := []PullStatus{
+		{Image: first.Image, Registry: "example.com", Pod: web, PodUID: "uid-web", Since: t0.Add(time.Second), Started: t0.Add(time.Second),
+			Queued: 2, InFlight: 1, RegistryInFlight: 1, MaxParallel: 1, Waiters: 1},
+		{Image: second.Image, Registry: "example.com", Pod: web, PodUID: "uid-web", Since: t0.Add(2 * time.Second),
+			Position: 1, Waiting: WaitingNode, Queued: 2, InFlight: 1, RegistryInFlight: 1, MaxParallel: 1, Waiters: 1},
 	}
 	if got := g.PodPulls("uid-web"); !reflect.DeepEqual(got, want) {
 		t.Errorf("PodPulls(uid-web) = %+v, want %+v", got, want)
@@ -48,7 +55,11 @@ func TestPodPulls(t *testing.T) {
 	if got := g.PodPulls("uid-none"); len(got) != 0 {
 		t.Errorf("PodPulls of a pod without pulls = %+v, want none", got)
 	}
-
+	all := g.Pulls()
+	i := slices.IndexFunc(all, func(s PullStatus) bool { return s.Image == other.Image })
+	if len(all) != 3 || i < 0 || all[i].Position != 2 || all[i].Pod != klog.KRef("default", "db") {
+		t.Errorf("Pulls() = %+v, want web's two and db's, second in the queue", all)
+	}
 	running.release <- nil
 	wait(t, resFirst)
 	b.next(t).release <- nil
@@ -60,4 +71,63 @@ func TestPodPulls(t *testing.T) {
 			t.Errorf("PodPulls(%s) after every pull returned = %+v, want none", uid, got)
 		}
 	}
+	if got := g.Pulls(); len(got) != 0 {
+		t.Errorf("Pulls() after every pull returned = %+v, want none", got)
+	}
 }
+
+// TestPullStatusRegistryCapAndSharing: a pull held by its registry's cap says so, and a caller
+// that joins another pod's pull names that pod, in its status and to the observer; a caller
+// that leaves because its pod was deleted is told to the observer.
+func TestPullStatusRegistryCapAndSharing(t *testing.T) {
+	obs := &recordingObserver{events: make(chan Event, 10)}
+	g := New(Limits{MaxParallel: 5, PerRegistry: map[string]int{"example.com": 1}}, WithObserver(obs))
+	tr := trace(g)
+	b := newFakeBackend()
+	first := newPull(t, "example.com/first", PriorityNormal, withPod("default", "a", "uid-a"))
+	resFirst := goDo(t.Context(), g, first, b.pull(first.Image))
+	running := b.next(t)
+	held := newPull(t, "example.com/held", PriorityNormal, withPod("default", "b", "uid-b"))
+	resHeld := goDo(t.Context(), g, held, b.pull(held.Image))
+	tr.await(t, "queued", held.Image)
+	joiner := newPull(t, "example.com/held", PriorityNormal, withPod("default", "c", "uid-c"))
+	resJoiner := goDo(t.Context(), g, joiner, b.pull(joiner.Image))
+	tr.await(t, "joined", joiner.Image)
+	select {
+	case e := <-obs.events:
+		if e.Kind != EventJoined || e.Leader != klog.KRef("default", "b") || e.Pull.Pod != klog.KRef("default", "c") || e.Started {
+			t.Errorf("observer got %+v, want c joining b's queued pull", e)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("observer not told of the join")
+	}
+	got := g.PodPulls("uid-c")
+	if len(got) != 1 || got[0].Waiting != WaitingRegistry || got[0].RegistryCap != 1 || got[0].Position != 1 ||
+		!got[0].Shared || got[0].SharedWith != klog.KRef("default", "b") || got[0].Waiters != 2 {
+		t.Errorf("PodPulls(uid-c) = %+v, want one pull held by the registry cap, shared with default/b", got)
+	}
+	g.PodDeleted("uid-c")
+	wait(t, resJoiner)
+	select {
+	case e := <-obs.events:
+		if e.Kind != EventPodDeleted || e.Pull.Pod != klog.KRef("default", "c") {
+			t.Errorf("observer got %+v, want c's pod deleted", e)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("observer not told of the deleted pod")
+	}
+	running.release <- nil
+	wait(t, resFirst)
+	if e := <-obs.events; e.Kind != EventFinished || e.Pull.Pod != klog.KRef("default", "a") || e.Err != nil {
+		t.Errorf("observer got %+v, want a's pull finished", e)
+	}
+	b.next(t).release <- errors.New("registry says no")
+	wait(t, resHeld)
+	if e := <-obs.events; e.Kind != EventFinished || e.Pull.Pod != klog.KRef("default", "b") || e.Err == nil {
+		t.Errorf("observer got %+v, want b's pull failed", e)
+	}
+}
+
+type recordingObserver struct{ events chan Event }
+
+func (o *recordingObserver) PullEvent(e Event) { o.events <- e }

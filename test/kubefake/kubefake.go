@@ -7,8 +7,10 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 )
@@ -61,4 +63,14 @@ func (c Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourceap
 // ListResourceSlices lists ResourceSlices.
 func (c Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
 	return c.ResourceV1().ResourceSlices().List(ctx, opts)
+}
+
+// CreateEvent writes a new events.k8s.io/v1 Event.
+func (c Client) CreateEvent(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
+	return c.EventsV1().Events(e.Namespace).Create(ctx, e, metav1.CreateOptions{})
+}
+
+// PatchEvent applies a JSON merge patch to an Event.
+func (c Client) PatchEvent(ctx context.Context, namespace, name string, patch []byte) (*eventsv1.Event, error) {
+	return c.EventsV1().Events(namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 }

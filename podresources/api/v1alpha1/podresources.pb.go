@@ -94,7 +94,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{5, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7, 0}
 }
 
 // State is the sandbox's state as podgate last saw it.
@@ -144,7 +144,7 @@ func (x Sandbox_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Sandbox_State.Descriptor instead.
 func (Sandbox_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12, 0}
 }
 
 // State is where the pull is.
@@ -196,7 +196,105 @@ func (x ImagePull_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ImagePull_State.Descriptor instead.
 func (ImagePull_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{17, 0}
+}
+
+// PodPullsRequest asks for the pulls of every pod (both fields empty) or of one pod.
+type PodPullsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodNamespace  string                 `protobuf:"bytes,1,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName       string                 `protobuf:"bytes,2,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodPullsRequest) Reset() {
+	*x = PodPullsRequest{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodPullsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodPullsRequest) ProtoMessage() {}
+
+func (x *PodPullsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodPullsRequest.ProtoReflect.Descriptor instead.
+func (*PodPullsRequest) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PodPullsRequest) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *PodPullsRequest) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+// PodPullsResponse holds the pulls asked for.
+type PodPullsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pulls         []*ImagePull           `protobuf:"bytes,1,rep,name=pulls,proto3" json:"pulls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodPullsResponse) Reset() {
+	*x = PodPullsResponse{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodPullsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodPullsResponse) ProtoMessage() {}
+
+func (x *PodPullsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodPullsResponse.ProtoReflect.Descriptor instead.
+func (*PodPullsResponse) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PodPullsResponse) GetPulls() []*ImagePull {
+	if x != nil {
+		return x.Pulls
+	}
+	return nil
 }
 
 // ListRequest asks for every known pod.
@@ -208,7 +306,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[0]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +318,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[0]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +331,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{2}
 }
 
 // ListResponse holds every known pod.
@@ -246,7 +344,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[1]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -258,7 +356,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[1]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -271,7 +369,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{1}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListResponse) GetPods() []*Pod {
@@ -292,7 +390,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[2]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +402,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[2]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +415,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{2}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetRequest) GetPodName() string {
@@ -344,7 +442,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[3]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +454,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[3]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +467,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{3}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetResponse) GetPod() *Pod {
@@ -388,7 +486,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[4]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -400,7 +498,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[4]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -413,7 +511,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{4}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{6}
 }
 
 // WatchEvent is one change of one pod.
@@ -429,7 +527,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[5]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +539,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[5]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +552,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{5}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -501,7 +599,7 @@ type Pod struct {
 
 func (x *Pod) Reset() {
 	*x = Pod{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[6]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +611,7 @@ func (x *Pod) String() string {
 func (*Pod) ProtoMessage() {}
 
 func (x *Pod) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[6]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +624,7 @@ func (x *Pod) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pod.ProtoReflect.Descriptor instead.
 func (*Pod) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{6}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Pod) GetUid() string {
@@ -606,7 +704,7 @@ type Cgroup struct {
 
 func (x *Cgroup) Reset() {
 	*x = Cgroup{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -618,7 +716,7 @@ func (x *Cgroup) String() string {
 func (*Cgroup) ProtoMessage() {}
 
 func (x *Cgroup) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[7]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -631,7 +729,7 @@ func (x *Cgroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cgroup.ProtoReflect.Descriptor instead.
 func (*Cgroup) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{7}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Cgroup) GetMode() string {
@@ -694,7 +792,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +804,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[8]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +817,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{8}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Container) GetId() string {
@@ -815,7 +913,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +925,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +938,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Resources) GetCpuShares() uint64 {
@@ -955,7 +1053,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1065,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1078,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1066,7 +1164,7 @@ type Sysctls struct {
 
 func (x *Sysctls) Reset() {
 	*x = Sysctls{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1176,7 @@ func (x *Sysctls) String() string {
 func (*Sysctls) ProtoMessage() {}
 
 func (x *Sysctls) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1189,7 @@ func (x *Sysctls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sysctls.ProtoReflect.Descriptor instead.
 func (*Sysctls) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Sysctls) GetAsked() map[string]string {
@@ -1146,7 +1244,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1158,7 +1256,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1171,7 +1269,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Claim) GetNamespace() string {
@@ -1233,7 +1331,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1343,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1356,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Device) GetDriver() string {
@@ -1325,7 +1423,7 @@ type NetworkData struct {
 
 func (x *NetworkData) Reset() {
 	*x = NetworkData{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1435,7 @@ func (x *NetworkData) String() string {
 func (*NetworkData) ProtoMessage() {}
 
 func (x *NetworkData) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1448,7 @@ func (x *NetworkData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkData.ProtoReflect.Descriptor instead.
 func (*NetworkData) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{14}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *NetworkData) GetHostInterface() string {
@@ -1401,14 +1499,48 @@ type ImagePull struct {
 	Image string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	State ImagePull_State        `protobuf:"varint,2,opt,name=state,proto3,enum=podgate.podresources.v1alpha1.ImagePull_State" json:"state,omitempty"`
 	// since is when the caller asked for the pull.
-	Since         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// pod_namespace, pod_name and pod_uid name the pod the pull is for; empty when the call
+	// named none.
+	PodNamespace string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	PodUid       string `protobuf:"bytes,6,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	// registry is the image's registry host.
+	Registry string `protobuf:"bytes,7,opt,name=registry,proto3" json:"registry,omitempty"`
+	// priority is the pull's priority in the queue: system-node-critical,
+	// system-cluster-critical or normal.
+	Priority string `protobuf:"bytes,8,opt,name=priority,proto3" json:"priority,omitempty"`
+	// position is the pull's 1-based place in the queue while QUEUED.
+	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
+	// waiting_for says which cap holds a QUEUED pull: "node" (imagePulls.maxParallel) or
+	// "registry" (imagePulls.perRegistry).
+	WaitingFor string `protobuf:"bytes,10,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// queued counts the pulls waiting on the node; in_flight those running, and
+	// registry_in_flight those of this pull's registry.
+	Queued           uint32 `protobuf:"varint,11,opt,name=queued,proto3" json:"queued,omitempty"`
+	InFlight         uint32 `protobuf:"varint,12,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	RegistryInFlight uint32 `protobuf:"varint,13,opt,name=registry_in_flight,json=registryInFlight,proto3" json:"registry_in_flight,omitempty"`
+	// max_parallel and registry_cap are the caps that apply; 0: none.
+	MaxParallel uint32 `protobuf:"varint,14,opt,name=max_parallel,json=maxParallel,proto3" json:"max_parallel,omitempty"`
+	RegistryCap uint32 `protobuf:"varint,15,opt,name=registry_cap,json=registryCap,proto3" json:"registry_cap,omitempty"`
+	// started is when the runtime's pull started; unset while QUEUED.
+	Started *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=started,proto3" json:"started,omitempty"`
+	// shared_with names the pod ("namespace/name") whose pull this caller shares: same image,
+	// credentials and runtime handler. Empty when the caller's own call pulls.
+	SharedWith string `protobuf:"bytes,17,opt,name=shared_with,json=sharedWith,proto3" json:"shared_with,omitempty"`
+	// bytes_done and bytes_total are the image's bytes the runtime has in its content store,
+	// and all of them (config and layers); 0 when unknown. bytes_per_second is the rate over
+	// the last seconds.
+	BytesDone      uint64  `protobuf:"varint,18,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal     uint64  `protobuf:"varint,19,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	BytesPerSecond float64 `protobuf:"fixed64,20,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ImagePull) Reset() {
 	*x = ImagePull{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1552,7 @@ func (x *ImagePull) String() string {
 func (*ImagePull) ProtoMessage() {}
 
 func (x *ImagePull) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1565,7 @@ func (x *ImagePull) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImagePull.ProtoReflect.Descriptor instead.
 func (*ImagePull) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ImagePull) GetImage() string {
@@ -1457,11 +1589,135 @@ func (x *ImagePull) GetSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ImagePull) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *ImagePull) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *ImagePull) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *ImagePull) GetRegistry() string {
+	if x != nil {
+		return x.Registry
+	}
+	return ""
+}
+
+func (x *ImagePull) GetPriority() string {
+	if x != nil {
+		return x.Priority
+	}
+	return ""
+}
+
+func (x *ImagePull) GetPosition() uint32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *ImagePull) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
+}
+
+func (x *ImagePull) GetQueued() uint32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *ImagePull) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *ImagePull) GetRegistryInFlight() uint32 {
+	if x != nil {
+		return x.RegistryInFlight
+	}
+	return 0
+}
+
+func (x *ImagePull) GetMaxParallel() uint32 {
+	if x != nil {
+		return x.MaxParallel
+	}
+	return 0
+}
+
+func (x *ImagePull) GetRegistryCap() uint32 {
+	if x != nil {
+		return x.RegistryCap
+	}
+	return 0
+}
+
+func (x *ImagePull) GetStarted() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Started
+	}
+	return nil
+}
+
+func (x *ImagePull) GetSharedWith() string {
+	if x != nil {
+		return x.SharedWith
+	}
+	return ""
+}
+
+func (x *ImagePull) GetBytesDone() uint64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesTotal() uint64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *ImagePull) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
 var File_podresources_api_v1alpha1_podresources_proto protoreflect.FileDescriptor
 
 const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\n" +
-	",podresources/api/v1alpha1/podresources.proto\x12\x1dpodgate.podresources.v1alpha1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	",podresources/api/v1alpha1/podresources.proto\x12\x1dpodgate.podresources.v1alpha1\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
+	"\x0fPodPullsRequest\x12#\n" +
+	"\rpod_namespace\x18\x01 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x02 \x01(\tR\apodName\"R\n" +
+	"\x10PodPullsResponse\x12>\n" +
+	"\x05pulls\x18\x01 \x03(\v2(.podgate.podresources.v1alpha1.ImagePullR\x05pulls\"\r\n" +
 	"\vListRequest\"F\n" +
 	"\fListResponse\x126\n" +
 	"\x04pods\x18\x01 \x03(\v2\".podgate.podresources.v1alpha1.PodR\x04pods\"L\n" +
@@ -1606,20 +1862,43 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x03ips\x18\x03 \x03(\tR\x03ips\x12)\n" +
 	"\x10hardware_address\x18\x04 \x01(\tR\x0fhardwareAddress\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\x05R\x03mtu\x12\x1a\n" +
-	"\battached\x18\x06 \x01(\bR\battached\"\xd2\x01\n" +
+	"\battached\x18\x06 \x01(\bR\battached\"\x8a\x06\n" +
 	"\tImagePull\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12D\n" +
 	"\x05state\x18\x02 \x01(\x0e2..podgate.podresources.v1alpha1.ImagePull.StateR\x05state\x120\n" +
-	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"7\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\x12\x17\n" +
+	"\apod_uid\x18\x06 \x01(\tR\x06podUid\x12\x1a\n" +
+	"\bregistry\x18\a \x01(\tR\bregistry\x12\x1a\n" +
+	"\bpriority\x18\b \x01(\tR\bpriority\x12\x1a\n" +
+	"\bposition\x18\t \x01(\rR\bposition\x12\x1f\n" +
+	"\vwaiting_for\x18\n" +
+	" \x01(\tR\n" +
+	"waitingFor\x12\x16\n" +
+	"\x06queued\x18\v \x01(\rR\x06queued\x12\x1b\n" +
+	"\tin_flight\x18\f \x01(\rR\binFlight\x12,\n" +
+	"\x12registry_in_flight\x18\r \x01(\rR\x10registryInFlight\x12!\n" +
+	"\fmax_parallel\x18\x0e \x01(\rR\vmaxParallel\x12!\n" +
+	"\fregistry_cap\x18\x0f \x01(\rR\vregistryCap\x124\n" +
+	"\astarted\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x1f\n" +
+	"\vshared_with\x18\x11 \x01(\tR\n" +
+	"sharedWith\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\x12 \x01(\x04R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\x13 \x01(\x04R\n" +
+	"bytesTotal\x12(\n" +
+	"\x10bytes_per_second\x18\x14 \x01(\x01R\x0ebytesPerSecond\"7\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
 	"\x06QUEUED\x10\x01\x12\v\n" +
-	"\aPULLING\x10\x022\xb6\x02\n" +
+	"\aPULLING\x10\x022\xa5\x03\n" +
 	"\fPodResources\x12a\n" +
 	"\x04List\x12*.podgate.podresources.v1alpha1.ListRequest\x1a+.podgate.podresources.v1alpha1.ListResponse\"\x00\x12^\n" +
 	"\x03Get\x12).podgate.podresources.v1alpha1.GetRequest\x1a*.podgate.podresources.v1alpha1.GetResponse\"\x00\x12c\n" +
-	"\x05Watch\x12+.podgate.podresources.v1alpha1.WatchRequest\x1a).podgate.podresources.v1alpha1.WatchEvent\"\x000\x01B?Z=github.com/podgate/podgate/podresources/api/v1alpha1;v1alpha1b\x06proto3"
+	"\x05Watch\x12+.podgate.podresources.v1alpha1.WatchRequest\x1a).podgate.podresources.v1alpha1.WatchEvent\"\x000\x01\x12m\n" +
+	"\bPodPulls\x12..podgate.podresources.v1alpha1.PodPullsRequest\x1a/.podgate.podresources.v1alpha1.PodPullsResponse\"\x00B?Z=github.com/podgate/podgate/podresources/api/v1alpha1;v1alpha1b\x06proto3"
 
 var (
 	file_podresources_api_v1alpha1_podresources_proto_rawDescOnce sync.Once
@@ -1634,68 +1913,74 @@ func file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP() []byte {
 }
 
 var file_podresources_api_v1alpha1_podresources_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	(WatchEvent_Type)(0),          // 0: podgate.podresources.v1alpha1.WatchEvent.Type
 	(Sandbox_State)(0),            // 1: podgate.podresources.v1alpha1.Sandbox.State
 	(ImagePull_State)(0),          // 2: podgate.podresources.v1alpha1.ImagePull.State
-	(*ListRequest)(nil),           // 3: podgate.podresources.v1alpha1.ListRequest
-	(*ListResponse)(nil),          // 4: podgate.podresources.v1alpha1.ListResponse
-	(*GetRequest)(nil),            // 5: podgate.podresources.v1alpha1.GetRequest
-	(*GetResponse)(nil),           // 6: podgate.podresources.v1alpha1.GetResponse
-	(*WatchRequest)(nil),          // 7: podgate.podresources.v1alpha1.WatchRequest
-	(*WatchEvent)(nil),            // 8: podgate.podresources.v1alpha1.WatchEvent
-	(*Pod)(nil),                   // 9: podgate.podresources.v1alpha1.Pod
-	(*Cgroup)(nil),                // 10: podgate.podresources.v1alpha1.Cgroup
-	(*Container)(nil),             // 11: podgate.podresources.v1alpha1.Container
-	(*Resources)(nil),             // 12: podgate.podresources.v1alpha1.Resources
-	(*Sandbox)(nil),               // 13: podgate.podresources.v1alpha1.Sandbox
-	(*Sysctls)(nil),               // 14: podgate.podresources.v1alpha1.Sysctls
-	(*Claim)(nil),                 // 15: podgate.podresources.v1alpha1.Claim
-	(*Device)(nil),                // 16: podgate.podresources.v1alpha1.Device
-	(*NetworkData)(nil),           // 17: podgate.podresources.v1alpha1.NetworkData
-	(*ImagePull)(nil),             // 18: podgate.podresources.v1alpha1.ImagePull
-	nil,                           // 19: podgate.podresources.v1alpha1.Resources.HugepagesEntry
-	nil,                           // 20: podgate.podresources.v1alpha1.Resources.UnifiedEntry
-	nil,                           // 21: podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	nil,                           // 22: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*PodPullsRequest)(nil),       // 3: podgate.podresources.v1alpha1.PodPullsRequest
+	(*PodPullsResponse)(nil),      // 4: podgate.podresources.v1alpha1.PodPullsResponse
+	(*ListRequest)(nil),           // 5: podgate.podresources.v1alpha1.ListRequest
+	(*ListResponse)(nil),          // 6: podgate.podresources.v1alpha1.ListResponse
+	(*GetRequest)(nil),            // 7: podgate.podresources.v1alpha1.GetRequest
+	(*GetResponse)(nil),           // 8: podgate.podresources.v1alpha1.GetResponse
+	(*WatchRequest)(nil),          // 9: podgate.podresources.v1alpha1.WatchRequest
+	(*WatchEvent)(nil),            // 10: podgate.podresources.v1alpha1.WatchEvent
+	(*Pod)(nil),                   // 11: podgate.podresources.v1alpha1.Pod
+	(*Cgroup)(nil),                // 12: podgate.podresources.v1alpha1.Cgroup
+	(*Container)(nil),             // 13: podgate.podresources.v1alpha1.Container
+	(*Resources)(nil),             // 14: podgate.podresources.v1alpha1.Resources
+	(*Sandbox)(nil),               // 15: podgate.podresources.v1alpha1.Sandbox
+	(*Sysctls)(nil),               // 16: podgate.podresources.v1alpha1.Sysctls
+	(*Claim)(nil),                 // 17: podgate.podresources.v1alpha1.Claim
+	(*Device)(nil),                // 18: podgate.podresources.v1alpha1.Device
+	(*NetworkData)(nil),           // 19: podgate.podresources.v1alpha1.NetworkData
+	(*ImagePull)(nil),             // 20: podgate.podresources.v1alpha1.ImagePull
+	nil,                           // 21: podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	nil,                           // 22: podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	nil,                           // 23: podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	nil,                           // 24: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
-	9,  // 0: podgate.podresources.v1alpha1.ListResponse.pods:type_name -> podgate.podresources.v1alpha1.Pod
-	9,  // 1: podgate.podresources.v1alpha1.GetResponse.pod:type_name -> podgate.podresources.v1alpha1.Pod
-	0,  // 2: podgate.podresources.v1alpha1.WatchEvent.type:type_name -> podgate.podresources.v1alpha1.WatchEvent.Type
-	9,  // 3: podgate.podresources.v1alpha1.WatchEvent.pod:type_name -> podgate.podresources.v1alpha1.Pod
-	13, // 4: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
-	15, // 5: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
-	18, // 6: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
-	10, // 7: podgate.podresources.v1alpha1.Pod.cgroup:type_name -> podgate.podresources.v1alpha1.Cgroup
-	11, // 8: podgate.podresources.v1alpha1.Pod.containers:type_name -> podgate.podresources.v1alpha1.Container
-	12, // 9: podgate.podresources.v1alpha1.Container.asked:type_name -> podgate.podresources.v1alpha1.Resources
-	12, // 10: podgate.podresources.v1alpha1.Container.held:type_name -> podgate.podresources.v1alpha1.Resources
-	23, // 11: podgate.podresources.v1alpha1.Container.verified_at:type_name -> google.protobuf.Timestamp
-	19, // 12: podgate.podresources.v1alpha1.Resources.hugepages:type_name -> podgate.podresources.v1alpha1.Resources.HugepagesEntry
-	20, // 13: podgate.podresources.v1alpha1.Resources.unified:type_name -> podgate.podresources.v1alpha1.Resources.UnifiedEntry
-	1,  // 14: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
-	14, // 15: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
-	23, // 16: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	21, // 17: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	22, // 18: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	16, // 19: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
-	17, // 20: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
-	2,  // 21: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
-	23, // 22: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
-	3,  // 23: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
-	5,  // 24: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
-	7,  // 25: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
-	4,  // 26: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
-	6,  // 27: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
-	8,  // 28: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
-	26, // [26:29] is the sub-list for method output_type
-	23, // [23:26] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	20, // 0: podgate.podresources.v1alpha1.PodPullsResponse.pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
+	11, // 1: podgate.podresources.v1alpha1.ListResponse.pods:type_name -> podgate.podresources.v1alpha1.Pod
+	11, // 2: podgate.podresources.v1alpha1.GetResponse.pod:type_name -> podgate.podresources.v1alpha1.Pod
+	0,  // 3: podgate.podresources.v1alpha1.WatchEvent.type:type_name -> podgate.podresources.v1alpha1.WatchEvent.Type
+	11, // 4: podgate.podresources.v1alpha1.WatchEvent.pod:type_name -> podgate.podresources.v1alpha1.Pod
+	15, // 5: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
+	17, // 6: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
+	20, // 7: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
+	12, // 8: podgate.podresources.v1alpha1.Pod.cgroup:type_name -> podgate.podresources.v1alpha1.Cgroup
+	13, // 9: podgate.podresources.v1alpha1.Pod.containers:type_name -> podgate.podresources.v1alpha1.Container
+	14, // 10: podgate.podresources.v1alpha1.Container.asked:type_name -> podgate.podresources.v1alpha1.Resources
+	14, // 11: podgate.podresources.v1alpha1.Container.held:type_name -> podgate.podresources.v1alpha1.Resources
+	25, // 12: podgate.podresources.v1alpha1.Container.verified_at:type_name -> google.protobuf.Timestamp
+	21, // 13: podgate.podresources.v1alpha1.Resources.hugepages:type_name -> podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	22, // 14: podgate.podresources.v1alpha1.Resources.unified:type_name -> podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	1,  // 15: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
+	16, // 16: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
+	25, // 17: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	23, // 18: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	24, // 19: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	18, // 20: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
+	19, // 21: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
+	2,  // 22: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
+	25, // 23: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
+	25, // 24: podgate.podresources.v1alpha1.ImagePull.started:type_name -> google.protobuf.Timestamp
+	5,  // 25: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
+	7,  // 26: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
+	9,  // 27: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
+	3,  // 28: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
+	6,  // 29: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
+	8,  // 30: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
+	10, // 31: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
+	4,  // 32: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
+	29, // [29:33] is the sub-list for method output_type
+	25, // [25:29] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_podresources_api_v1alpha1_podresources_proto_init() }
@@ -1703,14 +1988,14 @@ func file_podresources_api_v1alpha1_podresources_proto_init() {
 	if File_podresources_api_v1alpha1_podresources_proto != nil {
 		return
 	}
-	file_podresources_api_v1alpha1_podresources_proto_msgTypes[9].OneofWrappers = []any{}
+	file_podresources_api_v1alpha1_podresources_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_podresources_api_v1alpha1_podresources_proto_rawDesc), len(file_podresources_api_v1alpha1_podresources_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,9 +27,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	PodResources_List_FullMethodName  = "/podgate.podresources.v1alpha1.PodResources/List"
-	PodResources_Get_FullMethodName   = "/podgate.podresources.v1alpha1.PodResources/Get"
-	PodResources_Watch_FullMethodName = "/podgate.podresources.v1alpha1.PodResources/Watch"
+	PodResources_List_FullMethodName     = "/podgate.podresources.v1alpha1.PodResources/List"
+	PodResources_Get_FullMethodName      = "/podgate.podresources.v1alpha1.PodResources/Get"
+	PodResources_Watch_FullMethodName    = "/podgate.podresources.v1alpha1.PodResources/Watch"
+	PodResources_PodPulls_FullMethodName = "/podgate.podresources.v1alpha1.PodResources/PodPulls"
 )
 
 // PodResourcesClient is the client API for PodResources service.
@@ -47,6 +48,10 @@ type PodResourcesClient interface {
 	// A watcher that falls too far behind is ended with RESOURCE_EXHAUSTED: list again and
 	// watch again.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// PodPulls returns the image pulls in podgate's pull governor, queued and running, oldest
+	// first: every pod's, or one pod's when the request names it. Each says its place in the
+	// queue and which cap holds it, how long it waited, and the bytes the runtime has fetched.
+	PodPulls(ctx context.Context, in *PodPullsRequest, opts ...grpc.CallOption) (*PodPullsResponse, error)
 }
 
 type podResourcesClient struct {
@@ -96,6 +101,16 @@ func (c *podResourcesClient) Watch(ctx context.Context, in *WatchRequest, opts .
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PodResources_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *podResourcesClient) PodPulls(ctx context.Context, in *PodPullsRequest, opts ...grpc.CallOption) (*PodPullsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PodPullsResponse)
+	err := c.cc.Invoke(ctx, PodResources_PodPulls_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PodResourcesServer is the server API for PodResources service.
 // All implementations must embed UnimplementedPodResourcesServer
 // for forward compatibility.
@@ -111,6 +126,10 @@ type PodResourcesServer interface {
 	// A watcher that falls too far behind is ended with RESOURCE_EXHAUSTED: list again and
 	// watch again.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// PodPulls returns the image pulls in podgate's pull governor, queued and running, oldest
+	// first: every pod's, or one pod's when the request names it. Each says its place in the
+	// queue and which cap holds it, how long it waited, and the bytes the runtime has fetched.
+	PodPulls(context.Context, *PodPullsRequest) (*PodPullsResponse, error)
 	mustEmbedUnimplementedPodResourcesServer()
 }
 
@@ -129,6 +148,9 @@ func (UnimplementedPodResourcesServer) Get(context.Context, *GetRequest) (*GetRe
 }
 func (UnimplementedPodResourcesServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedPodResourcesServer) PodPulls(context.Context, *PodPullsRequest) (*PodPullsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PodPulls not implemented")
 }
 func (UnimplementedPodResourcesServer) mustEmbedUnimplementedPodResourcesServer() {}
 func (UnimplementedPodResourcesServer) testEmbeddedByValue()                      {}
@@ -198,6 +220,24 @@ func _PodResources_Watch_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type PodResources_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _PodResources_PodPulls_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PodPullsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PodResourcesServer).PodPulls(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PodResources_PodPulls_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PodResourcesServer).PodPulls(ctx, req.(*PodPullsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PodResources_ServiceDesc is the grpc.ServiceDesc for PodResources service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -212,6 +252,10 @@ var PodResources_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _PodResources_Get_Handler,
+		},
+		{
+			MethodName: "PodPulls",
+			Handler:    _PodResources_PodPulls_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

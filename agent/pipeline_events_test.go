@@ -1,0 +1,55 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/test/kubefake"
+)
+
+// TestPipelineEvents: a stage of podgate's that holds a sandbox longer than heldAfter tells
+// the pod which stage holds it; one that refuses it tells the pod which stage and why; the
+// kubelet still gets the error with its class.
+func TestPipelineEvents(t *testing.T) {
+	client := fake.NewClientset()
+	rec := kube.NewEventRecorder(kubefake.Wrap(client), "node-a")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); rec.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "held", UID: types.UID("uid-held")}}
+	r := newPipelineRig(t, func(p *sandboxPipeline) {
+		p.events, p.heldAfter = rec, 50*time.Millisecond
+		for i, st := range p.stages {
+			if st.name != "dra-prepare" {
+				continue
+			}
+			p.stages[i].run = func(context.Context, *sandboxRun) error {
+				// Held until the pod has been told so.
+				awaitEvent(t, client, pod, "SandboxHeld", `stage "dra-prepare" has held the pod sandbox`, "DRA drivers prepare")
+				return fmt.Errorf("prepare claim ns/gpu: driver gpu.example.com: not registered: %w", errdefs.ErrUnavailable)
+			}
+		}
+	})
+	_, err := r.run(t, "held")
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("RunPodSandbox = %v, want Unavailable", err)
+	}
+	e := awaitEvent(t, client, pod, "FailedDRAPrepare", `stage "dra-prepare" refused the pod sandbox`, "driver gpu.example.com: not registered")
+	if e.Type != corev1.EventTypeWarning || e.Action != "RunPodSandbox" {
+		t.Errorf("Event %s: type %s, action %s", e.Reason, e.Type, e.Action)
+	}
+	r.checkNothingLeft(t)
+}

@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/cri/imagepull/progress"
+	"github.com/podgate/podgate/podresources"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+)
+
+// pullView shows the pull governor's pulls, with the bytes containerd has fetched for them,
+// to the PodResources extension (PodPulls, and each pod's image_pulls) and to the pull Events.
+type pullView struct {
+	governor *imagepull.Governor
+	// progress is nil when pull progress is off (imagePulls.containerdAddress "").
+	progress *progress.Tracker
+}
+
+var _ podresources.PullLister = (*pullView)(nil)
+
+// pull is one caller's pull with its progress.
+type pull struct {
+	imagepull.PullStatus
+	progress progress.Progress
+}
+
+// Pulls implements podresources.PullLister.
+func (v *pullView) Pulls(namespace, name string) []*pb.ImagePull {
+	var out []*pb.ImagePull
+	for _, p := range v.pulls() {
+		if namespace != "" && (p.Pod.Namespace != namespace || p.Pod.Name != name) {
+			continue
+		}
+		out = append(out, pullMessage(p))
+	}
+	return out
+}
+
+// podPulls is the pulls of the pod with this UID.
+func (v *pullView) podPulls(uid string) []*pb.ImagePull {
+	var out []*pb.ImagePull
+	for _, s := range v.governor.PodPulls(uid) {
+		out = append(out, pullMessage(v.withProgress(s)))
+	}
+	return out
+}
+
+// pulls is every caller's pull, oldest first.
+func (v *pullView) pulls() []pull {
+	statuses := v.governor.Pulls()
+	out := make([]pull, 0, len(statuses))
+	for _, s := range statuses {
+		out = append(out, v.withProgress(s))
+	}
+	return out
+}
+
+func (v *pullView) withProgress(s imagepull.PullStatus) pull {
+	p := pull{PullStatus: s}
+	if v.progress != nil && !s.Started.IsZero() {
+		p.progress, _ = v.progress.Progress(s.Image)
+	}
+	return p
+}
+
+// running is the backend pulls running, for the progress tracker.
+func (v *pullView) running() []progress.Running {
+	rs := v.governor.Running()
+	out := make([]progress.Running, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, progress.Running{Image: r.Image, Registry: v.governor.RegistryLabel(r.Registry), Started: r.Started})
+	}
+	return out
+}
+
+// pullMessage is a pull as the extension shows it.
+func pullMessage(p pull) *pb.ImagePull {
+	m := &pb.ImagePull{
+		Image: p.Image, State: pb.ImagePull_QUEUED, Since: timestamppb.New(p.Since),
+		PodNamespace: p.Pod.Namespace, PodName: p.Pod.Name, PodUid: p.PodUID,
+		Registry: p.Registry, Priority: p.Priority.String(),
+		Position: uint32(p.Position), WaitingFor: string(p.Waiting),
+		Queued: uint32(p.Queued), InFlight: uint32(p.InFlight), RegistryInFlight: uint32(p.RegistryInFlight),
+		MaxParallel: uint32(p.MaxParallel), RegistryCap: uint32(p.RegistryCap),
+		BytesDone: uint64(max(p.progress.Done, 0)), BytesTotal: uint64(max(p.progress.Total, 0)), BytesPerSecond: p.progress.Rate,
+	}
+	if !p.Started.IsZero() {
+		m.State, m.Started = pb.ImagePull_PULLING, timestamppb.New(p.Started)
+	}
+	if p.Shared {
+		m.SharedWith = p.SharedWith.String()
+	}
+	return m
+}
+
+// waited is how long the caller has waited, up to now or to the start of its pull.
+func (p pull) waited(now time.Time) time.Duration {
+	if !p.Started.IsZero() {
+		return max(0, p.Started.Sub(p.Since))
+	}
+	return now.Sub(p.Since)
+}

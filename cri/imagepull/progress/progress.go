@@ -1,0 +1,462 @@
+package progress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	contentapi "github.com/containerd/containerd/api/services/content/v1"
+	"github.com/distribution/reference"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+)
+
+// DefaultNamespace is the containerd namespace of the CRI's images.
+const DefaultNamespace = "k8s.io"
+
+// Labels containerd puts on the blobs of a pull.
+const (
+	distributionSourceLabel = "containerd.io/distribution.source."
+	configLabel             = "containerd.io/gc.ref.content.config"
+)
+
+// callTimeout bounds each call to containerd's content service: they read metadata and one
+// small manifest, which containerd answers in milliseconds; a containerd that does not answer
+// within it is asked again at the next poll.
+const callTimeout = 5 * time.Second
+
+// maxManifestSize bounds the manifest read from the content store: an image manifest is a few
+// KiB; anything much larger is not one.
+const maxManifestSize = 4 << 20
+
+// Running is a pull the runtime is busy with.
+type Running struct {
+	// Image is the normalised reference (docker.io/library/busybox:latest).
+	Image string
+	// Registry is the metric label of the image's registry.
+	Registry string
+	// Started is when the backend pull started.
+	Started time.Time
+}
+
+// Progress is how far a pull has got.
+type Progress struct {
+	// Done and Total are the bytes of the image's config and layers in the content store, and
+	// all of them; Total is 0 while the manifest is not known.
+	Done, Total int64
+	// Rate is bytes per second over the last few seconds.
+	Rate float64
+	// Blobs and BlobsDone count the config and layers, and those committed.
+	Blobs, BlobsDone int
+	// Updated is when this was read.
+	Updated time.Time
+}
+
+// Known reports whether the pull's manifest, so its size, is known.
+func (p Progress) Known() bool { return p.Total > 0 }
+
+// Tracker follows the running pulls in containerd's content store; see the package
+// documentation.
+type Tracker struct {
+	client    contentapi.ContentClient
+	conn      *grpc.ClientConn
+	namespace string
+	interval  time.Duration
+	running   func() []Running
+	now       func() time.Time
+
+	bytes      *prometheus.CounterVec
+	throughput *prometheus.GaugeVec
+
+	mu    sync.Mutex
+	pulls map[string]*pullState
+	// manifests caches the blobs of the manifests read, by digest.
+	manifests map[string][]blob
+	// unavailable is the last error that stopped a poll, logged once until a poll works.
+	unavailable string
+}
+
+type blob struct {
+	digest string
+	size   int64
+}
+
+// pullState is what the tracker knows of one running pull.
+type pullState struct {
+	started  time.Time
+	registry string
+	manifest string
+	blobs    []blob
+	progress Progress
+	// counted is the bytes already added to podgate_image_pull_bytes_total.
+	counted int64
+	// samples are (time, done) of the last polls, for the rate.
+	samples []sample
+}
+
+type sample struct {
+	at   time.Time
+	done int64
+}
+
+// rateWindow is how far back the rate looks.
+const rateWindow = 5 * time.Second
+
+// Option configures a Tracker.
+type Option func(*Tracker)
+
+// WithNamespace sets the containerd namespace (default k8s.io).
+func WithNamespace(ns string) Option { return func(t *Tracker) { t.namespace = ns } }
+
+// WithInterval sets how often the tracker reads the content store while pulls run (default 1s).
+func WithInterval(d time.Duration) Option { return func(t *Tracker) { t.interval = d } }
+
+// WithRegisterer registers podgate_image_pull_bytes_total and
+// podgate_image_pull_throughput_bytes_per_second with reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(t *Tracker) { reg.MustRegister(t.bytes, t.throughput) }
+}
+
+// New creates a tracker of containerd's content store at the unix socket path; running lists
+// the pulls to follow. It does not connect until a pull runs.
+func New(path string, running func() []Running, opts ...Option) (*Tracker, error) {
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("containerd %s: %w", path, err)
+	}
+	t := &Tracker{
+		client: contentapi.NewContentClient(conn), conn: conn,
+		namespace: DefaultNamespace, interval: time.Second, running: running, now: time.Now,
+		pulls: map[string]*pullState{}, manifests: map[string][]blob{},
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Name: "image_pull_bytes_total",
+			Help: "Bytes of images the runtime fetched for pulls podgate governs (from containerd's content store), by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
+		}, []string{"registry"}),
+		throughput: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "podgate", Name: "image_pull_throughput_bytes_per_second",
+			Help: "Bytes per second the runtime fetches for the running pulls, over the last 5 s, by registry as in podgate_image_pull_bytes_total.",
+		}, []string{"registry"}),
+	}
+	for _, o := range opts {
+		o(t)
+	}
+	return t, nil
+}
+
+// Close closes the connection to containerd.
+func (t *Tracker) Close() error { return t.conn.Close() }
+
+// Run polls the content store every interval while pulls run, until ctx ends.
+func (t *Tracker) Run(ctx context.Context) {
+	tick := time.NewTicker(t.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			t.Poll(ctx)
+		}
+	}
+}
+
+// Progress returns what the tracker last read of the running pull of image.
+func (t *Tracker) Progress(image string) (Progress, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.pulls[image]
+	if !ok {
+		return Progress{}, false
+	}
+	return p.progress, true
+}
+
+// Poll reads the content store once for the running pulls.
+func (t *Tracker) Poll(ctx context.Context) {
+	running := t.running()
+	t.mu.Lock()
+	t.forgetEnded(running)
+	t.mu.Unlock()
+	if len(running) == 0 {
+		return
+	}
+	ctx = metadata.AppendToOutgoingContext(ctx, "containerd-namespace", t.namespace)
+	err := t.poll(ctx, running)
+	logger := klog.FromContext(ctx)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case err == nil && t.unavailable != "":
+		logger.Info("Reading image pull progress from containerd again")
+		t.unavailable = ""
+	case err != nil && ctx.Err() == nil && t.unavailable != err.Error():
+		t.unavailable = err.Error()
+		logger.Info("Cannot read image pull progress from containerd's content store; retrying", "err", err)
+	}
+}
+
+// forgetEnded drops the pulls that no longer run and their throughput. t.mu is held.
+func (t *Tracker) forgetEnded(running []Running) {
+	live := map[string]bool{}
+	for _, r := range running {
+		live[r.Image] = true
+	}
+	rates := map[string]float64{}
+	for image, p := range t.pulls {
+		if !live[image] {
+			delete(t.pulls, image)
+			continue
+		}
+		rates[p.registry] += p.progress.Rate
+	}
+	for _, r := range running {
+		if _, ok := rates[r.Registry]; !ok {
+			rates[r.Registry] = 0
+		}
+	}
+	t.throughput.Reset()
+	for reg, v := range rates {
+		t.throughput.WithLabelValues(reg).Set(v)
+	}
+	if len(t.pulls) == 0 {
+		clear(t.manifests) // nothing runs: a later pull reads its manifests afresh
+	}
+}
+
+func (t *Tracker) poll(ctx context.Context, running []Running) error {
+	statuses, err := t.activeIngests(ctx)
+	if err != nil {
+		return err
+	}
+	now := t.now()
+	for _, r := range running {
+		t.mu.Lock()
+		p := t.pulls[r.Image]
+		if p == nil || !p.started.Equal(r.Started) {
+			p = &pullState{started: r.Started, registry: r.Registry}
+			t.pulls[r.Image] = p
+		}
+		t.mu.Unlock()
+		if p.manifest == "" {
+			if err := t.findManifest(ctx, r, p); err != nil {
+				return err
+			}
+		}
+		if p.manifest == "" {
+			continue
+		}
+		prog, err := t.measure(ctx, p.blobs, statuses)
+		if err != nil {
+			return err
+		}
+		t.record(p, prog, now)
+	}
+	return nil
+}
+
+// record stores a pull's new progress, its rate and its bytes in the metrics.
+func (t *Tracker) record(p *pullState, prog Progress, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	prog.Updated = now
+	if len(p.samples) == 0 {
+		// What was there before the first look (layers shared with other images, or fetched
+		// between the start and the first poll) is not counted as this pull's traffic unless
+		// it was being written.
+		p.counted = prog.Done
+	}
+	p.samples = append(p.samples, sample{at: now, done: prog.Done})
+	for len(p.samples) > 1 && now.Sub(p.samples[0].at) > rateWindow {
+		p.samples = p.samples[1:]
+	}
+	if first := p.samples[0]; now.After(first.at) && prog.Done >= first.done {
+		prog.Rate = float64(prog.Done-first.done) / now.Sub(first.at).Seconds()
+	}
+	if prog.Done > p.counted {
+		t.bytes.WithLabelValues(p.registry).Add(float64(prog.Done - p.counted))
+		p.counted = prog.Done
+	}
+	p.progress = prog
+}
+
+// activeIngests lists the writes in progress, by the digest they expect (and by ref).
+func (t *Tracker) activeIngests(ctx context.Context) (map[string]*contentapi.Status, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := t.client.ListStatuses(cctx, &contentapi.ListStatusesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list active ingests: %w", err)
+	}
+	out := map[string]*contentapi.Status{}
+	for _, s := range resp.GetStatuses() {
+		if d := s.GetExpected(); d != "" {
+			out[d] = s
+		} else if _, d, ok := strings.Cut(s.GetRef(), "-"); ok {
+			out[d] = s // "layer-sha256:…": containerd's remote ref key
+		}
+	}
+	return out, nil
+}
+
+// findManifest looks for the manifest of r's repository that containerd stored or touched
+// since r started, and reads its blobs.
+func (t *Tracker) findManifest(ctx context.Context, r Running, p *pullState) error {
+	host, repo, err := splitImage(r.Image)
+	if err != nil {
+		return nil // NewPull accepted it; a reference of another form simply shows no progress
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	// Presence of both labels: the value of the source label is a list of repositories.
+	filter := fmt.Sprintf(`labels."%s%s",labels."%s"`, distributionSourceLabel, host, configLabel)
+	stream, err := t.client.List(cctx, &contentapi.ListContentRequest{Filters: []string{filter}})
+	if err != nil {
+		return fmt.Errorf("list manifests of %s: %w", r.Image, err)
+	}
+	var candidates []*contentapi.Info
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("list manifests of %s: %w", r.Image, err)
+		}
+		for _, info := range resp.GetInfo() {
+			if !slices.Contains(strings.Split(info.GetLabels()[distributionSourceLabel+host], ","), repo) {
+				continue
+			}
+			// A second of slack: the store's clock and podgate's are one clock, but the
+			// manifest may be touched within the same instant the pull starts.
+			if info.GetUpdatedAt().AsTime().Before(r.Started.Add(-time.Second)) {
+				continue
+			}
+			candidates = append(candidates, info)
+		}
+	}
+	if len(candidates) == 0 {
+		return nil
+	}
+	newest := slices.MaxFunc(candidates, func(a, b *contentapi.Info) int {
+		return a.GetUpdatedAt().AsTime().Compare(b.GetUpdatedAt().AsTime())
+	})
+	blobs, err := t.readManifest(ctx, newest.GetDigest())
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	p.manifest, p.blobs = newest.GetDigest(), blobs
+	t.mu.Unlock()
+	return nil
+}
+
+// readManifest reads a manifest from the content store: its config and layers.
+func (t *Tracker) readManifest(ctx context.Context, digest string) ([]blob, error) {
+	t.mu.Lock()
+	blobs, ok := t.manifests[digest]
+	t.mu.Unlock()
+	if ok {
+		return blobs, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	stream, err := t.client.Read(cctx, &contentapi.ReadContentRequest{Digest: digest})
+	if err != nil {
+		return nil, fmt.Errorf("read manifest %s: %w", digest, err)
+	}
+	var data []byte
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read manifest %s: %w", digest, err)
+		}
+		data = append(data, resp.GetData()...)
+		if len(data) > maxManifestSize {
+			return nil, fmt.Errorf("read manifest %s: larger than %d bytes", digest, maxManifestSize)
+		}
+	}
+	var m struct {
+		Config descriptor   `json:"config"`
+		Layers []descriptor `json:"layers"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", digest, err)
+	}
+	blobs = []blob{{digest: m.Config.Digest, size: m.Config.Size}}
+	for _, l := range m.Layers {
+		blobs = append(blobs, blob{digest: l.Digest, size: l.Size})
+	}
+	t.mu.Lock()
+	t.manifests[digest] = blobs
+	t.mu.Unlock()
+	return blobs, nil
+}
+
+type descriptor struct {
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+// measure adds up the blobs: an ingest its offset, a committed blob its size.
+func (t *Tracker) measure(ctx context.Context, blobs []blob, active map[string]*contentapi.Status) (Progress, error) {
+	var p Progress
+	for _, b := range blobs {
+		p.Total += b.size
+		p.Blobs++
+		if s, ok := active[b.digest]; ok {
+			p.Done += min(s.GetOffset(), b.size)
+			continue
+		}
+		committed, err := t.committed(ctx, b.digest)
+		if err != nil {
+			return Progress{}, err
+		}
+		if committed {
+			p.Done += b.size
+			p.BlobsDone++
+		}
+	}
+	return p, nil
+}
+
+func (t *Tracker) committed(ctx context.Context, digest string) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	_, err := t.client.Info(cctx, &contentapi.InfoRequest{Digest: digest})
+	switch status.Code(err) {
+	case codes.OK:
+		return true, nil
+	case codes.NotFound:
+		return false, nil
+	}
+	return false, fmt.Errorf("info of %s: %w", digest, err)
+}
+
+// splitImage returns the registry host as containerd's distribution source label names it
+// (the host of the reference's locator, without a port) and the repository path.
+func splitImage(image string) (host, repo string, err error) {
+	ref, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return "", "", err
+	}
+	u, err := url.Parse("dummy://" + reference.Domain(ref))
+	if err != nil {
+		return "", "", err
+	}
+	return u.Hostname(), reference.Path(ref), nil
+}
