@@ -43,7 +43,8 @@ command line, which win over the file.`,
 	root.SetErr(stderr)
 	root.SetVersionTemplate("podgate {{.Version}}\n")
 	o.addFlags(root.Flags())
-	root.AddCommand(newVersionCommand(), newCheckConfigCommand(), newConfigCommand())
+	root.AddCommand(newVersionCommand(), newCheckConfigCommand(), newConfigCommand(),
+		newPodsCommand(), newPodCommand(), newPullsCommand())
 	return root
 }
 
