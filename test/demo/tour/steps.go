@@ -221,7 +221,7 @@ func (e *Env) PodResources(ctx context.Context) error {
 		return err
 	}
 	e.say("podgate answers with the sandbox, its sysctls and each DRA device with the claim it serves and its network data, " +
-		"from the moment the claims are prepared: multus needs no API call during CNI ADD")
+		"from the moment the claims are prepared: a meta-CNI plugin learns the pod's devices during CNI ADD from one local call, not from the API server")
 	b, err := protojson.Marshal(pod)
 	if err != nil {
 		return err
