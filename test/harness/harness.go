@@ -129,6 +129,8 @@ type Options struct {
 	Args []string
 	// Stderr, when set, also receives podgate's log.
 	Stderr io.Writer
+	// Env holds more environment variables (KEY=value) for podgate, beside the caller's own.
+	Env []string
 }
 
 // Start runs podgate and waits until it told systemd it is ready.
@@ -161,7 +163,7 @@ func Start(ctx context.Context, bin string, o Options) (*Podgate, error) {
 		"--state-dir", filepath.Join(o.Dir, "state"),
 	}, o.Args...)
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+notifyPath)
+	p.cmd.Env = append(append(os.Environ(), o.Env...), "NOTIFY_SOCKET="+notifyPath)
 	var stderr io.Writer = p.Log
 	if o.Stderr != nil {
 		stderr = io.MultiWriter(p.Log, o.Stderr)

@@ -34,27 +34,42 @@ type Collector struct {
 
 	mu    sync.Mutex
 	spans []Span
+
+	server *grpc.Server
+	served chan error
 }
 
 // Start serves a collector on a free loopback port until the test ends.
 func Start(t testing.TB) *Collector {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	c, err := Listen()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Collector{Endpoint: l.Addr().String()}
-	s := grpc.NewServer()
-	collectortrace.RegisterTraceServiceServer(s, c)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(l) }()
 	t.Cleanup(func() {
-		s.Stop()
-		if err := <-served; err != nil {
+		if err := c.Close(); err != nil {
 			t.Errorf("OTLP collector: %v", err)
 		}
 	})
 	return c
+}
+
+// Listen serves a collector on a free loopback port until Close, for programs (the demo).
+func Listen() (*Collector, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c := &Collector{Endpoint: l.Addr().String(), server: grpc.NewServer(), served: make(chan error, 1)}
+	collectortrace.RegisterTraceServiceServer(c.server, c)
+	go func() { c.served <- c.server.Serve(l) }()
+	return c, nil
+}
+
+// Close stops serving and returns what serving ended with.
+func (c *Collector) Close() error {
+	c.server.Stop()
+	return <-c.served
 }
 
 // Export implements the TraceService.

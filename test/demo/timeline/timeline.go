@@ -106,7 +106,7 @@ func Write(w io.Writer, title string, pods []Pod) error {
 	b.WriteString(style)
 	fmt.Fprintf(b, `<rect width="%d" height="%d" fill="#fff"/>`+"\n", width, height)
 	fmt.Fprintf(b, `<text class="title" x="12" y="24">%s</text>`+"\n", esc(title))
-	fmt.Fprintf(b, `<text class="note" x="12" y="42">%s</text>`+"\n", esc("kubelet rows: CRI calls as the client saw them; podgate rows: podgate's own stage timings; "+
+	fmt.Fprintf(b, `<text class="note" x="12" y="42">%s</text>`+"\n", esc("kubelet rows: CRI calls as the client saw them; podgate rows: podgate's own timings of its work; "+
 		"other rows: instants logged by the CNI plugin and the DRA driver. Hover for details."))
 	y := titleSpace
 	for _, p := range pods {

@@ -25,6 +25,7 @@ import (
 	"github.com/podgate/podgate/test/demo/timeline"
 	"github.com/podgate/podgate/test/dranode"
 	"github.com/podgate/podgate/test/harness"
+	"github.com/podgate/podgate/test/otlpfake"
 	"github.com/podgate/podgate/test/registry"
 	"github.com/podgate/podgate/test/rig"
 )
@@ -75,6 +76,8 @@ type Env struct {
 	Through, Direct *rig.Client
 	// Records is the recording CNI plugin's file; Events the DRA driver's call log.
 	Records, Events string
+	// Traces receives podgate's spans over OTLP: the timeline's stage times.
+	Traces *otlpfake.Collector
 	// busybox is the rig's busybox image, the base of the pods' images.
 	busybox string
 	// podgateLog receives podgate's log, beside the copy Podgate keeps.
@@ -193,6 +196,10 @@ func (e *Env) startNode(ctx context.Context) error {
 		reg.Count(true)
 	}
 	e.say("registries A %s and B %s on loopback, each download throttled to %d MiB/s", e.RegA.Host, e.RegB.Host, bandwidth>>20)
+	if e.Traces, err = otlpfake.Listen(); err != nil {
+		return err
+	}
+	e.say("an OpenTelemetry (OTLP) trace collector on %s receives podgate's spans: the timeline's stage times", e.Traces.Endpoint)
 	return nil
 }
 
@@ -212,7 +219,10 @@ dra:
   publishNetworkData: true
 podResources:
   kubeletSocket: ""
-`, maxParallel, e.RegA.Host, registryACap, e.Cluster.PluginRegistryDir(), dranode.DriverName)
+tracing:
+  endpoint: %s
+  samplingRatePerMillion: 1000000
+`, maxParallel, e.RegA.Host, registryACap, e.Cluster.PluginRegistryDir(), dranode.DriverName, e.Traces.Endpoint)
 }
 
 // startDriverAndPodgate starts the DRA driver, then podgate with the cluster's kubeconfig, and
@@ -241,7 +251,7 @@ func (e *Env) startDriverAndPodgate(ctx context.Context) error {
 		return err
 	}
 	p, err := harness.Start(ctx, filepath.Join(e.work, "bin", "podgate"), harness.Options{
-		Dir: e.work, RuntimeEndpoint: e.Rig.Endpoint, Stderr: e.podgateLog,
+		Dir: e.work, RuntimeEndpoint: e.Rig.Endpoint, Stderr: e.podgateLog, Env: traceEnv,
 		Args: []string{"--config", configPath, "--kubeconfig", c.Kubeconfig(), "--node-name", c.NodeName()},
 	})
 	if err != nil {
@@ -294,6 +304,9 @@ func (e *Env) Down(ctx context.Context) error {
 		if reg != nil {
 			errs = append(errs, reg.Close())
 		}
+	}
+	if e.Traces != nil {
+		errs = append(errs, e.Traces.Close())
 	}
 	errs = append(errs, dranode.RemoveLinks(InterfacePrefix))
 	if e.work != "" {

@@ -22,15 +22,14 @@ import (
 )
 
 // SandboxStages are the stages of podgate's RunPodSandbox pipeline, in the order they run
-// (agent/pipeline.go, sandboxStages). The demo cannot ask podgate for the order, only for each
-// stage's time (podgate_sandbox_stage_duration_seconds{stage}); it refuses to draw a timeline
-// when podgate reports a stage this list lacks.
+// (agent/pipeline.go, sandboxStages). The timeline takes the order from podgate's spans; the
+// metrics say each stage's time (podgate_sandbox_stage_duration_seconds{stage}) but not the
+// order, so the step lines read them in this order, and refuse a stage this list lacks.
 var SandboxStages = []string{"sysctl-check", "dra-prepare", "forward", "status", "sysctl-verify", "dra-attach", "record"}
 
 // Metric names the pod starts read.
 const (
 	stageMetric     = "podgate_sandbox_stage_duration_seconds"
-	criMetric       = "podgate_cri_request_duration_seconds"
 	pullWaitMetric  = "podgate_image_pull_wait_seconds"
 	pullTimeMetric  = "podgate_image_pull_duration_seconds"
 	blockersPerPull = registryACap // pulls from registry A ahead of a pod's own: its cap is full
@@ -42,10 +41,11 @@ type PodStart struct {
 	Image       string
 	SandboxID   string
 	ContainerID string
-	// Stages are podgate's RunPodSandbox stages, in order, with their durations.
+	// Stages are podgate's RunPodSandbox stages, in order, with their durations, from its
+	// metrics.
 	Stages []StageTime
 	// PullWait is how long the pod's pull waited in podgate's queue, Pull how long containerd
-	// then took, both as podgate timed them.
+	// then took, both as podgate's metrics timed them.
 	PullWait, Pull time.Duration
 	// Timeline is the pod's start on one time axis.
 	Timeline timeline.Pod
@@ -87,9 +87,11 @@ func timed(fn func() error) (call, error) {
 
 // startPod starts pod as the kubelet does: RunPodSandbox, then PullImage of its image (which
 // waits in podgate's queue behind pulls of other pods from registry A, whose cap they fill),
-// then CreateContainer and StartContainer. One pod starts at a time, so the change of podgate's
-// histograms across each call is that call's own time: the timeline is podgate's timings, not
-// the demo's clock.
+// then CreateContainer and StartContainer. The timeline draws the calls as the demo saw them
+// and, inside them, podgate's spans of its stages, the pull's wait and the pull (its traces).
+// The same times come from podgate's histograms too: one pod starts at a time, so their change
+// across each call is that call's own; the step lines print those, and the test checks that
+// both sources agree.
 func (e *Env) startPod(ctx context.Context, pod *corev1.Pod, image string) (*PodStart, error) {
 	ps := &PodStart{Pod: pod, Image: image}
 	sb := e.sandboxConfig(pod)
@@ -118,12 +120,8 @@ func (e *Env) startPod(ctx context.Context, pod *corev1.Pod, image string) (*Pod
 	if ps.Stages, err = stageTimes(before, after); err != nil {
 		return nil, err
 	}
-	runHandler, err := once(after, before, criMetric, "method", "RunPodSandbox")
-	if err != nil {
-		return nil, err
-	}
 
-	pull, pullHandler, err := e.queuedPull(ctx, ps, sb, ahead)
+	pull, err := e.queuedPull(ctx, ps, sb, ahead)
 	if err != nil {
 		return nil, err
 	}
@@ -149,19 +147,16 @@ func (e *Env) startPod(ctx context.Context, pod *corev1.Pod, image string) (*Pod
 		return nil, fmt.Errorf("StartContainer in %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 
+	spans, err := e.podgateSpans(ctx, pod)
+	if err != nil {
+		return nil, err
+	}
 	ps.Timeline = timeline.Pod{Name: pod.Namespace + "/" + pod.Name}
 	tl := &ps.Timeline
 	tl.Spans = append(tl.Spans, timeline.Span{Lane: timeline.Kubelet, Name: "RunPodSandbox", Start: run.start, End: run.end})
-	at := handlerStart(run, runHandler)
-	for _, st := range ps.Stages {
-		tl.Spans = append(tl.Spans, timeline.Span{Lane: timeline.Podgate, Name: st.Name, Start: at, End: at.Add(st.Duration), Detail: stageDetail[st.Name]})
-		at = at.Add(st.Duration)
-	}
+	tl.Spans = append(tl.Spans, spans.stages...)
 	tl.Spans = append(tl.Spans, timeline.Span{Lane: timeline.Kubelet, Name: "PullImage", Start: pull.start, End: pull.end, Detail: image})
-	at = handlerStart(pull, pullHandler)
-	tl.Spans = append(tl.Spans,
-		timeline.Span{Lane: timeline.Podgate, Name: "pull-wait", Start: at, End: at.Add(ps.PullWait), Detail: "in podgate's queue: registry A's cap was full"},
-		timeline.Span{Lane: timeline.Podgate, Name: "pull", Start: at.Add(ps.PullWait), End: at.Add(ps.PullWait + ps.Pull), Detail: "containerd pulling, as podgate timed it"},
+	tl.Spans = append(tl.Spans, spans.wait, spans.pull,
 		timeline.Span{Lane: timeline.Kubelet, Name: "CreateContainer", Start: create.start, End: create.end},
 		timeline.Span{Lane: timeline.Kubelet, Name: "StartContainer", Start: start.start, End: start.end},
 	)
@@ -225,12 +220,6 @@ var stageDetail = map[string]string{
 	"record":        "the pod registry and its checkpoint",
 }
 
-// handlerStart places podgate's handling of a call inside the call as the client saw it: podgate
-// timed only its own part, so the rest (the transport) is split evenly before and after it.
-func handlerStart(c call, handler time.Duration) time.Time {
-	return c.start.Add(max(0, c.end.Sub(c.start)-handler) / 2)
-}
-
 // aheadPull is a pull of another pod that goes ahead of a pod's own.
 type aheadPull struct {
 	pod *corev1.Pod
@@ -264,7 +253,7 @@ func (e *Env) podsAhead(ctx context.Context, name string) ([]aheadPull, error) {
 // in podgate's queue (the wait includes the time registry A held the downloads ahead), and takes podgate's wait and pull times of it from the change of its
 // histograms: once the pulls ahead have been answered (their times are recorded before their
 // answers) and before the pod's own is (recorded just before its answer).
-func (e *Env) queuedPull(ctx context.Context, ps *PodStart, sb *runtimeapi.PodSandboxConfig, ahead []aheadPull) (call, time.Duration, error) {
+func (e *Env) queuedPull(ctx context.Context, ps *PodStart, sb *runtimeapi.PodSandboxConfig, ahead []aheadPull) (call, error) {
 	// Registry A holds the downloads ahead until the pod's own pull waits behind them: they
 	// take a second, and on a loaded machine starting the pod's pull may take longer.
 	e.RegA.Hold()
@@ -277,7 +266,7 @@ func (e *Env) queuedPull(ctx context.Context, ps *PodStart, sb *runtimeapi.PodSa
 		})
 	}
 	if err := e.waitMetric(ctx, "registry A's cap filled", "podgate_image_pull_registry_in_flight", float64(len(ahead)), "registry", e.RegA.Host); err != nil {
-		return call{}, 0, errors.Join(err, waitErrs(&wg, errs))
+		return call{}, errors.Join(err, waitErrs(&wg, errs))
 	}
 	var pull call
 	done := make(chan struct{})
@@ -292,39 +281,35 @@ func (e *Env) queuedPull(ctx context.Context, ps *PodStart, sb *runtimeapi.PodSa
 	if err := e.waitMetric(ctx, "the pod's pull queued", "podgate_image_pull_queue_length", 1); err != nil {
 		err = errors.Join(err, waitErrs(&wg, errs[1:]))
 		<-done
-		return call{}, 0, err
+		return call{}, err
 	}
 	e.RegA.Release()
 	if err := waitErrs(&wg, errs[1:]); err != nil {
 		<-done
-		return call{}, 0, err
+		return call{}, err
 	}
 	mid, err := e.Podgate.Scrape(ctx)
 	<-done
 	if err != nil {
-		return call{}, 0, err
+		return call{}, err
 	}
 	if errs[0] != nil {
-		return call{}, 0, fmt.Errorf("PullImage %s for %s/%s: %w", ps.Image, ps.Pod.Namespace, ps.Pod.Name, errs[0])
+		return call{}, fmt.Errorf("PullImage %s for %s/%s: %w", ps.Image, ps.Pod.Namespace, ps.Pod.Name, errs[0])
 	}
 	after, err := e.Podgate.Scrape(ctx)
 	if err != nil {
-		return call{}, 0, err
+		return call{}, err
 	}
 	wait, err := once(after, mid, pullWaitMetric)
 	if err != nil {
-		return call{}, 0, err
+		return call{}, err
 	}
 	took, err := once(after, mid, pullTimeMetric, "result", "success")
 	if err != nil {
-		return call{}, 0, err
-	}
-	handler, err := once(after, mid, criMetric, "method", "PullImage")
-	if err != nil {
-		return call{}, 0, err
+		return call{}, err
 	}
 	ps.PullWait, ps.Pull = wait, took
-	return pull, handler, nil
+	return pull, nil
 }
 
 func waitErrs(wg *sync.WaitGroup, errs []error) error {

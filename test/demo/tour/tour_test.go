@@ -68,7 +68,7 @@ func TestPullsAndDRA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkTimeline(t, path)
+	checkTimeline(t, path, dra.Start)
 
 	if err := e.Cleanup(ctx); err != nil {
 		t.Fatal(err)
@@ -234,7 +234,11 @@ func checkDRA(t *testing.T, e *tour.Env, dra *tour.DRAReport, printed string) {
 	}
 }
 
-func checkTimeline(t *testing.T, path string) {
+// checkTimeline reads the picture back: the DRA pod's start is drawn with podgate's stages in
+// the pipeline's order inside RunPodSandbox, the pull's wait then the pull inside PullImage, the
+// driver's prepare and the CNI ADD inside; and the times drawn (podgate's spans) agree with what
+// podgate's histograms say of the same start.
+func checkTimeline(t *testing.T, path string, start *tour.PodStart) {
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +264,24 @@ func checkTimeline(t *testing.T, path string) {
 	for _, call := range []string{"CreateContainer", "StartContainer"} {
 		if _, ok := web.Span(timeline.Kubelet, call); !ok {
 			t.Errorf("timeline: pod web has no %s", call)
+		}
+	}
+	drawn := func(name string) time.Duration {
+		s, _ := web.Span(timeline.Podgate, name)
+		return time.Duration((s.EndMS - s.StartMS) * float64(time.Millisecond))
+	}
+	// A stage's histogram observation wraps its span: never shorter, and longer only by what
+	// a loaded machine delays a goroutine between the two.
+	for _, st := range start.Stages {
+		if d := st.Duration - drawn(st.Name); d < -time.Microsecond || d > max(10*time.Millisecond, st.Duration/4) {
+			t.Errorf("stage %s: drawn %s (span), %s by podgate's histogram", st.Name, drawn(st.Name), st.Duration)
+		}
+	}
+	// The pull's wait and time are measured by the governor's clock and by its spans a few
+	// steps apart.
+	for name, metric := range map[string]time.Duration{"pull-wait": start.PullWait, "pull": start.Pull} {
+		if d := (metric - drawn(name)).Abs(); d > max(20*time.Millisecond, metric/20) {
+			t.Errorf("%s: drawn %s (span), %s by podgate's histogram", name, drawn(name), metric)
 		}
 	}
 }
