@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -122,11 +124,30 @@ func (s *resourceStages) createContainer(ctx context.Context, req *runtimeapi.Cr
 	if err != nil {
 		return resp, err
 	}
+	id := resp.GetContainerId()
 	s.containers.AddContainer(registry.ContainerRecord{
-		ID: resp.GetContainerId(), Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid, Origin: registry.OriginStarted,
-		Asked: cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()), Verification: registry.CgroupPending,
+		ID: id, Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid, Origin: registry.OriginStarted,
+		Asked:        cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()),
+		CgroupsPath:  containerdCgroupsPath(req.GetSandboxConfig().GetLinux().GetCgroupParent(), id),
+		Verification: registry.CgroupPending,
 	})
 	return resp, nil
+}
+
+// containerdCgroupsPath is the linux.cgroupsPath containerd gives a container of a sandbox with
+// this cgroup parent (internal/cri/server getCgroupsPath): "slice:cri-containerd:id" under a
+// systemd slice, parent/id otherwise; "" without a parent (containerd sets none). Taking it from
+// the CreateContainer request saves the check after StartContainer a verbose ContainerStatus
+// (a JSON encoding of the whole runtime spec) beside the kubelet's own next call; a cgroup not
+// found there is looked up in the runtime's status after all (verifyContainer).
+func containerdCgroupsPath(parent, id string) string {
+	if parent == "" {
+		return ""
+	}
+	if base := path.Base(parent); strings.HasSuffix(base, ".slice") {
+		return base + ":cri-containerd:" + id
+	}
+	return filepath.Join(parent, id)
 }
 
 // applyMemoryQoS adds the container's memory QoS to res.Unified as the kubelet 1.36 computes
@@ -282,6 +303,14 @@ func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) 
 		}
 	}
 	held, err := cgroup.Read(ctx, path, cgroup.ForResources(asked))
+	if err != nil && rec.CgroupsPath != "" {
+		// The path taken from the request may not be the runtime's (another runtime than
+		// containerd): ask the runtime, once, and read again where it says.
+		if rt, rerr := s.cgroupsPath(ctx, id); rerr == nil && rt != path {
+			path = rt
+			held, err = cgroup.Read(ctx, path, cgroup.ForResources(asked))
+		}
+	}
 	if err != nil {
 		if s.record(id, after, nil, nil, err) {
 			logger.Info("Cannot read the container's cgroup", "after", after, "cgroupsPath", path, "err", err)
