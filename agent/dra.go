@@ -213,7 +213,7 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 	if by := d.preparer(ctx, ref); by == registry.PreparedByKubelet {
 		d.decisions.WithLabelValues(by).Inc()
 		klog.FromContext(ctx).V(2).Info("Claims prepared by the kubelet: recording their devices", "claims", len(claims))
-		return d.registry.SetObserved(allocatedDevices(claims))
+		return d.registry.SetObserved(d.observed(ctx, claims))
 	}
 	d.decisions.WithLabelValues(registry.PreparedByPodgate).Inc()
 	if err := d.prepareOnce(ctx, claims); err != nil {
@@ -290,6 +290,26 @@ func (d *draStages) setKubeletVersion(ctx context.Context, node *corev1.Node) {
 	}
 	d.kubeletVersion.Store(v)
 	klog.FromContext(ctx).Info("DRA prepare", "mode", d.mode, "kubeletVersion", raw, "kubeletPrepares", !v.LessThan(kubeletPreparesFrom))
+}
+
+// observed are the devices of the claims the kubelet prepared and podgate has not recorded as
+// prepared yet, from their allocation, with their network data as podgate's own prepare
+// records it: what the PodResources extension shows a meta-CNI plugin during CNI ADD.
+func (d *draStages) observed(ctx context.Context, claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
+	devices := allocatedDevices(claims)
+	var fresh []registry.ClaimRecord
+	for _, c := range claims {
+		if info, ok := d.registry.Claim(c.UID); ok && info.Prepared {
+			delete(devices, c.UID) // recorded already, with its network data
+			continue
+		}
+		fresh = append(fresh, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devices[c.UID]})
+	}
+	d.describeNetwork(ctx, fresh)
+	for _, c := range fresh {
+		devices[c.UID] = c.Devices
+	}
+	return devices
 }
 
 // allocatedDevices are the devices of each claim's allocation that its drivers serve, as the

@@ -12,13 +12,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/podresources"
+	"github.com/podgate/podgate/test/kubefake"
 )
 
 // kubeletKnows is the kubelet's PodResources Get for the pods it manages: others are NotFound.
@@ -77,8 +81,16 @@ func TestDRAPrepareModes(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := draPod("1", "net")
-			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
+			// The driver's slice names the device's host interface: its network data.
+			slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "net-slice"}, Spec: resourceapi.ResourceSliceSpec{
+				Driver: testDriver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 1},
+				Devices: []resourceapi.Device{{Name: "dev-net", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+					dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To("eth7")},
+				}}},
+			}}
+			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod), slice)
 			dr.dra.mode = tt.mode
+			dr.dra.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
 			if tt.kubelet != "" {
 				dr.dra.kubeletVersion.Store(version.MustParseGeneric(tt.kubelet))
 			}
@@ -114,8 +126,9 @@ func TestDRAPrepareModes(t *testing.T) {
 				t.Errorf("driver calls %v, want %v", calls, wantCalls)
 			}
 			c, ok := dr.registry.Claim("claim-net")
-			if !ok || !c.Prepared || c.PreparedBy != tt.by || len(c.Devices) != 1 || c.Devices[0].Device != "dev-net" {
-				t.Errorf("claim record %+v, want prepared by %s with device dev-net", c, tt.by)
+			if !ok || !c.Prepared || c.PreparedBy != tt.by || len(c.Devices) != 1 || c.Devices[0].Device != "dev-net" ||
+				c.Devices[0].Network == nil || c.Devices[0].Network.HostInterface != "eth7" {
+				t.Errorf("claim record %+v, want prepared by %s with device dev-net, host interface eth7", c, tt.by)
 			}
 
 			dr.removeSandbox(t, id)
