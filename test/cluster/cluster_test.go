@@ -58,6 +58,13 @@ func startNode(t testing.TB) *node {
 // KubeletConfiguration fields that replace the cluster's (cluster.Options.KubeletConfig).
 func startNodeWith(t testing.TB, withPodgate bool, kubeletConfig map[string]any) *node {
 	t.Helper()
+	return startNodeConfigured(t, withPodgate, kubeletConfig, "")
+}
+
+// startNodeConfigured is startNodeWith; podgateConfig is more of podgate's configuration file
+// (top-level YAML keys other than dra).
+func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[string]any, podgateConfig string) *node {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
 	}
@@ -97,7 +104,7 @@ func startNodeWith(t testing.TB, withPodgate bool, kubeletConfig map[string]any)
 	controlPlane := time.Since(start)
 	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
 	config := filepath.Join(pgDir, "config.yaml")
-	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n", c.PluginRegistryDir()), 0o644)
+	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n%s", c.PluginRegistryDir(), podgateConfig), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
