@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
@@ -50,19 +51,7 @@ func TestRequestLog(t *testing.T) {
 	if got := reg.Requests(); len(got) != 0 {
 		t.Fatalf("a push logged while counting: %+v", got)
 	}
-	r, err := name.ParseReference(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := remote.Image(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := layers[0].Compressed()
+	rc, err := firstLayer(t, ref).Compressed()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,29 +94,18 @@ func TestHold(t *testing.T) {
 	reg := New(64 << 20)
 	reg.Serve(t)
 	reg.Count(true)
-	ref, err := name.ParseReference(reg.Push(t, "held", 1, 4096)[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := remote.Image(ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
+	layer := firstLayer(t, reg.Push(t, "held", 1, 4096)[0])
 	reg.Hold()
 	done := make(chan error, 1)
 	go func() {
-		rc, err := layers[0].Compressed()
+		rc, err := layer.Compressed()
 		if err == nil {
 			_, err = io.Copy(io.Discard, rc)
 			rc.Close()
 		}
 		done <- err
 	}()
-	err = wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		return reg.Stats().Active["held/img0"] == 1, nil
 	})
 	if err != nil {
@@ -148,4 +126,22 @@ func TestHold(t *testing.T) {
 	if s := reg.Stats(); s.Bytes < 4096 || s.Active["held/img0"] != 0 {
 		t.Errorf("after Release: %d bytes served, %d requests active; want the layer, none", s.Bytes, s.Active["held/img0"])
 	}
+}
+
+// firstLayer reads the manifest of the image ref and returns its first layer, not yet fetched.
+func firstLayer(t *testing.T, ref string) v1.Layer {
+	t.Helper()
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layers[0]
 }
