@@ -20,7 +20,7 @@ const (
 	// A caller with a deadline is answered Unavailable a tenth of its time before it, between
 	// minReplyMargin and maxReplyMargin, so that it reads why rather than its own
 	// DeadlineExceeded, even on a busy node.
-	minReplyMargin = 100 * time.Millisecond
+	minReplyMargin = 250 * time.Millisecond
 	maxReplyMargin = time.Second
 	// minRetryDelay and maxRetryDelay space the calls after the kubelet failed: doubled at each
 	// failure in a row. The kubelet's bucket gains a token every 10 ms, and a restarted kubelet
@@ -98,6 +98,10 @@ func (g *flightGroup[K, T]) do(ctx context.Context, key K) (T, error) {
 			phase := g.leave(key, f)
 			if ctx.Err() != nil {
 				return zero, ctx.Err()
+			}
+			if last == nil {
+				// Its own calls never failed (it waited behind others): why they did.
+				_, last = g.k.retryDelay()
 			}
 			return zero, &kubeletWaitError{
 				socket: g.k.socket, method: g.method, waited: time.Since(start), phase: phase, attempts: attempts, last: last,
@@ -235,7 +239,7 @@ type kubeletWaitError struct {
 	waited         time.Duration
 	phase          string // what the call it waited for was waiting for
 	attempts       int    // calls that failed while it waited
-	last           error  // the last of them
+	last           error  // the last of them, or the kubelet's last failure before
 }
 
 func (e *kubeletWaitError) Error() string {
@@ -248,7 +252,11 @@ func (e *kubeletWaitError) Error() string {
 		if ce, ok := errors.AsType[*kubeletCallError](last); ok {
 			last = ce.err // without the socket and method said above
 		}
-		msg += fmt.Sprintf(": %d calls failed, the last: %v", e.attempts, last)
+		if e.attempts > 0 {
+			msg += fmt.Sprintf(": %d calls failed, the last: %v", e.attempts, last)
+		} else {
+			msg += fmt.Sprintf(": the kubelet's last failure: %v", last)
+		}
 	}
 	return msg
 }

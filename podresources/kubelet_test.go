@@ -144,20 +144,19 @@ func TestKubeletFailureIsUnavailable(t *testing.T) {
 			r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: ksock})
 			tries := 0.0
 			for method, call := range v1Calls(r) {
-				start := time.Now()
-				err := call(withDeadline(t, 400*time.Millisecond))
-				took := time.Since(start)
+				err := call(withDeadline(t, time.Second))
 				st := status.Convert(err)
 				if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), ksock) || !strings.Contains(st.Message(), status.Convert(tt.err).Message()) {
 					t.Errorf("%s: %v; want Unavailable naming %s and the kubelet's error", method, err, ksock)
 				}
-				if tt.reason == "error" && took > 200*time.Millisecond {
-					t.Errorf("%s: answered after %s; a failure that does not pass is answered at once", method, took)
-				}
 				if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_unavailable_total", "method", method, "reason", tt.reason); got != 1 {
 					t.Errorf("%s: kubelet_unavailable_total{%s} = %v, want 1", method, tt.reason, got)
 				}
-				tries += metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", method, "result", tt.result)
+				n := metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", method, "result", tt.result)
+				if tt.reason == "error" && n != 1 {
+					t.Errorf("%s: kubelet_requests_total{%s} = %v; a failure that does not pass is answered at once, after one try", method, tt.result, n)
+				}
+				tries += n
 			}
 			// The delay between tries grows with the failures in a row, whatever the method: the
 			// first call is tried several times, the later ones perhaps once.
@@ -204,7 +203,7 @@ func TestKubeletStopsAndReturns(t *testing.T) {
 				}
 			} else {
 				for method, call := range v1Calls(r) {
-					err := call(withDeadline(t, 500*time.Millisecond))
+					err := call(withDeadline(t, time.Second))
 					if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), ksock) {
 						t.Errorf("%s with the kubelet down: %v, want Unavailable naming %s", method, err, ksock)
 					}
