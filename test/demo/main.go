@@ -57,6 +57,9 @@ func runDemo(outDir string) error {
 	defer klog.Flush()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Output piped into a program that exits early (make demo | head) must not kill the demo
+	// before it has cleaned up: writes to the closed pipe fail instead.
+	signal.Ignore(syscall.SIGPIPE)
 	return run(klog.NewContext(ctx, klog.Background()), os.Stdout, outDir)
 }
 

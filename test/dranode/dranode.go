@@ -76,6 +76,7 @@ func StartDriver(c DriverConfig) (*Driver, error) {
 		args = append(args, "--interface-prefix", c.InterfacePrefix)
 	}
 	cmd := exec.Command(c.Bin, args...)
+	dieWithParent(cmd)
 	log, err := os.Create(filepath.Join(c.LogDir, fmt.Sprintf("dradriver-%d.log", time.Now().UnixNano())))
 	if err != nil {
 		return nil, fmt.Errorf("start DRA driver: %w", err)
