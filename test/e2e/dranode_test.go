@@ -59,7 +59,7 @@ func goBuild(t testing.TB, dir, pkg, name string) string {
 type draNodeOptions struct {
 	// attach is podgate's dra.attach: the drivers whose devices podgate itself moves into pods.
 	attach []string
-	// config returns more of podgate's configuration, after its dra section.
+	// config returns more of podgate's configuration, after its dra and podResources sections.
 	config func(n *draNode) string
 	// cniPlugins are more CNI plugins to build into the node's CNI bin directory, by import
 	// path, with their binary names.
@@ -117,8 +117,11 @@ func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 	})
 	n.cluster = cluster.Start(t, cluster.Options{CRIEndpoint: "unix://" + filepath.Join(n.pgDir, "cri.sock"), DeferKubelet: true})
 	n.kube = n.cluster.Client()
-	config := fmt.Sprintf("dra:\n  pluginRegistryDir: %s\n  callTimeout: 5s\n  attach: [%s]\n  publishNetworkData: true\n",
-		n.cluster.PluginRegistryDir(), strings.Join(o.attach, ", "))
+	// dra.prepare auto asks the kubelet's PodResources socket whether it manages a pod (and so
+	// prepared its claims); a stopped kubelet does not answer and podgate prepares.
+	config := fmt.Sprintf("dra:\n  pluginRegistryDir: %s\n  callTimeout: 5s\n  attach: [%s]\n  publishNetworkData: true\n"+
+		"podResources:\n  kubeletSocket: %s\n",
+		n.cluster.PluginRegistryDir(), strings.Join(o.attach, ", "), n.cluster.PodResourcesSocket())
 	if o.config != nil {
 		config += o.config(n)
 	}

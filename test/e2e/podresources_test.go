@@ -154,9 +154,6 @@ func dialPodResources(t *testing.T, socket string) *grpc.ClientConn {
 func TestPodResourcesMetaCNI(t *testing.T) {
 	var metaRecords, prSocket string
 	n := startDRANodeWith(t, draNodeOptions{
-		config: func(n *draNode) string {
-			return fmt.Sprintf("podResources:\n  kubeletSocket: %s\n", n.cluster.PodResourcesSocket())
-		},
 		cniPlugins: map[string]string{"github.com/podgate/podgate/test/cni/metacni": "pgmetacni"},
 		cniChain: func(n *draNode) []string {
 			metaRecords = filepath.Join(n.binDir, "metacni-record.jsonl")
