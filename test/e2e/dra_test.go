@@ -48,16 +48,19 @@ func TestDRAWithTheKubelet(t *testing.T) {
 	if existed, ok := n.cniAdd(t, "web", "pgnic0"); !ok || !existed {
 		t.Errorf("CNI ADD of pod web: recorded %v, pgnic0 existed %v; want it there before CNI", ok, existed)
 	}
+	// Beside a kubelet 1.36 (dra.prepare: auto) the kubelet prepares, before RunPodSandbox, and
+	// podgate does not repeat it: the driver sees one prepare for this pod start.
 	prepares := n.driverEvents(t, "web")
-	// Who prepared first (the kubelet prepares before it calls RunPodSandbox; podgate before it
-	// forwards it): shown for the reader, both are fine.
 	for _, e := range prepares {
 		t.Logf("driver: %s %s by %s (created %v)", e.Time.Format(time.StampMicro), e.Op, e.Caller.Comm, e.Created)
 	}
-	if !slices.ContainsFunc(prepares, func(e driver.Event) bool { return e.Op == driver.OpPrepare && e.Caller.Comm == "podgate" }) {
-		t.Errorf("podgate did not prepare the claim: driver events %+v", prepares)
+	if !slices.EqualFunc(prepares, []driver.Event{{Op: driver.OpPrepare}}, func(e, want driver.Event) bool { return e.Op == want.Op }) ||
+		prepares[0].Caller.Comm == "podgate" {
+		t.Errorf("driver events %+v, want one prepare, by the kubelet", prepares)
 	}
+	// podgate still knows the claim's devices (it attached pgnic0 above) and counts it.
 	waitMetric(t, n.podgate, "podgate_dra_claims_prepared 1")
+	waitMetric(t, n.podgate, `podgate_dra_pod_claims_prepared_total{by="kubelet"} 1`)
 
 	n.deletePod(t, pod)
 	// The kubelet stops the sandbox through podgate, which gives the device back first.
@@ -67,6 +70,12 @@ func TestDRAWithTheKubelet(t *testing.T) {
 		return slices.ContainsFunc(evs, func(e driver.Event) bool { return e.Op == driver.OpUnprepare && e.Error == "" }) && !hostHasLink("pgnic0")
 	})
 	waitMetric(t, n.podgate, "podgate_dra_claims_prepared 0")
+	// The unprepare is the kubelet's alone: podgate leaves what it did not prepare.
+	for _, e := range n.driverEvents(t, "web") {
+		if e.Op == driver.OpUnprepare && e.Caller.Comm == "podgate" {
+			t.Errorf("podgate unprepared a claim the kubelet prepared: %+v", e)
+		}
+	}
 }
 
 func TestDRAWithoutTheKubelet(t *testing.T) {
