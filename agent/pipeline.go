@@ -260,8 +260,8 @@ var refusedReasons = map[string]string{
 // kubelet's to report.
 func (p *sandboxPipeline) refused(sb *sandboxRun, stage string, err error) {
 	reason, ok := refusedReasons[stage]
-	if !ok || p.events == nil {
-		return
+	if !ok || p.events == nil || errors.Is(err, context.Canceled) {
+		return // a call the kubelet gave up was not refused
 	}
 	pod := kube.PodRef{Namespace: sb.rec.Pod.Namespace, Name: sb.rec.Pod.Name, UID: sb.rec.Pod.UID}
 	p.events.Eventf(pod, corev1.EventTypeWarning, reason, "RunPodSandbox", "podgate's stage %q refused the pod sandbox: %v", stage, err)
