@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
@@ -77,12 +78,21 @@ func kubeletCalls(t *testing.T, socket string, sampled bool) {
 	if _, err := c.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
 		t.Fatal(err)
 	}
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := runtimeapi.NewImageServiceClient(conn).PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "example.com/app:1"}}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestTracing: with tracing on, podgate continues the kubelet's trace: its server span of each
 // CRI call is the kubelet's span's child, each pipeline stage a child of it, its call to the
-// runtime a child of the forward stage (or of the server span for a call passed through), and
-// the runtime gets podgate's span as parent. A call the kubelet did not sample makes no span.
+// runtime a child of the forward stage (or of the server span for a call passed through; of
+// the pull's span for PullImage, beside the wait for a slot), and the runtime gets podgate's
+// span as parent. A call the kubelet did not sample makes no span.
 // With tracing off, the kubelet's trace context reaches the runtime untouched and nothing is
 // exported.
 func TestTracing(t *testing.T) {
@@ -162,6 +172,10 @@ func checkSandboxTrace(t *testing.T, spans []otlpfake.Span, rt *tracedRuntime) {
 	if got := rt.parent("RunPodSandbox"); len(got) != 1 || !strings.Contains(got[0], kubeletTrace+"-"+client.SpanID) {
 		t.Errorf("runtime's RunPodSandbox got traceparent %q, want podgate's client span %s", got, client.SpanID)
 	}
+	pull := one("runtime.v1.ImageService/PullImage", kubeletSpan)
+	one("image pull: wait for a slot", pull.SpanID)
+	backendPull := one("image pull", pull.SpanID)
+	one("runtime.v1.ImageService/PullImage", backendPull.SpanID)
 	version := one("runtime.v1.RuntimeService/Version", kubeletSpan)
 	vclient := one("runtime.v1.RuntimeService/Version", version.SpanID)
 	if got := rt.parent("Version"); len(got) != 1 || !strings.Contains(got[0], kubeletTrace+"-"+vclient.SpanID) {
