@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -87,7 +89,7 @@ func (o *inspectOptions) explain(err error) error {
 func (o *inspectOptions) print(w io.Writer, m proto.Message, table func(*tabwriter.Writer)) error {
 	switch o.output {
 	case "json", "yaml":
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true}.Marshal(m)
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 		if err != nil {
 			return &exitError{code: 1, err: err}
 		}
@@ -96,7 +98,13 @@ func (o *inspectOptions) print(w io.Writer, m proto.Message, table func(*tabwrit
 				return &exitError{code: 1, err: err}
 			}
 		} else {
-			b = append(b, '\n')
+			// protojson varies its spacing on purpose; the output is indented afresh, so that
+			// it is the same from one podgate build to the next, as kubectl's is.
+			var out bytes.Buffer
+			if err := json.Indent(&out, b, "", "  "); err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			b = append(out.Bytes(), '\n')
 		}
 		_, err = w.Write(b)
 		return err
