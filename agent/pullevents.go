@@ -177,7 +177,12 @@ func (e *pullEvents) look() {
 	}
 	for c, t := range e.told {
 		if !t.seen {
+			// Gone without a result (its caller gave up, its pod was deleted): nothing more to
+			// say of it.
 			delete(e.told, c)
+			e.mu.Lock()
+			delete(e.progressed, c)
+			e.mu.Unlock()
 		}
 	}
 }
