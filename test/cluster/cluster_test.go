@@ -58,12 +58,12 @@ func startNode(t testing.TB) *node {
 // KubeletConfiguration fields that replace the cluster's (cluster.Options.KubeletConfig).
 func startNodeWith(t testing.TB, withPodgate bool, kubeletConfig map[string]any) *node {
 	t.Helper()
-	return startNodeConfigured(t, withPodgate, kubeletConfig, "")
+	return startNodeConfigured(t, withPodgate, kubeletConfig, "", rig.Options{})
 }
 
 // startNodeConfigured is startNodeWith; podgateConfig is more of podgate's configuration file
-// (top-level YAML keys other than dra).
-func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[string]any, podgateConfig string) *node {
+// (top-level YAML keys other than dra), and rigOpts the rig's options.
+func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[string]any, podgateConfig string, rigOpts rig.Options) *node {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
@@ -71,7 +71,7 @@ func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[strin
 	if err := cluster.CheckInstalled(); err != nil {
 		t.Skip(err.Error())
 	}
-	r := rig.Start(t)
+	r := rig.StartWith(t, rigOpts)
 	pgDir := testfs.ShortDir(t)
 	// podgate starts after the API server (it needs the kubeconfig) but must stop after the
 	// cluster, whose Down has the kubelet stop the pods through it: its cleanup is registered

@@ -21,6 +21,7 @@ import (
 
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/registry"
+	"github.com/podgate/podgate/test/rig"
 )
 
 // pullEventsConfig is podgate's pull cap of one and Event thresholds short enough for a test.
@@ -116,7 +117,7 @@ func noteBytes(t *testing.T, note string) (done, total float64) {
 // queue Event naming the cap and its place; a pod deleted while its pull waits a cancellation
 // Event.
 func TestPullEvents(t *testing.T) {
-	n := startNodeConfigured(t, true, parallelPulls, pullEventsConfig)
+	n := startNodeConfigured(t, true, parallelPulls, pullEventsConfig, rig.Options{})
 	c := n.cluster
 	// 12 MiB at 2 MiB/s: six seconds of download, three progress Events at least.
 	const layerSize, bandwidth = 12 << 20, 2 << 20
@@ -196,7 +197,7 @@ func eventWrites(t *testing.T, c *cluster.Cluster) float64 {
 // cost the API server one Event write each, plus a few progress Events for the held pull, not
 // one per pod per second: counted by the API server itself (apiserver_request_total).
 func TestPullEventWritesBounded(t *testing.T) {
-	n := startNodeConfigured(t, true, parallelPulls, pullEventsConfig)
+	n := startNodeConfigured(t, true, parallelPulls, pullEventsConfig, rig.Options{})
 	c := n.cluster
 	_, ctx := ktesting.NewTestContext(t)
 	const pods, window = 100, 20 * time.Second

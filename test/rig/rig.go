@@ -97,6 +97,10 @@ type Options struct {
 	CNIChain []string
 	// CNIBinDir holds the binaries of CNIChain's plugins, beside /usr/lib/cni.
 	CNIBinDir string
+	// OTLPEndpoint, host:port of an OTLP/gRPC collector, turns containerd's tracing on: its
+	// spans (service containerd, the shims' containerd-shim-<id>) go there, children of the
+	// trace context its callers send. Empty: containerd traces nothing.
+	OTLPEndpoint string
 }
 
 // Start starts a rig for the test and stops it, with every pod in it, when the test ends. It
@@ -181,7 +185,8 @@ func UpWith(ctx context.Context, dir string, o Options) (*Rig, error) {
 
 func up(ctx context.Context, dir string, o Options) (*Rig, error) {
 	var out bytes.Buffer
-	chain := []string{"PODGATE_RIG_CNI_CHAIN=" + strings.Join(o.CNIChain, ","), "PODGATE_RIG_CNI_BIN_DIR=" + o.CNIBinDir}
+	chain := []string{"PODGATE_RIG_CNI_CHAIN=" + strings.Join(o.CNIChain, ","), "PODGATE_RIG_CNI_BIN_DIR=" + o.CNIBinDir,
+		"PODGATE_RIG_OTLP_ENDPOINT=" + o.OTLPEndpoint}
 	if err := runScript(ctx, "up.sh", upScript, dir, &out, chain...); err != nil {
 		return nil, err
 	}

@@ -20,6 +20,9 @@ READY_TIMEOUT=${PODGATE_RIG_READY_TIMEOUT:-30} # seconds for containerd to answe
 # directory holding their binaries.
 CNI_CHAIN=${PODGATE_RIG_CNI_CHAIN:-}
 CNI_BIN_DIR=${PODGATE_RIG_CNI_BIN_DIR:-}
+# A test may have containerd trace to its OTLP/gRPC collector (host:port). containerd 2.x takes
+# its tracing from the OpenTelemetry environment, not from config.toml.
+OTLP_ENDPOINT=${PODGATE_RIG_OTLP_ENDPOINT:-}
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 BUSYBOX_IMAGE=docker.io/library/busybox:1.35
 
@@ -213,7 +216,11 @@ fail() {
 # the terminal that ran the tests does not kill it half-way; down.sh is what stops it. Its output
 # goes to the log only: an inherited stdout would keep the caller's pipe open forever.
 log "starting containerd in $DIR (bridge $BRIDGE, subnet $SUBNET)"
-PATH="$RIG_DIR/bin:$PATH" setsid "$RIG_DIR/bin/containerd" --config "$DIR/config.toml" \
+tracing_env=()
+if [ -n "$OTLP_ENDPOINT" ]; then
+	tracing_env=(OTEL_EXPORTER_OTLP_ENDPOINT="http://$OTLP_ENDPOINT" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_SERVICE_NAME=containerd)
+fi
+PATH="$RIG_DIR/bin:$PATH" env "${tracing_env[@]}" setsid "$RIG_DIR/bin/containerd" --config "$DIR/config.toml" \
 	</dev/null >>"$DIR/containerd.log" 2>&1 &
 echo $! >"$DIR/containerd.pid"
 
