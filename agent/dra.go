@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/version"
@@ -426,7 +427,10 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 				answers <- answer{driver: name, err: err}
 				return
 			}
-			res, err := drv.Prepare(ctx, cls)
+			// A span per driver: the pod start's trace shows which driver took how long.
+			sctx, span := startSpan(ctx, "dra prepare", attribute.String("driver", name), attribute.Int("claims", len(cls)))
+			res, err := drv.Prepare(sctx, cls)
+			endSpan(span, err)
 			answers <- answer{driver: name, results: res, err: err}
 		}()
 	}

@@ -9,13 +9,17 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/metadata"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	crifake "k8s.io/cri-client/pkg/fake"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/dra/dratest"
+	"github.com/podgate/podgate/test/kubefake"
+	"github.com/podgate/podgate/test/otlpfake"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -81,5 +85,47 @@ func TestAgentWithDRA(t *testing.T) {
 	}
 	if got := driver.Calls(); !slices.Equal(got, want) {
 		t.Errorf("driver calls %v, want %v", got, want)
+	}
+}
+
+// TestDRAPrepareSpanPerDriver: with tracing on, a pod start's DRA prepare shows one span per
+// driver, named with it, under the dra-prepare stage's span.
+func TestDRAPrepareSpanPerDriver(t *testing.T) {
+	collector := otlpfake.Start(t)
+	dir := testfs.ShortDir(t)
+	regDir, plugDir := filepath.Join(dir, "reg"), filepath.Join(dir, "plug")
+	for _, d := range []string{regDir, plugDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dratest.Start(t, regDir, plugDir, testDriver)
+	backend := serveRuntime(t, dir, hookedRuntime{RemoteRuntime: crifake.NewFakeRemoteRuntime()})
+	pod := draPod("1", "net")
+	cfg := testConfig(dir, backend)
+	cfg.NodeName = "node-a"
+	cfg.DRA.PluginRegistryDir = regDir
+	cfg.DRA.Prepare = config.PrepareAlways
+	cfg.Tracing = &config.Tracing{Endpoint: collector.Endpoint}
+	cfg.SetDefaults()
+	a := New(cfg, "test")
+	a.api = kubefake.Wrap(fake.NewClientset(pod, draClaim("net", pod)))
+	stop := runAgentOf(t, a)
+	waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
+	waitGauge(t, a, "podgate_dra_drivers", 1)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "traceparent", "00-"+kubeletTrace+"-"+kubeletSpan+"-01")
+	if _, err := criClient(t, cfg.CRISocket).RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil { // the shutdown exports the spans left
+		t.Fatal(err)
+	}
+	spans := collector.Spans()
+	stage := otlpfake.Find(spans, "podgate", "RunPodSandbox/dra-prepare")
+	drivers := otlpfake.Find(spans, "podgate", "dra prepare")
+	if len(stage) != 1 || len(drivers) != 1 || drivers[0].ParentID != stage[0].SpanID || drivers[0].Attributes["driver"] != testDriver {
+		t.Errorf("dra-prepare stage spans %+v, driver spans %+v: want one span for %s under the stage's", stage, drivers, testDriver)
 	}
 }
