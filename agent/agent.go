@@ -129,6 +129,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		})
 		running.Go(func() { p.dra.run(ctx) })
+		running.Go(func() { p.dra.hostIfs.Run(ctx) })
 	}
 
 	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,

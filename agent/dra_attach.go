@@ -119,7 +119,6 @@ func (a *draAttach) attachOne(ctx context.Context, netns string, t attachTarget)
 	}
 	att, err := dra.Attach(ctx, host, netns, cfg)
 	if err != nil {
-		a.hostIfs.Forget(t.device.Driver) // the slices may be stale
 		return registry.AttachedDevice{}, err
 	}
 	return registry.AttachedDevice{

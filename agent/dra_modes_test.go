@@ -91,6 +91,12 @@ func TestDRAPrepareModes(t *testing.T) {
 			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod), slice)
 			dr.dra.mode = tt.mode
 			dr.dra.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+			hostIfsDone := make(chan struct{})
+			go func() {
+				defer close(hostIfsDone)
+				dr.dra.hostIfs.Run(t.Context())
+			}()
+			t.Cleanup(func() { <-hostIfsDone })
 			if tt.kubelet != "" {
 				dr.dra.kubeletVersion.Store(version.MustParseGeneric(tt.kubelet))
 			}

@@ -5,6 +5,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 )
 
 // The Kubernetes API access dra needs, one capability each. agent's client implements them all
@@ -20,9 +21,10 @@ type ResourceClaimStatusUpdater interface {
 	UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error)
 }
 
-// ResourceSliceLister lists ResourceSlices.
-type ResourceSliceLister interface {
+// ResourceSliceWatcher lists and watches ResourceSlices (cluster-scoped).
+type ResourceSliceWatcher interface {
 	ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error)
+	WatchResourceSlices(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // ResourceClaimStatusClient reads a claim and writes its status.

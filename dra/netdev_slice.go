@@ -11,6 +11,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
 
@@ -19,77 +22,37 @@ import (
 // dranet's is "dra.net/ifName".
 const DefaultInterfaceNameAttribute = "interfaceName"
 
-// sliceListTimeout bounds the LIST of a driver's ResourceSlices of the node. The sandbox's
-// start waits on it; the answer is a few small objects, so a healthy API server gives it in
-// milliseconds and a busy one in seconds: after 10 s it is down or overloaded.
-const sliceListTimeout = 10 * time.Second
-
-// hostInterfaceCacheTTL is how long [HostInterfaces] trusts one LIST of a driver's
-// ResourceSlices. A pod's claims often hold several devices of one driver, and a scaled-up
-// workload starts several pods at once: one LIST serves them. A driver republishes a device
-// under another interface name rarely (a rename on the host); a name podgate then cannot find
-// fails the attach, the caller forgets it, and the next lookup lists again.
-const hostInterfaceCacheTTL = 30 * time.Second
-
-// HostInterfaceName returns the host network interface of a device of the node: the string
-// value of the device's attribute named attribute (an unqualified name is in the driver's
-// domain, so "interfaceName" and "<driver>/interfaceName" are the same attribute) in the
-// driver's ResourceSlices of nodeName. Only the newest generation of the device's pool counts.
-// It lists those slices once, with a timeout; [HostInterfaces] remembers the answer.
-//
-// A device that is not in the slices, or lacks a string attribute, is an error of class
-// errdefs.ErrFailedPrecondition naming driver, pool, device and attribute; an API server that
-// does not answer or refuses is errdefs.ErrUnavailable.
-func HostInterfaceName(ctx context.Context, client ResourceSliceLister, nodeName, driver, pool, device, attribute string) (string, error) {
-	if attribute == "" {
-		attribute = DefaultInterfaceNameAttribute
-	}
-	devices, err := listSliceDevices(ctx, client, nodeName, driver)
-	if err != nil {
-		return "", err
-	}
-	return interfaceAttribute(devices, driver, pool, device, attribute)
-}
+// sliceSyncTimeout bounds how long a lookup waits for the first LIST of the node's
+// ResourceSlices, made when the first pod with claims starts. The sandbox's start waits on it;
+// the answer is the node's few slices, so a healthy API server gives it in milliseconds and a
+// busy one in seconds: after 10 s it is down or overloaded.
+const sliceSyncTimeout = 10 * time.Second
 
 // poolDevice names a device of a driver.
 type poolDevice struct{ pool, device string }
 
-// listSliceDevices returns the devices of driver's ResourceSlices of nodeName, of the newest
-// generation of each pool. The API server filters by node and driver (selectable fields of
-// ResourceSlices since they exist; spec.pool.name only from Kubernetes 1.37, so the pool is
-// filtered here); the filter is repeated here for fakes and older servers.
-func listSliceDevices(ctx context.Context, client ResourceSliceLister, nodeName, driver string) (map[poolDevice]resourceapi.Device, error) {
-	listCtx, cancel := context.WithTimeout(ctx, sliceListTimeout)
-	defer cancel()
-	selector := fields.AndSelectors(
-		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName),
-		fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorDriver, driver),
-	)
-	list, err := client.ListResourceSlices(listCtx, metav1.ListOptions{FieldSelector: selector.String()})
-	if err != nil {
-		where := fmt.Sprintf("list ResourceSlices of DRA driver %s on node %s", driver, nodeName)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: %w: %w", where, ctx.Err(), err)
-		}
-		return nil, fmt.Errorf("%s: %w: %w", where, errdefs.ErrUnavailable, err)
-	}
+// newestDevices returns the devices of driver's slices among slices (the node's), of the
+// newest generation of each pool.
+func newestDevices(slices []*resourceapi.ResourceSlice, nodeName, driver string) map[poolDevice]resourceapi.Device {
 	newest := map[string]int64{}
-	for _, s := range list.Items {
+	ours := slices[:0:0]
+	for _, s := range slices {
+		// The API server filters by node; the filter is repeated here for fakes.
 		if s.Spec.Driver == driver && s.Spec.NodeName != nil && *s.Spec.NodeName == nodeName {
+			ours = append(ours, s)
 			newest[s.Spec.Pool.Name] = max(newest[s.Spec.Pool.Name], s.Spec.Pool.Generation)
 		}
 	}
 	devices := map[poolDevice]resourceapi.Device{}
-	for _, s := range list.Items {
-		gen, ok := newest[s.Spec.Pool.Name]
-		if s.Spec.Driver != driver || s.Spec.NodeName == nil || *s.Spec.NodeName != nodeName || !ok || s.Spec.Pool.Generation != gen {
+	for _, s := range ours {
+		if s.Spec.Pool.Generation != newest[s.Spec.Pool.Name] {
 			continue
 		}
 		for _, d := range s.Spec.Devices {
 			devices[poolDevice{s.Spec.Pool.Name, d.Name}] = d
 		}
 	}
-	return devices, nil
+	return devices
 }
 
 // interfaceAttribute returns the string attribute of a device among devices.
@@ -126,89 +89,132 @@ func lookupAttribute(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttri
 	return a, ok
 }
 
-// HostInterfaces looks up host interface names of devices like [HostInterfaceName] and
-// remembers each driver's ResourceSlices for 30 s: one LIST answers for all the devices of a
-// pod, or of pods started together. A device the remembered slices do not have, or have
-// without the attribute, is looked up again at once. It is safe for concurrent use.
+// HostInterfaces looks up the host network interface of a node's device: the string value of
+// the device's attribute (an unqualified name is in the driver's domain, so "interfaceName" and
+// "<driver>/interfaceName" are the same attribute) in the driver's ResourceSlices of the node.
+// Only the newest generation of the device's pool counts.
+//
+// It reads the slices from an informer of the node's ResourceSlices (field selector
+// spec.nodeName, so its size is the node's, not the cluster's), started by the first lookup:
+// one LIST then, and a watch renewed every few minutes, instead of a LIST per pod start. A node
+// that never starts a pod with claims never watches. The scheduler allocated the device from
+// the same slices, so they are in the API server before any pod that uses it starts.
+//
+// It is safe for concurrent use. Run must run for lookups to be answered.
 type HostInterfaces struct {
-	client    ResourceSliceLister
-	nodeName  string
-	attribute string
-	ttl       time.Duration
-	now       func() time.Time
+	nodeName    string
+	attribute   string
+	informer    cache.SharedIndexInformer
+	syncTimeout time.Duration
 
-	mu       sync.Mutex
-	byDriver map[string]sliceDevices
-}
-
-// sliceDevices is one LIST's devices of a driver, and when podgate listed them.
-type sliceDevices struct {
-	devices map[poolDevice]resourceapi.Device
-	listed  time.Time
+	want    sync.Once
+	wanted  chan struct{} // closed by the first lookup: Run starts the informer
+	mu      sync.Mutex
+	lastErr error // the informer's last list or watch error, for lookups that time out
 }
 
 // NewHostInterfaces creates a lookup of host interface names of nodeName's devices, read with
 // client from the device attribute named attribute ("" is [DefaultInterfaceNameAttribute]).
-func NewHostInterfaces(client ResourceSliceLister, nodeName, attribute string) *HostInterfaces {
+func NewHostInterfaces(client ResourceSliceWatcher, nodeName, attribute string) *HostInterfaces {
 	if attribute == "" {
 		attribute = DefaultInterfaceNameAttribute
 	}
-	return &HostInterfaces{
-		client: client, nodeName: nodeName, attribute: attribute,
-		ttl: hostInterfaceCacheTTL, now: time.Now,
-		byDriver: map[string]sliceDevices{},
+	selector := fields.OneTermEqualSelector(resourceapi.ResourceSliceSelectorNodeName, nodeName).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return client.ListResourceSlices(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return client.WatchResourceSlices(ctx, o)
+		},
 	}
+	h := &HostInterfaces{
+		nodeName: nodeName, attribute: attribute,
+		informer:    cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &resourceapi.ResourceSlice{}, 0, cache.Indexers{}),
+		syncTimeout: sliceSyncTimeout,
+		wanted:      make(chan struct{}),
+	}
+	// Neither fails before the informer runs.
+	_ = h.informer.SetTransform(func(obj any) (any, error) {
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+			s.ManagedFields = nil
+		}
+		return obj, nil
+	})
+	_ = h.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		h.mu.Lock()
+		h.lastErr = err
+		h.mu.Unlock()
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
+	return h
 }
 
-// Name returns the host interface of a device, as [HostInterfaceName] does.
-func (h *HostInterfaces) Name(ctx context.Context, driver, pool, device string) (string, error) {
-	h.mu.Lock()
-	cached, ok := h.byDriver[driver]
-	h.mu.Unlock()
-	if ok && h.now().Sub(cached.listed) < h.ttl {
-		if name, err := interfaceAttribute(cached.devices, driver, pool, device, h.attribute); err == nil {
-			return name, nil
+// Run watches the node's ResourceSlices, from the first lookup until ctx ends.
+func (h *HostInterfaces) Run(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-h.wanted:
+	}
+	klog.FromContext(ctx).Info("Watching the node's ResourceSlices, for the host interfaces of its network devices", "node", h.nodeName)
+	h.informer.RunWithContext(ctx)
+}
+
+// devices returns driver's devices of the node, once the informer has listed the slices; it
+// starts the informer at the first call. An informer that has not listed them within the
+// sync timeout (the API server down or overloaded) is errdefs.ErrUnavailable.
+func (h *HostInterfaces) devices(ctx context.Context, driver string) (map[poolDevice]resourceapi.Device, error) {
+	h.want.Do(func() { close(h.wanted) })
+	if !h.informer.HasSynced() {
+		wait, cancel := context.WithTimeout(ctx, h.syncTimeout)
+		defer cancel()
+		select {
+		case <-h.informer.HasSyncedChecker().Done():
+		case <-wait.Done():
+			h.mu.Lock()
+			cause := h.lastErr
+			h.mu.Unlock()
+			where := fmt.Sprintf("ResourceSlices of DRA driver %s on node %s", driver, h.nodeName)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%s: not listed yet: %w", where, ctx.Err())
+			}
+			if cause == nil {
+				cause = fmt.Errorf("no answer from the API server within %s", h.syncTimeout)
+			}
+			return nil, fmt.Errorf("%s: %w: not listed: %w", where, errdefs.ErrUnavailable, cause)
 		}
 	}
-	listed := h.now()
-	devices, err := listSliceDevices(ctx, h.client, h.nodeName, driver)
+	var slices []*resourceapi.ResourceSlice
+	for _, obj := range h.informer.GetStore().List() {
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+			slices = append(slices, s)
+		}
+	}
+	return newestDevices(slices, h.nodeName, driver), nil
+}
+
+// Name returns the host interface of a device. A device that is not in the node's slices, or
+// lacks a string attribute, is an error of class errdefs.ErrFailedPrecondition naming driver,
+// pool, device and attribute; slices not listed (the API server down) are
+// errdefs.ErrUnavailable.
+func (h *HostInterfaces) Name(ctx context.Context, driver, pool, device string) (string, error) {
+	devices, err := h.devices(ctx, driver)
 	if err != nil {
 		return "", err
 	}
-	h.mu.Lock()
-	if cur, ok := h.byDriver[driver]; !ok || !cur.listed.After(listed) {
-		h.byDriver[driver] = sliceDevices{devices: devices, listed: listed}
-	}
-	h.mu.Unlock()
-	klog.FromContext(ctx).V(4).Info("Listed ResourceSlices", "driver", driver, "node", h.nodeName, "devices", len(devices))
 	return interfaceAttribute(devices, driver, pool, device, h.attribute)
 }
 
 // Describe returns the host interface of a device, for its network data; ok is false when the
-// device has none (a device of a driver that is not a network driver). Unlike Name, it takes
-// the remembered slices' word for a device they show without the attribute, so that describing
-// the devices of other drivers costs one LIST per driver and cache period, not one per device.
+// device has none (a device of a driver that is not a network driver, or one the slices do not
+// show).
 func (h *HostInterfaces) Describe(ctx context.Context, driver, pool, device string) (name string, ok bool, err error) {
-	h.mu.Lock()
-	cached, cok := h.byDriver[driver]
-	h.mu.Unlock()
-	if cok && h.now().Sub(cached.listed) < h.ttl {
-		if _, known := cached.devices[poolDevice{pool, device}]; known {
-			name, err := interfaceAttribute(cached.devices, driver, pool, device, h.attribute)
-			return name, err == nil, nil
-		}
-	}
 	name, err = h.Name(ctx, driver, pool, device)
 	if errdefs.IsFailedPrecondition(err) {
 		return "", false, nil
 	}
 	return name, err == nil, err
-}
-
-// Forget drops what h remembers of driver's slices, so that the next lookup lists them: call it
-// when the host interface of one of its devices was not where the slices said.
-func (h *HostInterfaces) Forget(driver string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.byDriver, driver)
 }

@@ -1,8 +1,10 @@
 package dra
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -38,7 +41,28 @@ func netSlice(name, driver, node, pool string, generation int64, attr string, de
 	return s
 }
 
-func TestHostInterfaceName(t *testing.T) {
+// runHostInterfaces starts h until the test ends.
+func runHostInterfaces(t *testing.T, h *HostInterfaces) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.Run(t.Context())
+	}()
+	t.Cleanup(func() { <-done })
+}
+
+// countLists counts the LISTs of ResourceSlices client is asked for.
+func countLists(client *fake.Clientset) *atomic.Int32 {
+	var lists atomic.Int32
+	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists.Add(1)
+		return false, nil, nil
+	})
+	return &lists
+}
+
+func TestHostInterfacesName(t *testing.T) {
 	objs := []runtime.Object{
 		netSlice("a-old", netDriver, "node-a", "node-a", 1, "interfaceName", map[string]string{"nic0": "eth-stale"}),
 		netSlice("a-new", netDriver, "node-a", "node-a", 2, "interfaceName", map[string]string{"nic0": "eth5", "nic1": ""}),
@@ -75,56 +99,70 @@ func TestHostInterfaceName(t *testing.T) {
 			if attribute == "" && tc.name != "default attribute" {
 				attribute = DefaultInterfaceNameAttribute
 			}
-			got, err := HostInterfaceName(t.Context(), kubefake.Wrap(client), "node-a", tc.driver, tc.pool, tc.device, attribute)
+			h := NewHostInterfaces(kubefake.Wrap(client), "node-a", attribute)
+			runHostInterfaces(t, h)
+			got, err := h.Name(t.Context(), tc.driver, tc.pool, tc.device)
 			if tc.wantErr != "" {
 				if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("HostInterfaceName: %v; want a failed precondition containing %q", err, tc.wantErr)
+					t.Fatalf("Name: %v; want a failed precondition containing %q", err, tc.wantErr)
 				}
 				return
 			}
 			if err != nil || got != tc.want {
-				t.Fatalf("HostInterfaceName = %q, %v; want %q", got, err, tc.want)
+				t.Fatalf("Name = %q, %v; want %q", got, err, tc.want)
 			}
+			// One LIST, of the node's slices only (every driver's).
 			list := client.Actions()[0].(k8stesting.ListAction)
-			if sel := list.GetListRestrictions().Fields.String(); sel != "spec.driver="+tc.driver+",spec.nodeName=node-a" {
+			if sel := list.GetListRestrictions().Fields.String(); sel != "spec.nodeName=node-a" {
 				t.Errorf("field selector %q", sel)
 			}
 		})
 	}
 }
 
-func TestHostInterfaceNameAPIDown(t *testing.T) {
+// TestHostInterfacesAPIDown: slices that cannot be listed make a lookup fail, after the sync
+// timeout, as unavailable with the API server's error.
+func TestHostInterfacesAPIDown(t *testing.T) {
 	client := fake.NewClientset()
+	lists := make(chan struct{}, 10)
 	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists <- struct{}{}
 		return true, nil, errors.New("connection refused")
 	})
-	_, err := HostInterfaceName(t.Context(), kubefake.Wrap(client), "node-a", netDriver, "node-a", "nic0", "")
+	h := NewHostInterfaces(kubefake.Wrap(client), "node-a", "")
+	runHostInterfaces(t, h)
+	h.want.Do(func() { close(h.wanted) })
+	// The informer reports a failed LIST before it retries: after the second, the first's
+	// error is known.
+	<-lists
+	<-lists
+	h.syncTimeout = 0
+	_, err := h.Name(t.Context(), netDriver, "node-a", "nic0")
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
-		t.Errorf("HostInterfaceName: %v; want unavailable with the cause", err)
+		t.Errorf("Name: %v; want unavailable with the cause", err)
 	}
 }
 
-func TestHostInterfacesCache(t *testing.T) {
+// TestHostInterfacesWatch: lookups read the informer's slices: one LIST, at the first lookup,
+// however many lookups follow, and a slice the driver republishes is seen without another.
+func TestHostInterfacesWatch(t *testing.T) {
 	client := fake.NewClientset(netSlice("a", netDriver, "node-a", "node-a", 1, "interfaceName", map[string]string{"nic0": "eth5", "nic1": "eth6"}))
-	var lists int
-	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
-		lists++
-		return false, nil, nil
-	})
-	now := time.Unix(1000, 0)
+	lists := countLists(client)
 	h := NewHostInterfaces(kubefake.Wrap(client), "node-a", "")
-	h.now = func() time.Time { return now }
-	lookup := func(device, want string, wantLists int) {
+	runHostInterfaces(t, h)
+	lookup := func(device, want string) {
 		t.Helper()
-		got, err := h.Name(t.Context(), netDriver, "node-a", device)
-		if err != nil || got != want || lists != wantLists {
-			t.Fatalf("Name(%s) = %q, %v after %d lists; want %q after %d", device, got, err, lists, want, wantLists)
+		if got, err := h.Name(t.Context(), netDriver, "node-a", device); err != nil || got != want {
+			t.Fatalf("Name(%s) = %q, %v; want %q", device, got, err, want)
 		}
 	}
-	lookup("nic0", "eth5", 1)
-	lookup("nic1", "eth6", 1) // the same LIST
+	if n := lists.Load(); n != 0 {
+		t.Fatalf("%d LISTs before the first lookup; want none", n)
+	}
+	lookup("nic0", "eth5")
+	lookup("nic1", "eth6")
 
-	// A device the remembered slices lack is looked up again at once.
+	// The driver publishes a new generation: a new device, nic0 renamed.
 	slice, err := client.ResourceV1().ResourceSlices().Get(t.Context(), "a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -141,52 +179,45 @@ func TestHostInterfacesCache(t *testing.T) {
 	if _, err := client.ResourceV1().ResourceSlices().Update(t.Context(), slice, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	lookup("nic2", "eth7", 2)
-	lookup("nic0", "eth50", 2) // from the new LIST
-
-	// Forget, and the TTL, make it list again.
-	h.Forget(netDriver)
-	lookup("nic0", "eth50", 3)
-	now = now.Add(hostInterfaceCacheTTL)
-	lookup("nic0", "eth50", 4)
-
-	if _, err := h.Name(t.Context(), netDriver, "node-a", "nic9"); !errdefs.IsFailedPrecondition(err) || lists != 5 {
-		t.Errorf("Name(nic9) = %v after %d lists; want a failed precondition after 5", err, lists)
+	// The watch brings it.
+	err = wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		name, err := h.Name(ctx, netDriver, "node-a", "nic2")
+		return err == nil && name == "eth7", nil
+	})
+	if err != nil {
+		t.Fatalf("nic2 never seen: %v", err)
+	}
+	lookup("nic0", "eth50")
+	if _, err := h.Name(t.Context(), netDriver, "node-a", "nic9"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Name(nic9) = %v; want a failed precondition", err)
+	}
+	if n := lists.Load(); n != 1 {
+		t.Errorf("%d LISTs of ResourceSlices; want 1", n)
 	}
 }
 
-// TestHostInterfacesDescribe: a device the slices show without the attribute has no network
-// data, without a LIST per device; a network device has its host interface; an API error is
-// an error.
+// TestHostInterfacesDescribe: a device the slices show without the attribute, or do not show,
+// has no network data; a network device has its host interface; all from one LIST.
 func TestHostInterfacesDescribe(t *testing.T) {
 	client := fake.NewClientset(netSlice("a", netDriver, "node-a", "node-a", 1, "interfaceName", map[string]string{"nic0": "eth5", "gpu0": ""}))
-	var lists int
-	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
-		lists++
-		return false, nil, nil
-	})
+	lists := countLists(client)
 	h := NewHostInterfaces(kubefake.Wrap(client), "node-a", "")
+	runHostInterfaces(t, h)
 	for i, tt := range []struct {
-		device    string
-		wantName  string
-		wantOK    bool
-		wantLists int
+		device   string
+		wantName string
+		wantOK   bool
 	}{
-		{"gpu0", "", false, 1},
-		{"gpu0", "", false, 1}, // the remembered slices answer
-		{"nic0", "eth5", true, 1},
-		{"nic9", "", false, 2}, // not in the slices: listed again, then not a network device
+		{"gpu0", "", false},
+		{"nic0", "eth5", true},
+		{"nic9", "", false},
 	} {
 		name, ok, err := h.Describe(t.Context(), netDriver, "node-a", tt.device)
-		if err != nil || name != tt.wantName || ok != tt.wantOK || lists != tt.wantLists {
-			t.Errorf("%d: Describe(%s) = %q, %v, %v after %d lists; want %q, %v, nil after %d", i, tt.device, name, ok, err, lists, tt.wantName, tt.wantOK, tt.wantLists)
+		if err != nil || name != tt.wantName || ok != tt.wantOK {
+			t.Errorf("%d: Describe(%s) = %q, %v, %v; want %q, %v, nil", i, tt.device, name, ok, err, tt.wantName, tt.wantOK)
 		}
 	}
-	client.PrependReactor("list", "resourceslices", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, errors.New("API server down")
-	})
-	h.Forget(netDriver)
-	if _, ok, err := h.Describe(t.Context(), netDriver, "node-a", "nic0"); err == nil || ok {
-		t.Errorf("Describe with the API down = %v, %v; want an error", ok, err)
+	if n := lists.Load(); n != 1 {
+		t.Errorf("%d LISTs of ResourceSlices; want 1", n)
 	}
 }

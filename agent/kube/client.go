@@ -26,7 +26,7 @@ import (
 // API is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
 // informer, fetched one by one when the informer has not seen a pod yet), its Node (once, for
 // memory QoS), ResourceClaims read
-// and their status written, ResourceSlices listed. Client implements it; tests use
+// and their status written, the node's ResourceSlices listed and watched. Client implements it; tests use
 // test/kubefake over client-go's fake clientset.
 type API interface {
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
@@ -35,7 +35,7 @@ type API interface {
 	GetNode(ctx context.Context, name string) (*corev1.Node, error)
 	dra.ResourceClaimGetter
 	dra.ResourceClaimStatusUpdater
-	dra.ResourceSliceLister
+	dra.ResourceSliceWatcher
 }
 
 // EventWriter writes events.k8s.io/v1 Events: new ones, and the series of a repeated one.
@@ -207,7 +207,7 @@ func (c *Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourcea
 	return out, nil
 }
 
-// ListResourceSlices implements dra.ResourceSliceLister.
+// ListResourceSlices implements dra.ResourceSliceWatcher.
 func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
 	list := &resourceapi.ResourceSliceList{}
 	if err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
@@ -215,6 +215,17 @@ func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions
 		return nil, fmt.Errorf("list ResourceSlices (%s): %w", describeList("", opts), err)
 	}
 	return list, nil
+}
+
+// WatchResourceSlices implements dra.ResourceSliceWatcher.
+func (c *Client) WatchResourceSlices(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	w, err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
+		Timeout(timeoutOf(opts)).Watch(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("watch ResourceSlices (%s): %w", describeList("", opts), err)
+	}
+	return w, nil
 }
 
 // describeList says what a list or watch asked for: the namespace and selectors, for errors.

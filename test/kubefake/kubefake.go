@@ -65,6 +65,11 @@ func (c Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions)
 	return c.ResourceV1().ResourceSlices().List(ctx, opts)
 }
 
+// WatchResourceSlices watches ResourceSlices.
+func (c Client) WatchResourceSlices(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	return c.ResourceV1().ResourceSlices().Watch(ctx, opts)
+}
+
 // CreateEvent writes a new events.k8s.io/v1 Event.
 func (c Client) CreateEvent(ctx context.Context, e *eventsv1.Event) (*eventsv1.Event, error) {
 	return c.EventsV1().Events(e.Namespace).Create(ctx, e, metav1.CreateOptions{})
