@@ -173,6 +173,10 @@ type Registry struct {
 	// writeQueued: a background write is due and has not taken its snapshot yet; changes made
 	// meanwhile are in it. Guarded by mu.
 	writeQueued bool
+	// writeDelay is how long a queued write waits for more changes to join it; kick, closed by
+	// Flush, ends the queued write's wait. Guarded by mu.
+	writeDelay time.Duration
+	kick       chan struct{}
 	// writes counts the background writes queued or running, guarded by mu; written is
 	// broadcast when one ends. (A WaitGroup would not do: Flush may wait while a change
 	// queues a write.)
@@ -194,7 +198,7 @@ var (
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
-		writeFailed: func(error) {},
+		writeFailed: func(error) {}, writeDelay: WriteDelay,
 	}
 	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {
@@ -431,8 +435,24 @@ func (r *Registry) persist() error {
 	return r.writeLocked()
 }
 
-// persistSoon writes the checkpoint in the background. Writes coalesce: while one is queued,
-// later changes join it; one runs at a time.
+// WriteDelay is how long a background checkpoint write waits before it takes its snapshot, so
+// that the changes of one pod start (the record, then what the status read and the sysctl
+// verification add) reach the disk in one write, after the kubelet's next calls rather than
+// beside them: each write is two fsyncs on the journal containerd's own commits fsync on. What
+// a crash loses of them, the start-up rebuild finds again in the runtime; changes of the DRA
+// claims never wait (changeClaims writes them before they count).
+const WriteDelay = time.Second
+
+// SetWriteDelay sets how long a background write waits for more changes (WriteDelay unless set;
+// 0: it starts at once). Call it before the registry is used.
+func (r *Registry) SetWriteDelay(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writeDelay = d
+}
+
+// persistSoon writes the checkpoint in the background, writeDelay from now. Writes coalesce:
+// while one is queued, later changes join it; one runs at a time.
 func (r *Registry) persistSoon() {
 	if r.checkpoint == nil {
 		return
@@ -444,6 +464,8 @@ func (r *Registry) persistSoon() {
 	}
 	r.writeQueued = true
 	r.writes++
+	kick, delay := make(chan struct{}), r.writeDelay
+	r.kick = kick
 	r.mu.Unlock()
 	go func() {
 		defer func() {
@@ -452,10 +474,21 @@ func (r *Registry) persistSoon() {
 			r.written.Broadcast()
 			r.mu.Unlock()
 		}()
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-kick:
+				t.Stop()
+			}
+		}
 		r.persistMu.Lock()
 		defer r.persistMu.Unlock()
 		r.mu.Lock()
 		r.writeQueued = false // from here on, a change queues the next write
+		if r.kick == kick {
+			r.kick = nil
+		}
 		r.mu.Unlock()
 		if err := r.writeLocked(); err != nil {
 			r.mu.Lock()
@@ -466,11 +499,16 @@ func (r *Registry) persistSoon() {
 	}()
 }
 
-// Flush waits until no background write is queued or running.
+// Flush writes a queued background write now, without its delay, and waits until no
+// background write is queued or running (shutdown, tests).
 func (r *Registry) Flush() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for r.writes > 0 {
+		if r.kick != nil {
+			close(r.kick)
+			r.kick = nil
+		}
 		r.written.Wait()
 	}
 }

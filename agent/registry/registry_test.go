@@ -171,3 +171,67 @@ func TestReconcileLeavesWhatThePipelineTouched(t *testing.T) {
 		t.Errorf("known sandbox %+v: want its origin kept and the runtime's state taken", known)
 	}
 }
+
+// A sandbox's changes wait WriteDelay and reach the disk in one write; Flush writes them at
+// once. A change of the DRA claims does not wait: it is on disk when UseClaims returns, with
+// the sandboxes recorded so far.
+func TestSandboxWritesWaitAndCoalesce(t *testing.T) {
+	reg := NewRegistry(NewCheckpoint(t.TempDir()), CheckpointData{})
+	reg.SetWriteDelay(time.Hour) // never runs out during the test: only Flush writes
+	if err := reg.Add(sampleRecord("a")); err != nil {
+		t.Fatal(err)
+	}
+	reg.Update("a", func(r *SandboxRecord) { r.IPs = []string{"10.88.0.8"} })
+	reg.Update("a", func(r *SandboxRecord) { r.Sysctls.Verification = SysctlsRepaired })
+	if _, err := os.Stat(reg.checkpoint.Path()); !os.IsNotExist(err) {
+		t.Fatalf("checkpoint written before its delay: %v", err)
+	}
+	reg.Flush()
+	onDisk, err := reg.checkpoint.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk) != 1 || onDisk[0].IPs[0] != "10.88.0.8" || onDisk[0].Sysctls.Verification != SysctlsRepaired {
+		t.Fatalf("checkpoint after Flush: %+v; want sandbox a with both updates", onDisk)
+	}
+
+	if err := reg.Add(sampleRecord("b")); err != nil { // queued, not written
+		t.Fatal(err)
+	}
+	pod := PodRef{UID: "uid-b", Name: "b", Namespace: "ns"}
+	if err := reg.UseClaims(pod, nil, []ClaimUse{{UID: "claim-1", Namespace: "ns", Name: "c", PodClaimName: "net", Drivers: []string{"d.example.com"}}}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := reg.checkpoint.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Claims) != 1 || len(d.Sandboxes) != 2 {
+		t.Fatalf("checkpoint when UseClaims returned: %d claims, %d sandboxes; want the claim and both sandboxes", len(d.Claims), len(d.Sandboxes))
+	}
+	reg.Flush() // the queued write still runs, with nothing new; Flush ends it
+}
+
+// Flush ends a write queued while it waits for another one.
+func TestFlushWritesWhatIsQueuedMeanwhile(t *testing.T) {
+	reg := NewRegistry(NewCheckpoint(t.TempDir()), CheckpointData{})
+	reg.SetWriteDelay(time.Hour)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			if err := reg.Add(sampleRecord(string(rune('a' + i)))); err != nil {
+				t.Error(err)
+			}
+			reg.Flush()
+		})
+	}
+	wg.Wait()
+	reg.Flush()
+	onDisk, err := reg.checkpoint.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk) != 8 {
+		t.Errorf("checkpoint holds %d records, want 8", len(onDisk))
+	}
+}
