@@ -271,7 +271,7 @@ func TestContainerdCgroupsPath(t *testing.T) {
 		"/kubepods/burstable/pod123":                                               "/kubepods/burstable/pod123/ctr1",
 		"kubepods-burstable-pod123.slice":                                          "kubepods-burstable-pod123.slice:cri-containerd:ctr1",
 		"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod123.slice": "kubepods-burstable-pod123.slice:cri-containerd:ctr1",
-		"": "",
+		"": "/k8s.io/ctr1",
 	} {
 		if got := containerdCgroupsPath(parent, "ctr1"); got != want {
 			t.Errorf("containerdCgroupsPath(%q) = %q, want %q", parent, got, want)

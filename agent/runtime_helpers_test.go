@@ -46,3 +46,26 @@ func counterValue(t *testing.T, reg prometheus.Gatherer, name, label, value stri
 	}
 	return 0
 }
+
+// histogramCount returns the sample count of the histogram name{label=value} in reg, 0 when
+// absent.
+func histogramCount(t *testing.T, reg prometheus.Gatherer, name, label, value string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
+}

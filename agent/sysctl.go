@@ -19,6 +19,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
 
@@ -31,9 +32,11 @@ const verifyTimeout = 30 * time.Second
 // verification, which reads them back inside the pod once containerd has created it.
 //
 // With verify: fail the verification is part of RunPodSandbox, which it may fail. With repair
-// and warn it runs in the background once RunPodSandbox has answered, overlapping with the
-// kubelet's next calls (sandbox status, image checks); CreateContainer for the sandbox waits for
-// it, so no container of the pod starts before its sysctls are verified and repaired.
+// and warn it is part of RunPodSandbox too when the pause process is found in the sandbox's
+// cgroup (containerd's layout); otherwise it runs in the background once RunPodSandbox has
+// answered and read the sandbox's status, overlapping with the kubelet's next calls (sandbox
+// status, image checks), and CreateContainer for the sandbox waits for it, so no container of
+// the pod starts before its sysctls are verified and repaired.
 type sysctlStages struct {
 	policy   *sysctl.Policy
 	verify   string
@@ -148,9 +151,36 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
 		}
 		return res.failure
 	}
+	if rec, ok := pauseFromCgroup(logger, sb.rec); ok {
+		// A few file reads: done now, so that CreateContainer has nothing to wait for and
+		// nothing of it runs beside the kubelet's next calls. Repair and warn never fail it.
+		g.timedVerify(ctx, logger, rec, want).record(&sb.rec.Sysctls)
+		return nil
+	}
 	rec, view := sb.rec.Clone(), sb.runtimeView
 	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
 	return nil
+}
+
+// cgroupProcs lists the processes of a cgroup (cgroup.Procs; tests replace it).
+var cgroupProcs = cgroup.Procs
+
+// pauseFromCgroup finds the sandbox's pause process in the cgroup containerd gives the sandbox
+// (containerdCgroupsPath: the same as its containers'), the one process there, and returns rec
+// with it: its namespaces are the pod's. It costs a few system calls where the verbose
+// PodSandboxStatus costs containerd a JSON encoding of the sandbox's runtime spec, beside the
+// kubelet's own next call. With another runtime or layout it reports false, and the
+// verification waits for that status.
+func pauseFromCgroup(logger klog.Logger, rec registry.SandboxRecord) (registry.SandboxRecord, bool) {
+	path := containerdCgroupsPath(rec.CgroupParent, rec.ID)
+	pids, err := cgroupProcs(path)
+	if err != nil || len(pids) != 1 {
+		logger.V(4).Info("Pause process not found in the sandbox's cgroup: its status is read", "cgroupsPath", path, "pids", pids, "err", err)
+		return rec, false
+	}
+	rec = rec.Clone()
+	rec.PID, rec.NetNS = pids[0], "" // the pause process's own namespaces: the pod's
+	return rec, true
 }
 
 // verifyInBackground starts the verification of a sandbox whose RunPodSandbox is answering

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/vishvananda/netns"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -112,81 +113,107 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 	if host == want {
 		want = "613"
 	}
-	for _, tc := range []struct {
-		policy    string
-		code      codes.Code
-		inPod     string // value in the sandbox afterwards; "" = the kernel's default
-		result    string // the verifications_total label
-		recorded  string // the registry's verification result; "" = no record
-		cleanedUp bool
-	}{
+	for _, tc := range []verifyCase{
 		{config.VerifyRepair, codes.OK, want, "repaired", registry.SysctlsRepaired, false},
 		{config.VerifyFail, codes.FailedPrecondition, "", "failed", "", true},
 		{config.VerifyWarn, codes.OK, "", "mismatch", registry.SysctlsMismatch, false},
 	} {
-		t.Run(tc.policy, func(t *testing.T) {
-			rt := &nsRuntime{pid: sandboxProcess(t)}
-			defaultInPod, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dir := testfs.ShortDir(t)
-			cfg := testConfig(dir, serveRuntime(t, dir, rt))
-			cfg.Sysctls.Verify = tc.policy
-			a := New(cfg, "test")
-			stop := runAgentOf(t, a)
+		// The pause process found in the sandbox's cgroup (containerd's layout: verified during
+		// RunPodSandbox), or not (verified once the sandbox's status is read: in the background
+		// but for verify: fail).
+		for _, inCgroup := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/pauseInCgroup=%v", tc.policy, inCgroup), func(t *testing.T) {
+				testSysctlVerifyPolicy(t, name, want, host, tc, inCgroup)
+			})
+		}
+	}
+}
 
-			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-			defer cancel()
-			client := criClient(t, cfg.CRISocket)
-			sbConfig := &runtimeapi.PodSandboxConfig{
-				Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u"},
-				Linux:    &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{name: want}},
-			}
-			resp, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sbConfig}, grpc.WaitForReady(true))
-			if status.Code(err) != tc.code {
-				t.Fatalf("RunPodSandbox: %v, want %v", err, tc.code)
-			}
-			wantInPod := tc.inPod
-			if wantInPod == "" {
-				wantInPod = defaultInPod[name]
-			}
-			if tc.code != codes.OK {
-				if !strings.Contains(err.Error(), name) {
-					t.Errorf("error %v does not name the sysctl", err)
-				}
-			} else {
-				// The kubelet's next step: the container must not reach the runtime before
-				// the sandbox's sysctls are verified (and, with repair, repaired).
-				if _, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: resp.PodSandboxId, SandboxConfig: sbConfig}); err != nil {
-					t.Fatal(err)
-				}
-				if at := rt.atCreate.Load(); at == nil || *at != wantInPod {
-					t.Errorf("when CreateContainer reached the runtime the sandbox had %s = %v, want %s", name, at, wantInPod)
-				}
-			}
-			got, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got[name] != wantInPod {
-				t.Errorf("in the sandbox %s = %s, want %s", name, got[name], wantInPod)
-			}
-			if cleaned := rt.stopped.Load() == 1 && rt.remove.Load() == 1; cleaned != tc.cleanedUp {
-				t.Errorf("sandbox stopped %d, removed %d times; want cleanup=%v", rt.stopped.Load(), rt.remove.Load(), tc.cleanedUp)
-			}
-			if n := counterValue(t, a.registry, "podgate_sysctl_verifications_total", "result", tc.result); n != 1 {
-				t.Errorf("verifications_total{result=%q} = %v, want 1", tc.result, n)
-			}
-			// Stopping waits for the background verification, whose result is then recorded.
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			checkRecorded(t, a.sandboxes, cfg.StateDir, "sb1", tc.recorded)
-			if now, _ := sysctl.ReadNode(name); now != host {
-				t.Errorf("host %s changed to %s", name, now)
-			}
-		})
+// verifyCase is a case of TestSysctlVerifyPolicies.
+type verifyCase struct {
+	policy    string
+	code      codes.Code
+	inPod     string // value in the sandbox afterwards; "" = the kernel's default
+	result    string // the verifications_total label
+	recorded  string // the registry's verification result; "" = no record
+	cleanedUp bool
+}
+
+func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, tc verifyCase, inCgroup bool) {
+	rt := &nsRuntime{pid: sandboxProcess(t)}
+	procs := cgroupProcs
+	t.Cleanup(func() { cgroupProcs = procs })
+	cgroupProcs = func(path string) ([]int, error) {
+		if !inCgroup || path != "/k8s.io/sb1" {
+			return nil, errdefs.ErrNotFound
+		}
+		return []int{rt.pid}, nil
+	}
+	defaultInPod, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := testfs.ShortDir(t)
+	cfg := testConfig(dir, serveRuntime(t, dir, rt))
+	cfg.Sysctls.Verify = tc.policy
+	a := New(cfg, "test")
+	stop := runAgentOf(t, a)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	client := criClient(t, cfg.CRISocket)
+	sbConfig := &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: "p", Namespace: "ns", Uid: "u"},
+		Linux:    &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{string(name): want}},
+	}
+	resp, err := client.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sbConfig}, grpc.WaitForReady(true))
+	if status.Code(err) != tc.code {
+		t.Fatalf("RunPodSandbox: %v, want %v", err, tc.code)
+	}
+	wantInPod := tc.inPod
+	if wantInPod == "" {
+		wantInPod = defaultInPod[name]
+	}
+	if tc.code != codes.OK {
+		if !strings.Contains(err.Error(), string(name)) {
+			t.Errorf("error %v does not name the sysctl", err)
+		}
+	} else {
+		// The kubelet's next step: the container must not reach the runtime before
+		// the sandbox's sysctls are verified (and, with repair, repaired).
+		if _, err := client.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: resp.PodSandboxId, SandboxConfig: sbConfig}); err != nil {
+			t.Fatal(err)
+		}
+		if at := rt.atCreate.Load(); at == nil || *at != wantInPod {
+			t.Errorf("when CreateContainer reached the runtime the sandbox had %s = %v, want %s", name, at, wantInPod)
+		}
+		if waited := histogramCount(t, a.registry, "podgate_sysctl_duration_seconds", "phase", "wait"); inCgroup && waited != 0 {
+			t.Errorf("CreateContainer waited %d times for a verification, want none: it was done in RunPodSandbox", waited)
+		}
+		if rec, _ := a.sandboxes.Sandbox("sb1"); inCgroup && rec.Sysctls.Verification != tc.recorded {
+			t.Errorf("sandbox's verification %q when RunPodSandbox answered, want %q", rec.Sysctls.Verification, tc.recorded)
+		}
+	}
+	got, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[name] != wantInPod {
+		t.Errorf("in the sandbox %s = %s, want %s", name, got[name], wantInPod)
+	}
+	if cleaned := rt.stopped.Load() == 1 && rt.remove.Load() == 1; cleaned != tc.cleanedUp {
+		t.Errorf("sandbox stopped %d, removed %d times; want cleanup=%v", rt.stopped.Load(), rt.remove.Load(), tc.cleanedUp)
+	}
+	if n := counterValue(t, a.registry, "podgate_sysctl_verifications_total", "result", tc.result); n != 1 {
+		t.Errorf("verifications_total{result=%q} = %v, want 1", tc.result, n)
+	}
+	// Stopping waits for the background verification, whose result is then recorded.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	checkRecorded(t, a.sandboxes, cfg.StateDir, "sb1", tc.recorded)
+	if now, _ := sysctl.ReadNode(name); now != host {
+		t.Errorf("host %s changed to %s", name, now)
 	}
 }
 
