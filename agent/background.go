@@ -4,7 +4,25 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
+
+	"github.com/podgate/podgate/cri"
 )
+
+// backgroundQuiet is how long the CRI server must have served no call before background work
+// that can wait starts (a new sandbox's status read for the registry, a container's cgroup
+// check after StartContainer): longer than the kubelet's pauses between the calls of a pod
+// start (a millisecond or two), so that the work does not meet its next call.
+// backgroundQuietMost bounds the wait on a node whose kubelet is never quiet for that long.
+const (
+	backgroundQuiet     = 20 * time.Millisecond
+	backgroundQuietMost = 2 * time.Second
+)
+
+// quietOf returns a wait for s to be quiet (cri.Server.Quiet) for background work.
+func quietOf(s *cri.Server) func(context.Context) error {
+	return func(ctx context.Context) error { return s.Quiet(ctx, backgroundQuiet, backgroundQuietMost) }
+}
 
 // backgroundWork is work a CRI call starts and leaves running when it answers (a sysctl
 // verification, the read of a new sandbox's status). Shutdown waits for it, within its grace

@@ -44,7 +44,7 @@ func (p *proxy) createContainerHooks() []createContainerHook {
 // startContainerHooks: StartContainer.
 func (p *proxy) startContainerHooks() []startContainerHook {
 	return []startContainerHook{
-		{feature: "resources", after: "verify the container's cgroup, in the background", fn: p.resources.startContainer},
+		{feature: "resources", after: "verify the container's cgroup, in the background once the calls pause", fn: p.resources.startContainer},
 	}
 }
 
@@ -80,6 +80,7 @@ func intercept[Req, Resp proto.Message](s *cri.Server, m cri.Method[Req, Resp], 
 // tables above.
 func (p *proxy) register() {
 	p.pipeline.register(p.server)
+	p.resources.quiet = quietOf(p.server)
 	intercept(p.server, cri.CreateContainer, p.createContainerHooks())
 	intercept(p.server, cri.StartContainer, p.startContainerHooks())
 	intercept(p.server, cri.UpdateContainerResources, p.updateContainerResourcesHooks())

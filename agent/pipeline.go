@@ -116,6 +116,9 @@ type sandboxPipeline struct {
 	duration   *prometheus.HistogramVec
 	// background holds the status reads that finish records after their answer.
 	background backgroundWork
+	// quiet waits until the CRI server has served no call for a moment (cri.Server.Quiet);
+	// nil: no wait.
+	quiet func(context.Context) error
 	// events tells the pod when a stage of podgate's refuses its sandbox or holds it longer
 	// than heldAfter; nil without the Kubernetes API.
 	events    *kube.EventRecorder
@@ -152,6 +155,7 @@ func newSandboxPipeline(reg *registry.Registry, rt runtimeapi.RuntimeServiceClie
 
 // register plugs the pipeline into the CRI server.
 func (p *sandboxPipeline) register(s *cri.Server) {
+	p.quiet = quietOf(s)
 	cri.Intercept(s, cri.RunPodSandbox, p.runPodSandbox)
 	cri.Intercept(s, cri.StopPodSandbox, p.stopPodSandbox)
 	cri.Intercept(s, cri.RemovePodSandbox, p.removePodSandbox)
@@ -372,9 +376,10 @@ func (p *sandboxPipeline) forwardStage() stage {
 // statusStage arranges for the new sandbox's verbose status to be read once, for the stages
 // after it and the registry's readers: at once by a stage that needs the sandbox's namespaces
 // before the answer (verify: fail, device attach), otherwise after the answer, in the
-// background, so that a pod that needs nothing of it does not wait for it. A status the runtime
-// does not give is noted in the record, not a failure: the sandbox runs, and what needs its
-// namespace says it has none.
+// background, so that a pod that needs nothing of it does not wait for it, and once the
+// kubelet's calls have paused (quiet), so that it does not run beside them: containerd encodes
+// the sandbox's whole runtime spec for it. A status the runtime does not give is noted in the
+// record, not a failure: the sandbox runs, and what needs its namespace says it has none.
 func (p *sandboxPipeline) statusStage() stage {
 	return stage{
 		name: "status",
@@ -395,6 +400,12 @@ func (p *sandboxPipeline) statusStage() stage {
 			view := sb.runtimeView
 			sb.onAnswer(func() {
 				p.background.Go(func() {
+					if p.quiet != nil {
+						_ = p.quiet(vctx) // vctx does not end, and the wait is bounded
+					}
+					if _, ok := p.registry.Sandbox(id); !ok {
+						return // stopped and removed meanwhile: nothing to read
+					}
 					v, _ := view() // logged by the view
 					p.registry.Update(id, func(r *registry.SandboxRecord) { r.FillFromRuntime(&v) })
 				})

@@ -49,6 +49,8 @@ type resourceStages struct {
 	// containers are in the pod registry, with their sandboxes.
 	containers *registry.Registry
 	background backgroundWork
+	// quiet waits until the CRI server has served no call for a moment; nil: no wait.
+	quiet func(context.Context) error
 
 	verifications *prometheus.CounterVec
 	qosApplied    prometheus.Counter
@@ -231,9 +233,15 @@ func (s *resourceStages) startContainer(ctx context.Context, req *runtimeapi.Sta
 		return resp, err
 	}
 	id := req.GetContainerId()
-	// Off the hot path: the kubelet's StartContainer is not delayed by the check.
+	// Off the hot path: the kubelet's StartContainer is not delayed by the check, nor its
+	// next call (ContainerStatus) met by it.
 	bctx := context.WithoutCancel(ctx)
-	s.background.Go(func() { _ = s.verifyContainer(bctx, id, "start") })
+	s.background.Go(func() {
+		if s.quiet != nil {
+			_ = s.quiet(bctx) // bctx does not end, and the wait is bounded
+		}
+		_ = s.verifyContainer(bctx, id, "start")
+	})
 	return resp, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -43,6 +44,11 @@ type Server struct {
 
 	// statsHandlers see every call (tracing); none by default, and then grpc calls none.
 	statsHandlers []stats.Handler
+
+	// inFlight counts the calls being served; lastEnd is when the last one ended (UnixNano):
+	// Quiet's view of the caller's activity.
+	inFlight atomic.Int64
+	lastEnd  atomic.Int64
 
 	// stopping is cancelled when shutdown begins: open streams end then.
 	stopping   context.Context
@@ -148,10 +154,13 @@ func (s *Server) backendFor(fullMethod string) *Backend {
 func (s *Server) instrument(ctx context.Context, fullMethod string, call func() error) error {
 	mm := s.metrics.forMethod(fullMethod)
 	mm.inFlight.Inc()
+	s.inFlight.Add(1)
 	start := time.Now()
 	err := toStatus(ctx, call())
 	code := status.Code(err)
 	mm.done(start, code)
+	s.lastEnd.Store(time.Now().UnixNano())
+	s.inFlight.Add(-1)
 	if err != nil && s.logger.V(3).Enabled() {
 		s.logger.V(3).Info("CRI call failed", "method", shortMethod(fullMethod), "code", code.String(), "err", err)
 	}
@@ -238,4 +247,31 @@ func (s *Server) Probe(ctx context.Context) error {
 // (a sandbox's status) or clean up after a call they fail.
 func (s *Server) RuntimeClient() runtimeapi.RuntimeServiceClient {
 	return runtimeapi.NewRuntimeServiceClient(s.runtime.conn)
+}
+
+// Quiet waits until no call has been served for quiet (none in flight, the last ended quiet
+// ago), at most for most, or until ctx ends (its error). Work of podgate's own that can wait,
+// such as reading a new sandbox's verbose status for the registry, waits for it so that it
+// does not run beside the caller's next calls: the kubelet makes them back to back after a
+// RunPodSandbox or a StartContainer, and containerd and the CPUs serve them slower meanwhile.
+func (s *Server) Quiet(ctx context.Context, quiet, most time.Duration) error {
+	deadline := time.Now().Add(most)
+	for {
+		now := time.Now()
+		wait := quiet
+		if s.inFlight.Load() == 0 {
+			wait = quiet - now.Sub(time.Unix(0, s.lastEnd.Load()))
+		}
+		if wait <= 0 || !now.Before(deadline) {
+			return nil
+		}
+		wait = min(wait, deadline.Sub(now))
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		}
+	}
 }
