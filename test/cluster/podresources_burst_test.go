@@ -336,7 +336,7 @@ func startVFPod(t *testing.T, c *cluster.Cluster, name string) string {
 
 // restartPodgateWith restarts the node's podgate with more configuration appended to its
 // configuration file.
-func restartPodgateWith(t *testing.T, n *node, more string) {
+func restartPodgateWith(t testing.TB, n *node, more string) {
 	t.Helper()
 	i := slices.Index(n.podgateOpts.Args, "--config")
 	if i < 0 || i+1 >= len(n.podgateOpts.Args) {
