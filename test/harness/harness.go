@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,7 +30,8 @@ const readyTimeout = 30 * time.Second
 
 // Build compiles ./cmd/podgate of the module containing this package into dir, with extra go
 // build flags (the e2e tests add -race). Like `make build`, it stamps the binary with
-// `git describe --tags --always --dirty`, or "dev" outside a git checkout.
+// `git describe --tags --always --dirty`, or "dev" outside a git checkout, and builds it
+// without cgo (static), as it ships; only with -race, which needs cgo, is cgo left on.
 func Build(ctx context.Context, dir string, flags ...string) (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -37,14 +39,14 @@ func Build(ctx context.Context, dir string, flags ...string) (string, error) {
 	}
 	bin := filepath.Join(dir, "podgate")
 	args := append(append([]string{"build", "-ldflags", "-X main.version=" + describe(ctx, root)}, flags...), "-o", bin, "./cmd/podgate")
-	if err := goBuild(ctx, root, args); err != nil {
+	if err := goBuild(ctx, root, !slices.Contains(flags, "-race"), args); err != nil {
 		return "", err
 	}
 	return bin, nil
 }
 
-// BuildPrograms compiles ./cmd/podgate, stamped as Build does, and the main packages pkgs
-// (paths relative to the module's root, such as ./test/dradriver) into dir, in one go build:
+// BuildPrograms compiles ./cmd/podgate, stamped and static as Build does, and the main packages
+// pkgs (paths relative to the module's root, such as ./test/dradriver) into dir, in one go build:
 // the packages they share are compiled once and the binaries linked in parallel. Each binary is
 // named after its package's directory; the result maps those names to the binaries' paths.
 func BuildPrograms(ctx context.Context, dir string, pkgs ...string) (map[string]string, error) {
@@ -58,7 +60,7 @@ func BuildPrograms(ctx context.Context, dir string, pkgs ...string) (map[string]
 	pkgs = append([]string{"./cmd/podgate"}, pkgs...)
 	// With -o naming a directory (the trailing slash), go build writes every main package there.
 	args := append([]string{"build", "-ldflags", "-X main.version=" + describe(ctx, root), "-o", dir + "/"}, pkgs...)
-	if err := goBuild(ctx, root, args); err != nil {
+	if err := goBuild(ctx, root, true, args); err != nil {
 		return nil, err
 	}
 	bins := map[string]string{}
@@ -68,9 +70,15 @@ func BuildPrograms(ctx context.Context, dir string, pkgs ...string) (map[string]
 	return bins, nil
 }
 
-func goBuild(ctx context.Context, root string, args []string) error {
+// goBuild runs go with args in root; static builds without cgo (CGO_ENABLED=0), as the
+// Makefile builds podgate (see its build target), unless the environment sets CGO_ENABLED:
+// CGO_ENABLED=1 go test ... measures a build linked against libc.
+func goBuild(ctx context.Context, root string, static bool, args []string) error {
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
+	if _, set := os.LookupEnv("CGO_ENABLED"); static && !set {
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 	}
