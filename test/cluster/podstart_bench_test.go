@@ -15,7 +15,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // podStartBlock is how many measured pods the kubelet starts on one endpoint before it is
@@ -42,13 +44,14 @@ resources:
 `
 
 // podStartPaths are the kubelet's runtime endpoints BenchmarkPodStart compares.
-var podStartPaths = []string{"direct", "podgate"}
+var podStartPaths = []string{"direct", "forwarder", "podgate"}
 
 // BenchmarkPodStart times pod starts through a real kubelet 1.36, on the rig's containerd
-// directly and on podgate in front of it with every stage on (podStartConfig; DRA on, the pods
-// have no claims), one pod at a time, busybox already imported. Each iteration is one measured
-// pod; the paths alternate by blocks of podStartBlock pods (one: pod by pod), so -benchtime 40x
-// is 20 pods each way.
+// directly, on test/forwarder (the minimal raw-codec gRPC forwarder: what any proxy costs) and
+// on podgate in front of it with every stage on (podStartConfig; DRA on, the pods have no
+// claims), one pod at a time, busybox already imported. Each iteration is one measured pod; the
+// paths take turns by blocks of podStartBlock pods (one: pod by pod), so -benchtime 60x is 20
+// pods each way.
 //
 // A kubelet's runtime endpoint is fixed at its start, so the kubelet is restarted on the other
 // endpoint at each block (as an operator adopts podgate or rolls it back; podgate keeps running
@@ -82,14 +85,19 @@ var podStartPaths = []string{"direct", "podgate"}
 // counts from the pod's creationTimestamp, which the API keeps to the second, into a
 // histogram whose buckets around a second are 0.5, 1 and 2 s.
 //
-// It reports each path's median and p90 of each, and podgate's ratios to direct; and prints
-// every pod's figures.
+// It reports each path's median and p90 of each, the ratios podgate/direct, forwarder/direct
+// and podgate/forwarder; and prints every pod's figures.
 //
-//	go test -run '^$' -bench PodStart -benchtime 40x -timeout 30m ./test/cluster
+//	go test -run '^$' -bench PodStart -benchtime 60x -timeout 40m ./test/cluster
 func BenchmarkPodStart(b *testing.B) {
 	n := startNodeConfigured(b, true, nil, podStartConfig, rig.Options{})
 	restartPodgateWith(b, n, fmt.Sprintf("podResources:\n  kubeletSocket: %s\n", n.cluster.PodResourcesSocket()))
-	endpoints := map[string]string{"direct": n.rig.Endpoint, "podgate": n.podgateEndpoint()}
+	fwd, err := harness.StartForwarder(b.Context(), testfs.ShortDir(b), n.rig.Endpoint, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(fwd.Stop)
+	endpoints := map[string]string{"direct": n.rig.Endpoint, "forwarder": fwd.Endpoint, "podgate": n.podgateEndpoint()}
 	current := "podgate"
 	times := map[string]map[string][]time.Duration{}
 	for _, what := range podStartTimes {
@@ -122,9 +130,11 @@ func BenchmarkPodStart(b *testing.B) {
 			b.ReportMetric(msOf(p[path][0]), what+"-"+path+"-p50-ms")
 			b.ReportMetric(msOf(p[path][1]), what+"-"+path+"-p90-ms")
 		}
-		if p["direct"][0] > 0 {
-			b.ReportMetric(float64(p["podgate"][0])/float64(p["direct"][0]), what+"-podgate/direct-p50")
-			b.ReportMetric(float64(p["podgate"][1])/float64(p["direct"][1]), what+"-podgate/direct-p90")
+		for _, r := range [][2]string{{"podgate", "direct"}, {"forwarder", "direct"}, {"podgate", "forwarder"}} {
+			if p[r[1]][0] > 0 {
+				b.ReportMetric(float64(p[r[0]][0])/float64(p[r[1]][0]), what+"-"+r[0]+"/"+r[1]+"-p50")
+				b.ReportMetric(float64(p[r[0]][1])/float64(p[r[1]][1]), what+"-"+r[0]+"/"+r[1]+"-p90")
+			}
 		}
 	}
 }

@@ -1,15 +1,13 @@
 package e2e
 
 import (
-	"bufio"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -34,7 +32,7 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 	}
 	n := startNode(b, args...)
 	fwd := startForwarder(b, n.rig.Endpoint, profileDir != "")
-	clients := map[string]*rig.Client{"direct": n.direct, "forwarder": rig.Connect(b, fwd.endpoint), "podgate": n.through}
+	clients := map[string]*rig.Client{"direct": n.direct, "forwarder": rig.Connect(b, fwd.Endpoint), "podgate": n.through}
 	paths := []string{"direct", "forwarder", "podgate"}
 	ctrs := createContainers(b, n, listPods, listPerPod)
 
@@ -69,8 +67,8 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 	// 64 clients per path, each on its own connection, 2 s per path in slices of 0.5 s that
 	// alternate between the paths in a rotated order, so that every path sees the machine's
 	// moments alike; for the two proxies also the CPU time they spent per call.
-	l := newLoad(b, map[string]string{"direct": n.rig.Endpoint, "forwarder": fwd.endpoint, "podgate": n.podgate.Endpoint}, 64)
-	pids := map[string]int{"forwarder": fwd.cmd.Process.Pid, "podgate": n.podgate.PID()}
+	l := newLoad(b, map[string]string{"direct": n.rig.Endpoint, "forwarder": fwd.Endpoint, "podgate": n.podgate.Endpoint}, 64)
+	pids := map[string]int{"forwarder": fwd.PID(), "podgate": n.podgate.PID()}
 	for path, r := range l.run(b, paths, pids, loadSlice, 4) {
 		b.ReportMetric(r.rate(), path+"-64c-calls/s")
 		if _, proxy := pids[path]; proxy {
@@ -78,10 +76,10 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 		}
 	}
 	b.ReportMetric(procMemory(b, n.podgate.PID())["VmRSS"], "podgate-rss-MiB")
-	b.ReportMetric(procMemory(b, fwd.cmd.Process.Pid)["VmRSS"], "forwarder-rss-MiB")
+	b.ReportMetric(procMemory(b, fwd.PID())["VmRSS"], "forwarder-rss-MiB")
 
 	if profileDir != "" {
-		profileUnderLoad(b, profileDir, l, pids, map[string]string{"forwarder": fwd.pprofURL, "podgate": n.podgate.MetricsURL})
+		profileUnderLoad(b, profileDir, l, pids, map[string]string{"forwarder": fwd.PprofURL, "podgate": n.podgate.MetricsURL})
 	}
 	b.ReportMetric(ctrs.created.Seconds(), "create1000-s")
 	b.ReportMetric(ctrs.remove(b).Seconds(), "remove1000-s")
@@ -113,49 +111,16 @@ func listLatency(b *testing.B, clients map[string]*rig.Client, paths []string) m
 	return lat
 }
 
-// forwarder is test/forwarder running in front of a node's containerd.
-type forwarder struct {
-	cmd      *exec.Cmd
-	endpoint string
-	// pprofURL is http://host:port of its profiles, when started with them.
-	pprofURL string
-}
-
-// startForwarder builds and starts test/forwarder in front of the runtime at endpoint
-// (unix://path); it stops at the benchmark's end.
-func startForwarder(b *testing.B, endpoint string, pprof bool) *forwarder {
+// startForwarder starts test/forwarder in front of the runtime at endpoint (unix://path); it
+// stops at the benchmark's end.
+func startForwarder(b *testing.B, endpoint string, pprof bool) *harness.Forwarder {
 	b.Helper()
-	dir := testfs.ShortDir(b)
-	bin := goBuild(b, dir, "github.com/podgate/podgate/test/forwarder", "forwarder")
-	sock := filepath.Join(dir, "fwd.sock")
-	args := []string{"-listen", sock, "-backend", strings.TrimPrefix(endpoint, "unix://")}
-	if pprof {
-		args = append(args, "-pprof", "127.0.0.1:0")
-	}
-	f := &forwarder{cmd: exec.Command(bin, args...), endpoint: "unix://" + sock}
-	out, err := f.cmd.StdoutPipe()
+	f, err := harness.StartForwarder(b.Context(), testfs.ShortDir(b), endpoint, pprof)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := f.cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = f.cmd.Process.Kill(); _ = f.cmd.Wait() })
-	r := bufio.NewReader(out)
-	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			b.Fatalf("forwarder did not start: %q %v", line, err)
-		}
-		if addr, ok := strings.CutPrefix(strings.TrimSpace(line), "pprof "); ok {
-			f.pprofURL = "http://" + addr
-			continue
-		}
-		if strings.TrimSpace(line) != "ready" {
-			b.Fatalf("forwarder did not start: %q", line)
-		}
-		return f
-	}
+	b.Cleanup(f.Stop)
+	return f
 }
 
 // cpuTime is the user and system CPU time a process has used, all its threads together.

@@ -57,7 +57,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	pg := startPodgate(b, fake.endpoint, args...)
 	fwd := startForwarder(b, fake.endpoint, profileDir != "")
 	paths := []string{"direct", "forwarder", "podgate"}
-	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.endpoint, "podgate": pg.Endpoint}
+	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.Endpoint, "podgate": pg.Endpoint}
 	clients := map[string]*rig.Client{}
 	for path, e := range endpoints {
 		clients[path] = rig.Connect(b, e)
@@ -130,7 +130,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		b.ReportMetric(float64(size)/1000, "list-"+what+"-kB")
 	}
 
-	pids := map[string]int{"forwarder": fwd.cmd.Process.Pid, "podgate": pg.PID()}
+	pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
 	l := newLoad(b, endpoints, 64)
 	results := l.run(b, paths, pids, loadSlice, 4)
 	for path, r := range results {
@@ -141,15 +141,15 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		}
 	}
 	b.ReportMetric(procMemory(b, pg.PID())["VmRSS"], "podgate-rss-MiB")
-	b.ReportMetric(procMemory(b, fwd.cmd.Process.Pid)["VmRSS"], "forwarder-rss-MiB")
+	b.ReportMetric(procMemory(b, fwd.PID())["VmRSS"], "forwarder-rss-MiB")
 
 	if profileDir != "" {
-		pl := newLoad(b, map[string]string{"forwarder": fwd.endpoint, "podgate": pg.Endpoint}, 4)
+		pl := newLoad(b, map[string]string{"forwarder": fwd.Endpoint, "podgate": pg.Endpoint}, 4)
 		pl.call = func(ctx context.Context, c *rig.Client) error {
 			_, err := c.Runtime.ListContainers(ctx, nil)
 			return err
 		}
-		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, map[string]string{"forwarder": fwd.pprofURL, "podgate": pg.MetricsURL})
+		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL})
 	}
 }
 

@@ -58,7 +58,7 @@ func BenchmarkCRILifecycle(b *testing.B) {
 	pgAll := startPodgate(b, r.Endpoint, "--config", writeConfig(b, allStagesConfig))
 	fwd := startForwarder(b, r.Endpoint, false)
 	clients := map[string]*rig.Client{
-		"direct": rig.Connect(b, r.Endpoint), "forwarder": rig.Connect(b, fwd.endpoint),
+		"direct": rig.Connect(b, r.Endpoint), "forwarder": rig.Connect(b, fwd.Endpoint),
 		"podgate": rig.Connect(b, pg.Endpoint), "podgate-all": rig.Connect(b, pgAll.Endpoint),
 	}
 	lat := map[string]map[string][]time.Duration{}

@@ -35,7 +35,7 @@ func BenchmarkTracingCost(b *testing.B) {
 		writeConfig(b, "tracing:\n  endpoint: "+collector.Endpoint+"\n  samplingRatePerMillion: 1000000\n"))
 	fwd := startForwarder(b, fake.endpoint, false)
 	paths := []string{"direct", "forwarder", "podgate", "podgate-traced"}
-	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.endpoint, "podgate": plain.Endpoint, "podgate-traced": traced.Endpoint}
+	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.Endpoint, "podgate": plain.Endpoint, "podgate-traced": traced.Endpoint}
 	clients := map[string]*rig.Client{}
 	for path, e := range endpoints {
 		clients[path] = rig.Connect(b, e)
@@ -65,7 +65,7 @@ func BenchmarkTracingCost(b *testing.B) {
 	}
 	b.ReportMetric(micros(percentile(lat["podgate-traced"], 50)-percentile(lat["podgate"], 50)), "tracing-added-p50-µs")
 
-	pids := map[string]int{"forwarder": fwd.cmd.Process.Pid, "podgate": plain.PID(), "podgate-traced": traced.PID()}
+	pids := map[string]int{"forwarder": fwd.PID(), "podgate": plain.PID(), "podgate-traced": traced.PID()}
 	results := newLoad(b, endpoints, 64).run(b, paths, pids, loadSlice, 4)
 	for path, r := range results {
 		b.ReportMetric(r.rate(), path+"-64c-calls/s")
