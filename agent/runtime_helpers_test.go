@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -28,28 +30,19 @@ func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) 
 // counterValue returns the value of the counter name{label=value} in reg, 0 when absent.
 func counterValue(t *testing.T, reg prometheus.Gatherer, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return findMetric(t, reg, name, label, value).GetCounter().GetValue()
 }
 
 // histogramCount returns the sample count of the histogram name{label=value} in reg, 0 when
 // absent.
 func histogramCount(t *testing.T, reg prometheus.Gatherer, name, label, value string) uint64 {
+	t.Helper()
+	return findMetric(t, reg, name, label, value).GetHistogram().GetSampleCount()
+}
+
+// findMetric returns the metric name{label=value} in reg; nil (whose getters give zeros) when
+// absent.
+func findMetric(t *testing.T, reg prometheus.Gatherer, name, label, value string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -62,10 +55,10 @@ func histogramCount(t *testing.T, reg prometheus.Gatherer, name, label, value st
 		for _, m := range mf.GetMetric() {
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == label && lp.GetValue() == value {
-					return m.GetHistogram().GetSampleCount()
+					return m
 				}
 			}
 		}
 	}
-	return 0
+	return nil
 }
