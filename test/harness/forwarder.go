@@ -23,8 +23,12 @@ type Forwarder struct {
 // the runtime at endpoint (unix://path); it returns once the forwarder says it is ready. Stop
 // it with Stop.
 func StartForwarder(ctx context.Context, dir, endpoint string, pprof bool) (*Forwarder, error) {
-	bins, err := BuildPrograms(ctx, dir, "./test/forwarder")
+	root, err := moduleRoot()
 	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(dir, "forwarder")
+	if err := goBuild(ctx, root, true, []string{"build", "-o", bin, "./test/forwarder"}); err != nil {
 		return nil, err
 	}
 	sock := filepath.Join(dir, "fwd.sock")
@@ -32,7 +36,7 @@ func StartForwarder(ctx context.Context, dir, endpoint string, pprof bool) (*For
 	if pprof {
 		args = append(args, "-pprof", "127.0.0.1:0")
 	}
-	f := &Forwarder{cmd: exec.Command(bins["forwarder"], args...), Endpoint: "unix://" + sock}
+	f := &Forwarder{cmd: exec.Command(bin, args...), Endpoint: "unix://" + sock}
 	out, err := f.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
