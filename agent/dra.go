@@ -71,11 +71,13 @@ type draStages struct {
 	preparing map[types.UID]int
 	// retry holds, per claim whose unprepare failed, when to try again and the backoff.
 	retry map[types.UID]releaseRetry
-	// busy holds the claims a call is preparing or unpreparing now; the channel closes when it
-	// is done. A shared claim is prepared by one call while the others wait.
-	busy map[types.UID]chan struct{}
-	now  func() time.Time
-	poke chan struct{}
+	// busy holds the claims a call is preparing or unpreparing now. A shared claim is
+	// prepared by one call while the others wait, and a claim being unprepared is waited for.
+	busy map[types.UID]*claimOp
+	// onWait, when set (tests), is called when a prepare waits for another call's claim.
+	onWait func(types.UID)
+	now    func() time.Time
+	poke   chan struct{}
 
 	unprepared *prometheus.CounterVec
 	// decisions counts who prepared pods' claims (podgate, kubelet).
@@ -120,7 +122,7 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 		}, []string{"by"}),
 		preparing: map[types.UID]int{},
 		retry:     map[types.UID]releaseRetry{},
-		busy:      map[types.UID]chan struct{}{},
+		busy:      map[types.UID]*claimOp{},
 		now:       time.Now,
 		poke:      make(chan struct{}, 1),
 		unprepared: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -208,16 +210,17 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 		}
 	}
 	// The obligation is on disk before any driver is called: the pod is a user of each claim.
+	// From now on no unprepare of these claims begins (unprepare looks for users); one that
+	// began before is waited for (prepareOnce).
 	if err := d.registry.UseClaims(ref, containers, uses); err != nil {
 		return err
 	}
-	if by := d.preparer(ctx, ref); by == registry.PreparedByKubelet {
-		d.decisions.WithLabelValues(by).Inc()
+	by := d.preparer(ctx, ref)
+	d.decisions.WithLabelValues(by).Inc()
+	if by == registry.PreparedByKubelet {
 		klog.FromContext(ctx).V(2).Info("Claims prepared by the kubelet: recording their devices", "claims", len(claims))
-		return d.registry.SetObserved(d.observed(ctx, claims))
 	}
-	d.decisions.WithLabelValues(registry.PreparedByPodgate).Inc()
-	if err := d.prepareOnce(ctx, claims); err != nil {
+	if err := d.prepareOnce(ctx, claims, by); err != nil {
 		return fmt.Errorf("pod %s/%s: %w", ref.Namespace, ref.Name, err)
 	}
 	return nil
@@ -334,24 +337,38 @@ func allocatedDevices(claims []dra.PodClaim) map[types.UID][]registry.DeviceReco
 	return out
 }
 
+// claimOp is a prepare or an unprepare of a claim in progress; done closes when it ends.
+type claimOp struct {
+	done chan struct{}
+	// unprepare: podgate's drivers are unpreparing the claim.
+	unprepare bool
+}
+
 // prepareOnce makes sure each claim is prepared, calling its drivers at most once however many
-// sandboxes ask at the same moment: a claim prepared already is taken as it is; one another
-// call is preparing (or unpreparing) is waited for; the rest this call prepares, each driver's
-// claims in one call. A claim whose preparer failed is tried again by a waiter.
-func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim) error {
+// sandboxes ask at the same moment. A claim another call is preparing or unpreparing is waited
+// for first, and looked at again after: until an unprepare ends, the claim's record still says
+// prepared while its drivers tear its devices down. A claim prepared already is then taken as it
+// is; the rest this call prepares: by podgate, each driver's claims in one call; by the kubelet,
+// it records their devices. A claim whose preparer failed is tried again by a waiter.
+//
+// A claim whose drivers podgate unprepared while the pod joined is prepared by podgate even when
+// the kubelet prepares the pod's claims: the kubelet's prepare may have come before that
+// unprepare, and the kubelet does not prepare a claim it holds prepared again.
+func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim, by string) error {
+	undone := map[types.UID]bool{} // claims whose drivers unprepared them while this call waited
 	for {
 		var mine []dra.PodClaim
-		var waits []chan struct{}
+		waits := map[types.UID]*claimOp{}
 		d.mu.Lock()
 		for _, c := range claims {
+			if op, busy := d.busy[c.UID]; busy {
+				waits[c.UID] = op
+				continue
+			}
 			if info, ok := d.registry.Claim(c.UID); ok && info.Prepared {
 				continue
 			}
-			if ch, busy := d.busy[c.UID]; busy {
-				waits = append(waits, ch)
-				continue
-			}
-			d.busy[c.UID] = make(chan struct{})
+			d.busy[c.UID] = &claimOp{done: make(chan struct{})}
 			mine = append(mine, c)
 		}
 		d.mu.Unlock()
@@ -359,10 +376,10 @@ func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim) erro
 			return nil
 		}
 		if len(mine) > 0 {
-			err := d.prepareMine(ctx, mine)
+			err := d.prepareMine(ctx, mine, by, undone)
 			d.mu.Lock()
 			for _, c := range mine {
-				close(d.busy[c.UID])
+				close(d.busy[c.UID].done)
 				delete(d.busy, c.UID)
 			}
 			d.mu.Unlock()
@@ -370,18 +387,49 @@ func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim) erro
 				return err
 			}
 		}
-		for _, ch := range waits {
+		for uid, op := range waits {
+			if d.onWait != nil {
+				d.onWait(uid)
+			}
 			select {
-			case <-ch:
+			case <-op.done:
 			case <-ctx.Done():
-				return fmt.Errorf("wait for another sandbox's prepare of a shared claim: %w", context.Cause(ctx))
+				return fmt.Errorf("wait for another call's prepare or unprepare of a shared claim: %w", context.Cause(ctx))
+			}
+			if op.unprepare {
+				undone[uid] = true
 			}
 		}
 	}
 }
 
-// prepareMine calls the drivers of claims this call prepares and records what they returned.
-func (d *draStages) prepareMine(ctx context.Context, claims []dra.PodClaim) error {
+// prepareMine prepares the claims this call holds: it records the devices of those the kubelet
+// prepared (by kubelet), and calls the drivers of the others.
+func (d *draStages) prepareMine(ctx context.Context, claims []dra.PodClaim, by string, undone map[types.UID]bool) error {
+	if by != registry.PreparedByKubelet {
+		return d.callAndRecord(ctx, claims)
+	}
+	var observe, call []dra.PodClaim
+	for _, c := range claims {
+		if undone[c.UID] {
+			klog.FromContext(ctx).Info("Claim unprepared by podgate while the pod joined it: podgate prepares it again", "claim", klog.KRef(c.Namespace, c.Name))
+			call = append(call, c)
+			continue
+		}
+		observe = append(observe, c)
+	}
+	var errs []error
+	if len(observe) > 0 {
+		errs = append(errs, d.registry.SetObserved(d.observed(ctx, observe)))
+	}
+	if len(call) > 0 {
+		errs = append(errs, d.callAndRecord(ctx, call))
+	}
+	return errors.Join(errs...)
+}
+
+// callAndRecord calls the drivers of claims this call prepares and records what they returned.
+func (d *draStages) callAndRecord(ctx context.Context, claims []dra.PodClaim) error {
 	results, err := d.callDrivers(ctx, claims)
 	if len(results) > 0 {
 		var fresh []registry.ClaimRecord
@@ -577,23 +625,26 @@ func (d *draStages) reconcile(ctx context.Context) {
 
 // unprepare has the drivers unprepare a claim no pod uses, unless a sandbox is taking it up
 // again (preparing it), and then forgets it. A claim that was never prepared is unprepared too:
-// a crash may have come between the driver's prepare and its record.
+// a crash may have come between the driver's prepare and its record. A sandbox whose pod takes
+// the claim up while the drivers unprepare it waits (prepareOnce) and then finds it unprepared,
+// used by its pod (ClaimUnprepared, ClaimUnprepareFailed): it prepares it again.
 func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 	d.mu.Lock()
 	if _, busy := d.busy[c.UID]; busy {
 		d.mu.Unlock()
 		return nil // a sandbox is preparing it: it is used again
 	}
-	if cur, ok := d.registry.Claim(c.UID); !ok || len(cur.PodUIDs) > 0 {
+	c, ok := d.registry.Claim(c.UID)
+	if !ok || len(c.PodUIDs) > 0 {
 		d.mu.Unlock()
 		return nil
 	}
-	done := make(chan struct{})
-	d.busy[c.UID] = done
+	op := &claimOp{done: make(chan struct{}), unprepare: c.PreparedBy != registry.PreparedByKubelet}
+	d.busy[c.UID] = op
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
-		close(done)
+		close(op.done)
 		delete(d.busy, c.UID)
 		d.mu.Unlock()
 	}()
@@ -620,7 +671,9 @@ func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 		logger.Info("Unprepared claim", "claim", klog.KRef(c.Namespace, c.Name), "driver", name)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		// A driver may have torn part of the claim down: a pod that took it up meanwhile
+		// must not find it prepared.
+		return errors.Join(err, d.registry.ClaimUnprepareFailed(c.UID))
 	}
 	d.unprepared.WithLabelValues("unprepared").Inc()
 	d.claims.Forget(c.Namespace, c.Name)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,9 +15,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 )
 
@@ -237,5 +240,116 @@ func TestDRAExtendedResourceClaim(t *testing.T) {
 	want := []registry.ContainerClaims{{Name: "app", Claims: []string{extendedClaimName}}, {Name: "side"}}
 	if !sameJSON(t, pc.Containers, want) {
 		t.Errorf("containers %+v, want the claim under app only: %+v", pc.Containers, want)
+	}
+}
+
+// TestDRAPodJoinsAClaimBeingUnprepared: the last pod using a claim is gone and the driver is
+// unpreparing the claim (held) when the sandbox of a new pod sharing it starts. Until the
+// unprepare ends, the claim's record still says prepared: the new sandbox waits for it, and then
+// has the claim prepared again, whether the unprepare succeeded or failed (the driver may have
+// torn part of it down), and also when the kubelet prepares the new pod's claims (its prepare
+// may have come before podgate's unprepare). The claim ends prepared with its device, used by
+// the new pod, and is unprepared once after it.
+func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		failUnprepare bool
+		mode          string // dra.prepare when the new pod starts
+	}{
+		{name: "unprepare succeeds", mode: config.PrepareAlways},
+		{name: "unprepare fails", failUnprepare: true, mode: config.PrepareAlways},
+		{name: "the kubelet prepares the new pod's claims", mode: config.PrepareNever},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p1, p2 := draPod("1", "shared"), draPod("2", "shared")
+			dr := newDRARig(t, 30*time.Second, p1, p2, draClaim("shared", p1, p2))
+			ctx := t.Context()
+			id1, err := dr.runPod(t, p1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dr.removeSandbox(t, id1)
+			if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p1.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitPodGoneFromInformer(t, dr, p1.UID)
+
+			held, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			dr.driver.SetHook(func(ctx context.Context, op string) error {
+				if op != "unprepare" {
+					return nil
+				}
+				once.Do(func() { close(held) })
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				if tc.failUnprepare {
+					return errors.New("device busy")
+				}
+				return nil
+			})
+			waiting := make(chan struct{})
+			var waitOnce sync.Once
+			dr.dra.onWait = func(types.UID) { waitOnce.Do(func() { close(waiting) }) }
+			dr.dra.mode = tc.mode
+			reconciled := make(chan struct{})
+			go func() { defer close(reconciled); dr.dra.reconcile(ctx) }()
+			select {
+			case <-held:
+			case <-ctx.Done():
+				t.Fatal("the driver was not asked to unprepare")
+			}
+
+			type result struct {
+				id  string
+				err error
+			}
+			started := make(chan result, 1)
+			go func() {
+				id, err := dr.runPod(t, p2)
+				started <- result{id, err}
+			}()
+			var r result
+			select {
+			case <-waiting:
+				close(release)
+				r = <-started
+			case r = <-started:
+				t.Errorf("the new pod's sandbox did not wait for the unprepare of its claim (err %v)", r.err)
+				close(release)
+			}
+			<-reconciled
+			if r.err != nil {
+				t.Fatalf("sandbox of the new pod: %v", r.err)
+			}
+			want := []string{"prepare default/shared", "unprepare default/shared", "prepare default/shared"}
+			if calls := dr.driver.Calls(); !slices.Equal(calls, want) {
+				t.Errorf("driver calls %v, want %v", calls, want)
+			}
+			c, ok := dr.registry.Claim("claim-shared")
+			if !ok || !c.Prepared || c.PreparedBy != registry.PreparedByPodgate || len(c.Devices) != 1 || c.Devices[0].Device != "dev-shared" ||
+				!slices.Equal(c.PodUIDs, []types.UID{p2.UID}) {
+				t.Errorf("claim record %+v (%v), want it prepared by podgate with its device, used by %s", c, ok, p2.UID)
+			}
+
+			// The new pod is the last user: its departure unprepares the claim, once.
+			dr.driver.SetHook(nil)
+			dr.dra.now = func() time.Time { return time.Now().Add(draRetryMax) } // past a failed unprepare's backoff
+			dr.removeSandbox(t, r.id)
+			if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p2.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitPodGoneFromInformer(t, dr, p2.UID)
+			dr.dra.reconcile(ctx)
+			if calls := dr.driver.Calls(); !slices.Equal(calls, append(want, "unprepare default/shared")) {
+				t.Errorf("driver calls after the new pod is gone %v, want one more unprepare", calls)
+			}
+			if c := dr.registry.Claims(); len(c) != 0 {
+				t.Errorf("claim records left: %+v", c)
+			}
+		})
 	}
 }

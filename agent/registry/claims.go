@@ -449,6 +449,22 @@ func (r *Registry) ClaimUnprepared(uid types.UID) error {
 	})
 }
 
+// ClaimUnprepareFailed records that the drivers' unprepare of a claim failed: a claim a pod
+// took up meanwhile is kept unprepared, as its devices may be partly torn down, and that pod
+// prepares it again; a claim no pod uses stays as it is, an obligation to unprepare. The
+// checkpoint follows before it returns.
+func (r *Registry) ClaimUnprepareFailed(uid types.UID) error {
+	return r.changeClaims(func(st *claimState) (bool, error) {
+		c, ok := st.claims[uid]
+		if !ok || len(c.PodUIDs) == 0 || !c.Prepared {
+			return false, nil
+		}
+		st.touch("", c)
+		c.Prepared, c.Devices, c.PreparedBy = false, nil, ""
+		return true, nil
+	})
+}
+
 // migratePodClaims turns the claims of a checkpoint written by podgate before claims were kept
 // one record per claim (a copy of each claim in every pod using it) into ClaimInfos and PodDRAs:
 // a claim is prepared when some pod's copy says so, with that copy's devices.
