@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/podgate/podgate/dra"
 )
@@ -78,8 +79,9 @@ var (
 // ClientOption configures a Client.
 type ClientOption func(*rest.Config)
 
-// WithRateLimit limits the client's requests to qps per second with bursts of burst (a token
-// bucket shared by every request of the client), as the kubelet's kubeAPIQPS and kubeAPIBurst.
+// WithRateLimit limits the client's requests to qps per second with bursts of burst (one token
+// bucket shared by every request of the client, whatever its API group), as the kubelet's
+// kubeAPIQPS and kubeAPIBurst.
 func WithRateLimit(qps float32, burst int) ClientOption {
 	return func(c *rest.Config) { c.QPS, c.Burst = qps, burst }
 }
@@ -98,12 +100,25 @@ func NewClient(kubeconfig string, opts ...ClientOption) (*Client, error) {
 	return newClientForConfig(cfg)
 }
 
-// newClientForConfig builds the client for cfg: one HTTP client (connections, TLS, rate
-// limiter) shared by a REST client per API group.
+// newClientForConfig builds the client for cfg: one HTTP client (connections, TLS) and one rate
+// limiter shared by a REST client per API group.
 func newClientForConfig(cfg *rest.Config) (*Client, error) {
 	cfg = rest.CopyConfig(cfg)
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	if cfg.RateLimiter == nil && cfg.QPS >= 0 {
+		// client-go gives each REST client a token bucket of its own when the config has
+		// none: QPS and Burst would bound each API group, not podgate. One bucket for all, as
+		// client-go's clientset (the kubelet's) makes; a negative QPS is no limit, as there.
+		qps, burst := cfg.QPS, cfg.Burst
+		if qps == 0 {
+			qps = rest.DefaultQPS
+		}
+		if burst == 0 {
+			burst = rest.DefaultBurst
+		}
+		cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)
 	}
 	cfg.NegotiatedSerializer = kubeCodecs.WithoutConversion()
 	hc, err := rest.HTTPClientFor(cfg)
