@@ -22,6 +22,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/podresources"
 )
 
 // draReconcilePeriod is how often podgate looks for prepared claims whose pod is gone, beside
@@ -245,7 +246,13 @@ func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
 		return registry.PreparedByPodgate
 	}
 	known, err := d.kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
-	if err != nil {
+	switch {
+	case podresources.IsKubeletNotListening(err):
+		// A kubelet that died and left its socket behind: decided at once, as with no socket
+		// (podgate_podresources_kubelet_requests_total{result="not_listening"} counts it).
+		klog.FromContext(ctx).V(1).Info("Nobody listens on the kubelet's PodResources socket: no kubelet, podgate prepares the pod's claims", "err", err)
+		return registry.PreparedByPodgate
+	case err != nil:
 		klog.FromContext(ctx).V(1).Info("The kubelet's PodResources did not say whether it manages the pod: podgate prepares its claims", "err", err)
 		return registry.PreparedByPodgate
 	}

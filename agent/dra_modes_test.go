@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/version"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
@@ -174,5 +176,54 @@ func TestDRAKubeletVersionFromTheNode(t *testing.T) {
 	d.setKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "not a version"}}})
 	if v := d.kubeletVersion.Load(); v == nil || v.String() != "1.36.3" {
 		t.Errorf("a version not understood replaced the known one: %v", v)
+	}
+}
+
+// TestDRAPrepareBesideADeadKubelet: with dra.prepare auto beside a kubelet 1.36 that died and
+// left its PodResources socket behind (nobody listens on it), a pod start does not wait for
+// that kubelet: the one Get podgate sends is refused at connect and not tried again, podgate
+// prepares the claims itself; the next pod start asks nothing while nobody listens.
+func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
+	p1, p2 := draPod("1", "net1"), draPod("2", "net2")
+	dr := newDRARig(t, 5*time.Second, p1, p2, draClaim("net1", p1), draClaim("net2", p2))
+	dr.dra.mode = config.PrepareAuto
+	dr.dra.kubeletVersion.Store(version.MustParseGeneric("v1.36.3"))
+	socket := filepath.Join(dr.dir, "kubelet.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close() // the socket file stays, nobody listens
+	metrics := prometheus.NewRegistry()
+	pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry}, KubeletSocket: socket, Registerer: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dr.dra.kubelet = pr
+
+	for i, start := range []struct {
+		pod   *corev1.Pod
+		claim string
+	}{{p1, "net1"}, {p2, "net2"}} {
+		pod, claim := start.pod, start.claim
+		if _, err := dr.runPod(t, pod); err != nil {
+			t.Fatal(err)
+		}
+		if at := dr.atRun.Load(); at == nil || !slices.Contains(*at, "prepare default/"+claim) {
+			t.Errorf("pod %d: driver calls when the runtime got the sandbox %v, want its claim prepared by podgate", i+1, at)
+		}
+		if c, ok := dr.registry.Claim(types.UID("claim-" + claim)); !ok || !c.Prepared || c.PreparedBy != registry.PreparedByPodgate {
+			t.Errorf("pod %d: claim record %+v, want prepared by podgate", i+1, c)
+		}
+		if got := counterValue(t, metrics, "podgate_podresources_kubelet_requests_total", "result", "not_listening"); got != float64(i+1) {
+			t.Errorf("after pod %d: kubelet_requests_total{not_listening} = %v, want %d (one per pod start)", i+1, got, i+1)
+		}
+		if got := counterValue(t, metrics, "podgate_podresources_kubelet_requests_total", "result", "unavailable"); got != 0 {
+			t.Errorf("after pod %d: kubelet_requests_total{unavailable} = %v: podgate waited for a kubelet that is not there", i+1, got)
+		}
+	}
+	if n := counterValue(t, dr.metrics, "podgate_dra_pod_claims_prepared_total", "by", registry.PreparedByPodgate); n != 2 {
+		t.Errorf("pod_claims_prepared_total{by=podgate} = %v, want 2", n)
 	}
 }

@@ -75,6 +75,11 @@ func newFlightGroup[K comparable, T any](k *kubeletClient, method string, call f
 // kubelet socket at all, ends it at once. When the wait ends first, the error is a
 // *kubeletWaitError saying what the call was waiting for, or ctx's error if ctx ended.
 func (g *flightGroup[K, T]) do(ctx context.Context, key K) (T, error) {
+	return g.doUntil(ctx, key, nil)
+}
+
+// doUntil is do that also ends at once on a failure for which stop is true.
+func (g *flightGroup[K, T]) doUntil(ctx context.Context, key K, stop func(error) bool) (T, error) {
 	var zero T
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, g.k.waitBudget(ctx))
@@ -89,7 +94,7 @@ func (g *flightGroup[K, T]) do(ctx context.Context, key K) (T, error) {
 		}
 		select {
 		case <-f.done:
-			if f.err == nil || !retryable(f.err) {
+			if f.err == nil || !retryable(f.err) || (stop != nil && stop(f.err)) {
 				return f.result, f.err
 			}
 			last = f.err

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -45,10 +47,17 @@ const (
 	kubeletOK          = "ok"
 	kubeletNotFound    = "not_found"   // Get: the kubelet does not know the pod
 	kubeletRefused     = "refused"     // ResourceExhausted: over the kubelet's rate limit
-	kubeletUnavailable = "unavailable" // not answering: restarting, hung, a stale socket
+	kubeletUnavailable = "unavailable" // not answering: restarting, hung
 	kubeletAbsent      = "absent"      // no socket: no kubelet on this node
-	kubeletError       = "error"       // any other error
+	// kubeletNotListening: a socket nobody listens on (connection refused), as a kubelet
+	// that stopped or died leaves it behind.
+	kubeletNotListening = "not_listening"
+	kubeletError        = "error" // any other error
 )
+
+// listenProbeTimeout bounds the connect that tells a socket nobody listens on from a kubelet
+// that does not answer: a refused connect on a unix socket is immediate.
+const listenProbeTimeout = 200 * time.Millisecond
 
 var (
 	errKubeletNotFound = errors.New("the kubelet does not know the pod")
@@ -56,6 +65,8 @@ var (
 	// errNoKubelet: the kubelet's socket does not exist. With no kubelet there are no
 	// kubelet devices to miss, and podgate answers with its own part.
 	errNoKubelet = errors.New("no kubelet PodResources socket")
+	// errNotListening: the kubelet's socket refuses connections.
+	errNotListening = errors.New("nobody listens on the socket (connection refused): a kubelet that stopped left it behind")
 )
 
 // kubeletCallError is a failed call to the kubelet, with its result label.
@@ -72,8 +83,16 @@ func (e *kubeletCallError) Unwrap() error { return e.err }
 // retryable reports whether a failed kubelet call may succeed if made again soon: the kubelet
 // was over its rate limit (other clients share it), restarting or slow.
 func retryable(err error) bool {
-	ce, ok := errors.AsType[*kubeletCallError](err)
-	return ok && (ce.result == kubeletRefused || ce.result == kubeletUnavailable)
+	r := callResult(err)
+	return r == kubeletRefused || r == kubeletUnavailable || r == kubeletNotListening
+}
+
+// callResult is the result label of a failed kubelet call; "" for another error.
+func callResult(err error) string {
+	if ce, ok := errors.AsType[*kubeletCallError](err); ok {
+		return ce.result
+	}
+	return ""
 }
 
 // kubeletClient calls the kubelet's own PodResources socket, whose devices, CPUs and memory
@@ -156,6 +175,24 @@ func (k *kubeletClient) List(ctx context.Context) (*v1.ListPodResourcesResponse,
 func (k *kubeletClient) Get(ctx context.Context, namespace, name string) (pr *v1.PodResources, found bool, err error) {
 	r, err := k.gets.do(ctx, podKey{namespace: namespace, name: name})
 	return r.pod, r.found, err
+}
+
+// KnowsPod is Get for a decision that must not wait for a kubelet that is not there: when
+// nobody listens on the socket (connection refused: a kubelet that stopped or died left it
+// behind) it ends at once with an error whose result is kubeletNotListening, instead of
+// trying again within Get's wait, which is kept for a kubelet that is there (over its rate
+// limit, or slow). After such a failure, the next KnowsPod connects to the socket first, and
+// asks only when something listens again.
+func (k *kubeletClient) KnowsPod(ctx context.Context, namespace, name string) (bool, error) {
+	if k.lastResult() == kubeletNotListening {
+		if err := k.notListening(ctx, "Get"); err != nil {
+			return false, err
+		}
+	}
+	r, err := k.gets.doUntil(ctx, podKey{namespace: namespace, name: name}, func(err error) bool {
+		return callResult(err) == kubeletNotListening
+	})
+	return r.found, err
 }
 
 // GetAllocatableResources returns the kubelet's GetAllocatableResources answer.
@@ -253,6 +290,39 @@ func (k *kubeletClient) retryDelay() (time.Duration, error) {
 	return d - time.Since(k.lastFailure), k.lastErr
 }
 
+// lastResult is the result of the last call to the kubelet (its health: ok for an answer).
+func (k *kubeletClient) lastResult() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.health
+}
+
+// listening reports whether anything accepts connections on the kubelet's socket. Only a
+// refused connection (ECONNREFUSED: a socket file nobody listens on) says no; any other
+// failure says nothing, and counts as listening.
+func (k *kubeletClient) listening(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", k.socket)
+	if err != nil {
+		return !errors.Is(err, syscall.ECONNREFUSED)
+	}
+	_ = c.Close() // a probe: nothing was sent
+	return true
+}
+
+// notListening checks, without a call, that something listens on the kubelet's socket; when
+// nobody does, the call is counted as not_listening and fails so.
+func (k *kubeletClient) notListening(ctx context.Context, method string) error {
+	if k.listening(ctx) {
+		return nil
+	}
+	k.metrics.kubeletRequests.WithLabelValues(method, kubeletNotListening).Inc()
+	k.noteHealth(ctx, kubeletNotListening, errNotListening)
+	return &kubeletCallError{socket: k.socket, method: method, result: kubeletNotListening, err: errNotListening}
+}
+
 // present checks that the kubelet's socket exists; when it does not, the call is counted as
 // absent and fails with errNoKubelet.
 func (k *kubeletClient) present(ctx context.Context, method string) error {
@@ -292,6 +362,8 @@ func kubeletCall[T any](ctx context.Context, k *kubeletClient, method string, ca
 		return zero, err
 	case status.Code(err) == codes.ResourceExhausted:
 		outcome = kubeletRefused
+	case status.Code(err) == codes.Unavailable && !k.listening(ctx):
+		outcome, err = kubeletNotListening, fmt.Errorf("%w: %w", errNotListening, err)
 	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.DeadlineExceeded:
 		outcome = kubeletUnavailable
 	default:
@@ -324,7 +396,7 @@ func (k *kubeletClient) noteHealth(ctx context.Context, outcome string, err erro
 		health = kubeletOK
 	}
 	k.mu.Lock()
-	if outcome == kubeletRefused || outcome == kubeletUnavailable {
+	if outcome == kubeletRefused || outcome == kubeletUnavailable || outcome == kubeletNotListening {
 		k.failures++
 		k.lastFailure, k.lastErr = time.Now(), err
 	} else {
@@ -343,6 +415,9 @@ func (k *kubeletClient) noteHealth(ctx context.Context, outcome string, err erro
 		logger.Info("The kubelet's PodResources socket answers again", "socket", k.socket)
 	case kubeletAbsent:
 		logger.Info("No kubelet PodResources socket; serving what podgate knows, without a kubelet's devices, CPUs and memory",
+			"socket", k.socket)
+	case kubeletNotListening:
+		logger.Info("Nobody listens on the kubelet's PodResources socket (a kubelet that stopped left it behind); v1 calls wait for a kubelet within their deadline, then fail Unavailable; DRA decisions do not wait",
 			"socket", k.socket)
 	default:
 		logger.Info("The kubelet's PodResources socket does not answer; v1 calls wait for it within their deadline, then fail Unavailable",

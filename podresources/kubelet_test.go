@@ -2,6 +2,7 @@ package podresources
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,7 +69,7 @@ func checkAnswers(t *testing.T, r *rig, want *v1.PodResources, wantAlloc *v1.All
 // kubeletMetrics is the exposition of the kubelet metrics after one round of checkAnswers,
 // every call with result.
 func kubeletMetrics(result string, up int) string {
-	return `# HELP podgate_podresources_kubelet_requests_total Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, absent: no socket, error).
+	return `# HELP podgate_podresources_kubelet_requests_total Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, not_listening: a socket nobody listens on, absent: no socket, error).
 # TYPE podgate_podresources_kubelet_requests_total counter
 podgate_podresources_kubelet_requests_total{method="Get",result="` + result + `"} 1
 podgate_podresources_kubelet_requests_total{method="GetAllocatableResources",result="` + result + `"} 1
@@ -276,4 +277,49 @@ func TestKubeletGetNotFound(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKubeletKnowsPodWithoutAKubelet: KubeletKnowsPod (the DRA decision) does not wait for a
+// kubelet that is not there. A socket nobody listens on, as a killed kubelet leaves it, ends it
+// at once: one call refused at connect, counted not_listening, never tried again within the
+// wait; the next asks nothing while nobody listens. A kubelet that is there but over its rate
+// limit is waited for, and its answer taken.
+func TestKubeletKnowsPodWithoutAKubelet(t *testing.T) {
+	t.Run("stale socket", func(t *testing.T) {
+		dir := testfs.ShortDir(t)
+		ksock := filepath.Join(dir, "kubelet.sock")
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: ksock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close() // the socket file stays, nobody listens: a killed kubelet's
+		r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: ksock})
+		for i := 1; i <= 2; i++ {
+			known, err := r.server.KubeletKnowsPod(testContext(t), "shop", "web")
+			if known || !IsKubeletNotListening(err) || !strings.Contains(err.Error(), ksock) {
+				t.Fatalf("KubeletKnowsPod %d with nobody listening: %v, %v; want not listening, naming %s", i, known, err, ksock)
+			}
+			if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", "Get", "result", "not_listening"); got != float64(i) {
+				t.Errorf("after KubeletKnowsPod %d: kubelet_requests_total{Get,not_listening} = %v, want %d", i, got, i)
+			}
+			if got := metricValue(t, r.metrics, "podgate_podresources_kubelet_requests_total", "method", "Get", "result", "unavailable"); got != 0 {
+				t.Errorf("after KubeletKnowsPod %d: kubelet_requests_total{Get,unavailable} = %v: it waited for a kubelet that is not there", i, got)
+			}
+		}
+	})
+	t.Run("kubelet over its rate limit", func(t *testing.T) {
+		dir := testfs.ShortDir(t)
+		ksock := filepath.Join(dir, "kubelet.sock")
+		k := &fakeKubelet{pods: []*v1.PodResources{kubeletWeb()}, refuse: 2}
+		serveKubelet(t, ksock, k, false)
+		r := newRigIn(t, dir, Options{Source: webSource(), KubeletSocket: ksock})
+		known, err := r.server.KubeletKnowsPod(testContext(t), "shop", "web")
+		if !known || err != nil {
+			t.Fatalf("KubeletKnowsPod: %v, %v; want the kubelet's answer after its refusals", known, err)
+		}
+		if calls, refused := k.counts(); refused != 2 || calls["Get"] != 1 {
+			t.Errorf("the kubelet refused %d calls and answered %v; want 2 refused, then one Get", refused, calls)
+		}
+	})
 }

@@ -30,7 +30,7 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}, []string{"method", "code"}),
 		kubeletRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_requests_total",
-			Help: "Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, absent: no socket, error).",
+			Help: "Calls podgate made to the kubelet's PodResources socket, by method and result (ok, not_found, refused: over the kubelet's rate limit, unavailable, not_listening: a socket nobody listens on, absent: no socket, error).",
 		}, []string{"method", "result"}),
 		kubeletCoalesced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_coalesced_total",

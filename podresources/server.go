@@ -131,14 +131,19 @@ func NewServer(o Options) (*Server, error) {
 
 // KubeletKnowsPod asks the kubelet's PodResources socket whether it manages the pod (its Get
 // knows it), through the same rate limit and coalescing as the v1 calls, so that asking never
-// pushes podgate over the kubelet's limit. Without a kubelet socket it is an error.
+// pushes podgate over the kubelet's limit. Without a kubelet socket it is an error, and so at
+// once with a socket nobody listens on (a kubelet that stopped left it behind), for which
+// IsKubeletNotListening is true: only a kubelet that is there is waited for.
 func (s *Server) KubeletKnowsPod(ctx context.Context, namespace, name string) (bool, error) {
 	if s.kubelet == nil {
 		return false, errNoKubelet
 	}
-	_, found, err := s.kubelet.Get(ctx, namespace, name)
-	return found, err
+	return s.kubelet.KnowsPod(ctx, namespace, name)
 }
+
+// IsKubeletNotListening reports whether err says that nobody listens on the kubelet's
+// PodResources socket: no kubelet is there.
+func IsKubeletNotListening(err error) bool { return callResult(err) == kubeletNotListening }
 
 // Serve serves on l until Shutdown; it returns nil after Shutdown.
 func (s *Server) Serve(l net.Listener) error {
