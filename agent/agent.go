@@ -303,6 +303,28 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 	}
 	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", a.cfg.DRA.Prepare,
 		"pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
+	warnAutoBlind(klog.FromContext(ctx), a.cfg)
+}
+
+// warnAutoBlind warns when dra.prepare auto has no kubelet to ask whether it manages a pod:
+// auto asks the kubelet's PodResources socket through podgate's own PodResources service, and
+// without either it prepares every pod's claims itself, beside a kubelet ≥ 1.34 that prepares
+// them too: each claim is prepared twice, silently.
+func warnAutoBlind(logger klog.Logger, cfg *config.Configuration) {
+	if cfg.DRA.Prepare != config.PrepareAuto {
+		return
+	}
+	var off string
+	switch {
+	case !cfg.PodResources.Enabled():
+		off = "podResources.socket"
+	case cfg.PodResources.KubeletSocket == nil || *cfg.PodResources.KubeletSocket == "":
+		off = "podResources.kubeletSocket"
+	default:
+		return
+	}
+	logger.Error(nil, "dra.prepare auto cannot ask the kubelet whether it prepared a pod's claims: podgate prepares every pod's claims itself, and beside a kubelet 1.34 or later, which prepares them too, each claim is prepared twice. Set "+off+", or dra.prepare never beside such a kubelet",
+		"off", off, "prepare", cfg.DRA.Prepare)
 }
 
 // needNode: something podgate does depends on this node's Node object (memory QoS's ceiling

@@ -5,6 +5,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/klog/v2/ktesting"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
@@ -225,5 +227,42 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	}
 	if n := counterValue(t, dr.metrics, "podgate_dra_pod_claims_prepared_total", "by", registry.PreparedByPodgate); n != 2 {
 		t.Errorf("pod_claims_prepared_total{by=podgate} = %v, want 2", n)
+	}
+}
+
+// TestDRAAutoWithoutTheKubeletWarns: dra.prepare auto with podgate's PodResources socket off,
+// or without the kubelet's socket to ask, warns at start-up that every claim is prepared by
+// podgate, twice beside a kubelet that prepares, naming the key to set; otherwise it is quiet.
+func TestDRAAutoWithoutTheKubeletWarns(t *testing.T) {
+	for _, tt := range []struct {
+		name                string
+		prepare             string
+		socket, kubeletSock string
+		want                string // the key the warning names; "" no warning
+	}{
+		{name: "both sockets", prepare: config.PrepareAuto, socket: "/run/pg/pr.sock", kubeletSock: "/run/kubelet.sock"},
+		{name: "podResources.socket off", prepare: config.PrepareAuto, socket: "", kubeletSock: "/run/kubelet.sock", want: "podResources.socket"},
+		{name: "no kubelet socket", prepare: config.PrepareAuto, socket: "/run/pg/pr.sock", kubeletSock: "", want: "podResources.kubeletSocket"},
+		{name: "always asks nobody", prepare: config.PrepareAlways, socket: ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := &config.Configuration{}
+			cfg.DRA.Prepare = tt.prepare
+			cfg.PodResources.Socket, cfg.PodResources.KubeletSocket = ptr.To(tt.socket), ptr.To(tt.kubeletSock)
+			logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+			warnAutoBlind(logger, cfg)
+			logged := logger.GetSink().(ktesting.Underlier).GetBuffer().String()
+			if tt.want == "" {
+				if logged != "" {
+					t.Errorf("logged %q, want nothing", logged)
+				}
+				return
+			}
+			for _, s := range []string{"dra.prepare auto", "prepared twice", "Set " + tt.want, "dra.prepare never"} {
+				if !strings.Contains(logged, s) {
+					t.Errorf("logged %q, want it to say %q", logged, s)
+				}
+			}
+		})
 	}
 }
