@@ -99,55 +99,110 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 	}
 }
 
-// TestDRACrashAtEveryStepConverges: podgate crashes at each step of a claim's life — its pod
-// recorded as a user but the driver's answer not (the driver prepared meanwhile), prepared and
-// recorded, the pod released but the unprepare not recorded (the driver unprepared meanwhile).
-// A podgate restarted from the checkpoint of that moment converges once the pod is gone: the
-// claim is unprepared (exactly once after the restart), and nothing is left recorded. A
-// restart while the pod lives prepares again only when the crash lost the driver's answer.
+// crashStep is a step of a claim's life in TestDRACrashAtEveryStepConverges.
+type crashStep int
+
+const (
+	runA  crashStep = iota // pod A's sandbox starts: record use → driver prepare → record prepared
+	runB                   // pod B's, sharing A's claim: record use (the claim is prepared)
+	goneA                  // A is removed and deleted, the reconciler runs: release → (last user) driver unprepare → record unprepared
+	goneB                  // the same for B
+)
+
+// TestDRACrashAtEveryStepConverges: podgate crashes after each checkpoint write, and between
+// each driver call and its record, of a claim's prepare (record use → driver prepare → record
+// prepared) and unprepare (release → driver unprepare → record unprepared), with one pod, and
+// with a claim shared by two pods (the second joining, the first leaving, the last leaving). A
+// podgate restarted from the checkpoint that crash left, with the sandbox starts the crash
+// interrupted started again and then every pod removed one by one, converges: nothing is left
+// recorded, the claim is never unprepared while a pod still uses it, and the driver sees
+// exactly the calls the crash makes necessary: a prepare again only when the crash lost the
+// driver's answer (or came before the driver's call), an unprepare again only when it lost the
+// record of one.
 func TestDRACrashAtEveryStepConverges(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		// crashAt is the driver operation at which the checkpoint is taken as a crash leaves
-		// it ("" after the sandbox started).
-		crashAt string
-		// rerun: the pod's sandbox is started again by the restarted podgate.
-		rerun          bool
-		wantReprepared bool
+		name  string
+		steps []crashStep // what the first podgate does
+		// hook is the driver operation during the steps at which the crash comes ("": after
+		// the last step); driverDid: the driver did that operation before the crash, else
+		// the crash came before the call reached it (the call fails).
+		hook      string
+		driverDid bool
+		// rerun are the pods whose sandbox start the crash interrupted: the kubelet starts
+		// them again after the restart.
+		rerun []string
+		// The driver's calls after the restart.
+		prepares, unprepares int
 	}{
-		{name: "driver prepared, answer not recorded", crashAt: "prepare", rerun: true, wantReprepared: true},
-		{name: "prepared and recorded", rerun: true},
-		{name: "released, unprepare not recorded", crashAt: "unprepare"},
+		{name: "A: use recorded, driver not called", steps: []crashStep{runA}, hook: "prepare", rerun: []string{"A"}, prepares: 1, unprepares: 1},
+		{name: "A: driver prepared, answer not recorded", steps: []crashStep{runA}, hook: "prepare", driverDid: true, rerun: []string{"A"}, prepares: 1, unprepares: 1},
+		{name: "A: prepared and recorded", steps: []crashStep{runA}, rerun: []string{"A"}, unprepares: 1},
+		{name: "A: released, driver not called", steps: []crashStep{runA, goneA}, hook: "unprepare", unprepares: 1},
+		{name: "A: driver unprepared, not recorded", steps: []crashStep{runA, goneA}, hook: "unprepare", driverDid: true, unprepares: 1},
+		{name: "A: unprepared and recorded", steps: []crashStep{runA, goneA}},
+		{name: "shared: B joining, its use not recorded", steps: []crashStep{runA}, rerun: []string{"B"}, unprepares: 1},
+		{name: "shared: B's use recorded, its sandbox not started", steps: []crashStep{runA, runB}, rerun: []string{"B"}, unprepares: 1},
+		{name: "shared: A released, B still uses the claim", steps: []crashStep{runA, runB, goneA}, unprepares: 1},
+		{name: "shared: B, the last, released, driver not called", steps: []crashStep{runA, runB, goneA, goneB}, hook: "unprepare", unprepares: 1},
+		{name: "shared: B, the last: driver unprepared, not recorded", steps: []crashStep{runA, runB, goneA, goneB}, hook: "unprepare", driverDid: true, unprepares: 1},
+		{name: "shared: B, the last: unprepared and recorded", steps: []crashStep{runA, runB, goneA, goneB}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pod := draPod("1", "net")
-			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
+			pods := map[string]*corev1.Pod{"A": draPod("a", "net"), "B": draPod("b", "net")}
+			dr := newDRARig(t, 5*time.Second, pods["A"], pods["B"], draClaim("net", pods["A"], pods["B"]))
 			ctx := t.Context()
 			cpPath := filepath.Join(dr.stateDir, registry.CheckpointFile)
 			var crashed []byte
 			dr.driver.SetHook(func(_ context.Context, op string) error {
-				if op == tc.crashAt {
-					b, err := os.ReadFile(cpPath)
-					if err != nil {
-						return err
-					}
-					crashed = b
+				if op != tc.hook || crashed != nil {
+					return nil
+				}
+				b, err := os.ReadFile(cpPath)
+				if err != nil {
+					return err
+				}
+				crashed = b
+				if !tc.driverDid {
+					return errors.New("crashed before the call reached the driver")
 				}
 				return nil
 			})
-			id, err := dr.runPod(t, pod)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.crashAt == "unprepare" {
-				dr.removeSandbox(t, id)
-				if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+			ids := map[string]string{}
+			deleted := map[string]bool{}
+			gone := func(t *testing.T, name string, d *draStages, reg *registry.Registry) {
+				t.Helper()
+				if ids[name] != "" {
+					dr.removeSandbox(t, ids[name])
+					ids[name] = ""
+				}
+				if !deleted[name] {
+					if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pods[name].Name, metav1.DeleteOptions{}); err != nil {
+						t.Fatal(err)
+					}
+					deleted[name] = true
+				}
+				waitPodGoneFromInformer(t, dr, pods[name].UID)
+				// The sandboxes as the runtime has them: the restarted registry's were rebuilt
+				// from it, and the removal above went through the first podgate's pipeline.
+				if _, _, _, err := reg.Rebuild(ctx, dr.runtimeClient); err != nil {
 					t.Fatal(err)
 				}
-				waitPodGoneFromInformer(t, dr, pod.UID)
-				dr.dra.reconcile(ctx)
+				d.reconcile(ctx)
 			}
-			if tc.crashAt == "" {
+			for _, step := range tc.steps {
+				switch step {
+				case runA, runB:
+					name := map[crashStep]string{runA: "A", runB: "B"}[step]
+					id, err := dr.runPod(t, pods[name])
+					if err != nil && (tc.hook != "prepare" || tc.driverDid) {
+						t.Fatalf("sandbox of %s: %v", name, err)
+					}
+					ids[name] = id
+				case goneA, goneB:
+					gone(t, map[crashStep]string{goneA: "A", goneB: "B"}[step], dr.dra, dr.registry)
+				}
+			}
+			if tc.hook == "" {
 				b, err := os.ReadFile(cpPath)
 				if err != nil {
 					t.Fatal(err)
@@ -155,7 +210,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				crashed = b
 			}
 			if crashed == nil {
-				t.Fatalf("no crash point reached at %q: driver calls %v", tc.crashAt, dr.driver.Calls())
+				t.Fatalf("no crash point reached at %q: driver calls %v", tc.hook, dr.driver.Calls())
 			}
 			dr.driver.SetHook(nil)
 
@@ -172,30 +227,41 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
 			d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
 			before := len(dr.driver.Calls())
-			if tc.rerun {
-				sb := &sandboxRun{rec: registry.SandboxRecord{Pod: registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}}}
-				if err := d.prepareClaims(ctx, sb.rec.Pod, pod); err != nil {
-					t.Fatal(err)
+			after := func() []string { return dr.driver.Calls()[before:] }
+			for _, name := range tc.rerun {
+				p := pods[name]
+				if err := d.prepareClaims(ctx, registry.PodRef{UID: p.UID, Name: p.Name, Namespace: p.Namespace}, p); err != nil {
+					t.Fatalf("sandbox of %s started again: %v", name, err)
 				}
-				reprepared := slices.Contains(dr.driver.Calls()[before:], "prepare default/net")
-				if reprepared != tc.wantReprepared {
-					t.Errorf("after the restart the claim was prepared again: %v, want %v (calls %v)", reprepared, tc.wantReprepared, dr.driver.Calls())
+				if c, ok := restarted.Claim("claim-net"); !ok || !c.Prepared || len(c.Devices) != 1 {
+					t.Errorf("after %s started again: claim record %+v (%v), want prepared with its device", name, c, ok)
 				}
-				if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
-					t.Fatal(err)
-				}
-				dr.removeSandbox(t, id)
-				waitPodGoneFromInformer(t, dr, pod.UID)
 			}
-			// The restarted podgate's sandboxes are the runtime's (its start-up rebuild; the
-			// removal above went through the rig's pipeline, not the restarted registry).
+			// The pods that lived at the crash, or started after it, are removed one by one.
+			var alive []string
+			for _, name := range []string{"A", "B"} {
+				if ids[name] != "" || slices.Contains(tc.rerun, name) {
+					alive = append(alive, name)
+				}
+			}
 			if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
 				t.Fatal(err)
 			}
-			d.reconcile(ctx)
-			after := dr.driver.Calls()[before:]
-			if n := countOf(after, "unprepare default/net"); n != 1 {
-				t.Errorf("unprepares after the restart: %d (calls %v), want exactly 1", n, after)
+			d.reconcile(ctx) // what the crash left, before any pod goes
+			for i := 0; ; i++ {
+				if n := countOf(after(), "unprepare default/net"); len(alive[i:]) > 0 && n != 0 {
+					t.Fatalf("unprepared while %v still use the claim: calls after the restart %v", alive[i:], after())
+				}
+				if i == len(alive) {
+					break
+				}
+				gone(t, alive[i], d, restarted)
+			}
+			if n := countOf(after(), "prepare default/net"); n != tc.prepares {
+				t.Errorf("prepares after the restart: %d (calls %v), want %d", n, after(), tc.prepares)
+			}
+			if n := countOf(after(), "unprepare default/net"); n != tc.unprepares {
+				t.Errorf("unprepares after the restart: %d (calls %v), want %d", n, after(), tc.unprepares)
 			}
 			if c, p := restarted.Claims(), restarted.DRAPods(); len(c) != 0 || len(p) != 0 {
 				t.Errorf("left recorded after converging: claims %+v, pods %+v", c, p)
