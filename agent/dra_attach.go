@@ -84,6 +84,13 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 				t.claim.Namespace, t.claim.Name, t.device.Driver, t.device.Pool, t.device.Device, err)
 		}
 		a.results.WithLabelValues("attach", "success").Inc()
+		// An obligation to give the device back: the record stage makes it durable before
+		// the sandbox counts (registry.Add writes a record with Attached at once), as
+		// nothing else finds the device after a crash — the rebuild adopts the sandbox
+		// without it, and detach gives back only what the record holds. A crash between
+		// this move and that write still loses it: the sandbox's stop, whenever it comes,
+		// finds no record, and the device goes with the pod's namespace. Its alias keeps
+		// podgate's mark (dra.Attach), from which a sweep could find it.
 		sb.rec.Attached = append(sb.rec.Attached, dev)
 		logger.Info("Attached DRA network device", "claim", klog.KRef(t.claim.Namespace, t.claim.Name), "device", t.device.Driver+"/"+t.device.Pool+"/"+t.device.Device,
 			"hostInterface", dev.Interface.HostName, "podInterface", dev.Interface.PodName, "addresses", dev.Interface.Addresses)
@@ -168,6 +175,8 @@ func (d *draStages) detach(ctx context.Context, rec registry.SandboxRecord) erro
 	if err := d.giveBack(ctx, rec); err != nil {
 		klog.FromContext(ctx).Error(err, "Give DRA network devices back to the host", "podSandboxID", rec.ID)
 	}
+	// The background write will do: a crash that loses this leaves the devices recorded as
+	// attached, and giving them back again finds nothing to move and succeeds (dra.Detach).
 	d.registry.Update(rec.ID, func(r *registry.SandboxRecord) { r.Attached = nil })
 	return nil
 }

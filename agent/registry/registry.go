@@ -274,11 +274,28 @@ func compareStrings(a, b string) int {
 // Add records a sandbox; the checkpoint follows in the background. A sandbox record is not an
 // obligation: what a crash loses of it, the start-up rebuild finds again in the runtime (as
 // adopted), so a pod start never waits for the disk, nor fails because of it.
+//
+// A record holding DRA devices podgate attached to the pod (Attached) is one: nothing else
+// finds them after a crash — the rebuild adopts the sandbox without them, and its stop gives
+// back only what its record holds, so a virtual interface would be destroyed with the pod's
+// namespace and a physical one come back to the host under its pod name. Such a record counts
+// only once the checkpoint holds it, as the DRA claims' changes do (changeClaims): Add returns
+// after the write, and changes nothing when the write fails.
 func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
 	}
 	c := rec.Clone()
+	durable := len(c.Attached) > 0 && r.checkpoint != nil
+	if durable {
+		// Held until the record is published: a background write in between would snapshot
+		// the registry of before and overwrite this one.
+		r.persistMu.Lock()
+		defer r.persistMu.Unlock()
+		if err := r.writeWithLocked(c); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	if old, ok := r.entries[rec.ID]; ok && old.Pod.UID != rec.Pod.UID {
 		before := r.beforeLocked(old.Pod.UID)
@@ -290,7 +307,23 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	r.touchLocked(rec.ID)
 	r.changedLocked(rec.Pod.UID, before)
 	r.mu.Unlock()
-	r.persistSoon()
+	if !durable {
+		r.persistSoon()
+	}
+	return nil
+}
+
+// writeWithLocked writes the checkpoint as the registry will be once rec is recorded (in
+// place of a record of that ID). persistMu is held.
+func (r *Registry) writeWithLocked(rec SandboxRecord) error {
+	r.mu.Lock()
+	sandboxes := append(r.sortedLocked(func(e *SandboxRecord) bool { return e.ID != rec.ID }), rec.Clone())
+	slices.SortFunc(sandboxes, compareSandboxes)
+	snap := CheckpointData{Sandboxes: sandboxes, Claims: r.claimsLocked(), Pods: r.draPodsLocked()}
+	r.mu.Unlock()
+	if err := r.checkpoint.Write(snap); err != nil {
+		return fmt.Errorf("pod registry: %w", err)
+	}
 	return nil
 }
 

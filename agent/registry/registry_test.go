@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/podgate/podgate/dra"
 )
 
 func sampleRecord(id string) SandboxRecord {
@@ -234,4 +236,53 @@ func TestFlushWritesWhatIsQueuedMeanwhile(t *testing.T) {
 	if len(onDisk) != 8 {
 		t.Errorf("checkpoint holds %d records, want 8", len(onDisk))
 	}
+}
+
+// TestAttachedRecordIsDurableBeforeItCounts: a sandbox record holding devices podgate attached
+// to the pod is on disk when Add returns (nothing else finds those devices after a crash), and
+// not recorded at all when it cannot be written; a record without any waits for the background
+// write as before.
+func TestAttachedRecordIsDurableBeforeItCounts(t *testing.T) {
+	dir := t.TempDir()
+	reg := NewRegistry(NewCheckpoint(dir), CheckpointData{})
+	reg.SetWriteDelay(time.Hour) // only Add's own write, or Flush, writes during the test
+	if err := reg.Add(sampleRecord("plain")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(reg.checkpoint.Path()); !os.IsNotExist(err) {
+		t.Fatalf("a record without attached devices was written at once: %v", err)
+	}
+	attached := sampleRecord("net")
+	attached.Attached = []AttachedDevice{{ClaimNamespace: "ns", ClaimName: "c", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev",
+		Interface: dra.Attached{HostName: "veth7", PodName: "net1", Addresses: []string{"192.0.2.7/24"}}}}
+	if err := reg.Add(attached); err != nil {
+		t.Fatal(err)
+	}
+	onDisk, err := reg.checkpoint.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk) != 2 || onDisk[0].ID != "net" || !sameJSON(t, onDisk[0].Attached, attached.Attached) {
+		t.Fatalf("checkpoint when Add returned: %+v; want both sandboxes, net with its attached device", onDisk)
+	}
+
+	// The checkpoint cannot be written: the record is refused and not recorded.
+	if err := os.Remove(reg.checkpoint.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(reg.checkpoint.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	other := attached
+	other.ID = "net2"
+	if err := reg.Add(other); err == nil || !strings.Contains(err.Error(), "pod registry") {
+		t.Errorf("Add with the checkpoint not writable: %v, want its failure", err)
+	}
+	if _, ok := reg.Sandbox("net2"); ok {
+		t.Error("a record with attached devices counts although it is not on disk")
+	}
+	if err := os.Remove(reg.checkpoint.Path()); err != nil {
+		t.Fatal(err)
+	}
+	reg.Flush()
 }
