@@ -1,0 +1,420 @@
+package relay
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+)
+
+const (
+	// streamWindow is the receive window podgate gives every stream, on both sides: the most of
+	// one call's bytes it holds when the side they go to reads slower than the side they come
+	// from. A CRI answer up to this size arrives without waiting for a window update.
+	streamWindow = 4 << 20
+	// connWindow is the receive window of each connection, all its streams together.
+	connWindow = 64 << 20
+	// initialWindow is HTTP/2's window before a SETTINGS frame says otherwise.
+	initialWindow = 65535
+	// maxHeaderList bounds a header block podgate decodes (SETTINGS_MAX_HEADER_LIST_SIZE).
+	maxHeaderList = 1 << 20
+	// maxStreams is how many calls one client connection may have open at once.
+	maxStreams = 1000
+	// readBuffer is each connection's read buffer: two 16 KiB frames per read.
+	readBuffer = 32 << 10
+	// writeBuffer is the buffer a connection borrows while it has frames to write: the frames
+	// forwarded from one read leave in one write.
+	writeBuffer = 64 << 10
+)
+
+// Target is a server podgate forwards calls to: the runtime, or its own gRPC server for the
+// calls it intercepts.
+type Target struct {
+	// Name says which server it is, in errors ("runtime", "image").
+	Name string
+	// Dial connects to it. The relay makes one connection per client connection, so that a
+	// client that stops reading holds up only its own calls.
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Unavailable, when set, says why calls cannot be forwarded now (the runtime is down): the
+	// call fails at once with that message rather than waiting for a dial.
+	Unavailable func() error
+}
+
+// Call is what the relay tells its observer about one call.
+type Call struct {
+	Path   string
+	Target *Target
+}
+
+// Observer sees every call the relay forwards (metrics).
+type Observer interface {
+	// Begin is called when a call's headers arrive; its result is handed to End.
+	Begin(c Call) any
+	// End is called once when the call ends, with its gRPC code.
+	End(token any, code codes.Code)
+}
+
+// Server forwards HTTP/2 streams to Targets frame by frame: a DATA frame the runtime sends is
+// on its way to the client before the runtime's next frame arrives, so a large answer costs one
+// more hop's latency, not one more transfer of the whole message.
+type Server struct {
+	// Route returns where the call to path goes; nil answers it Unimplemented.
+	Route func(path string) *Target
+	// Observer, if set, sees every call.
+	Observer Observer
+	// LongLived says which calls Shutdown ends at once (Unavailable) instead of letting them
+	// finish: streams, which end only when their client or server ends them.
+	LongLived func(path string) bool
+	// ShutdownMessage is the message of the Unavailable status those calls end with.
+	ShutdownMessage string
+
+	mu        sync.Mutex
+	sessions  map[*session]struct{}
+	listeners map[net.Listener]struct{}
+	stopping  bool
+	conns     sync.WaitGroup
+}
+
+// Serve accepts client connections on l and serves each until Shutdown. It returns nil after
+// Shutdown, and Accept's error otherwise.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		_ = l.Close()
+		return nil
+	}
+	if s.listeners == nil {
+		s.listeners = map[net.Listener]struct{}{}
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			stopping := s.stopping
+			delete(s.listeners, l)
+			s.mu.Unlock()
+			if stopping {
+				return nil
+			}
+			return err
+		}
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		s.conns.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.conns.Done()
+			_ = s.ServeConn(context.Background(), c) // a client's broken connection is its own affair
+		}()
+	}
+}
+
+// Shutdown stops accepting connections, tells every client to open no more calls (GOAWAY),
+// ends the LongLived calls with Unavailable, and lets the others finish until ctx ends; then
+// it closes what is left. It returns once every connection has ended.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.mu.Lock()
+	s.stopping = true
+	for l := range s.listeners {
+		_ = l.Close()
+	}
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	var drains sync.WaitGroup
+	defer drains.Wait()
+	for _, ss := range sessions {
+		// In goroutines: a client that does not read holds its own drain up, not Shutdown,
+		// which closes its connection when ctx ends.
+		drains.Go(ss.drain)
+	}
+	done := make(chan struct{})
+	go func() {
+		s.conns.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	for ss := range s.sessions {
+		_ = ss.down.conn.Close()
+	}
+	s.mu.Unlock()
+	<-done
+}
+
+func (s *Server) addSession(ss *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping {
+		return false
+	}
+	if s.sessions == nil {
+		s.sessions = map[*session]struct{}{}
+	}
+	s.sessions[ss] = struct{}{}
+	return true
+}
+
+func (s *Server) removeSession(ss *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.sessions, ss)
+}
+
+// ServeConn serves one client connection until it ends or ctx ends.
+func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
+	defer c.Close()
+	br := bufio.NewReaderSize(c, readBuffer)
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(br, preface); err != nil {
+		return fmt.Errorf("read client preface: %w", err)
+	}
+	if string(preface) != http2.ClientPreface {
+		return errors.New("not an HTTP/2 client preface")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}}
+	ss.down = newEndpoint(c, br)
+	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	ss.down.fr.MaxHeaderListSize = maxHeaderList
+	if !s.addSession(ss) {
+		return nil
+	}
+	defer s.removeSession(ss)
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
+	if err := ss.down.writeSettings(
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+	); err != nil {
+		return err
+	}
+	err := ss.readClient()
+	ss.close()
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// endpoint is one HTTP/2 connection: the client's, or an upstream one. Only its reader
+// goroutine reads frames; writes happen under wmu, from either side's reader.
+type endpoint struct {
+	conn net.Conn
+	br   *bufio.Reader
+	fr   *http2.Framer
+
+	wmu  sync.Mutex
+	bw   *pooledWriter
+	henc *hpack.Encoder
+	hbuf bytes.Buffer
+
+	// Under the session's mu:
+	sendWindow     int64  // the peer's connection-level window for what podgate sends
+	peerInitWindow int64  // the peer's SETTINGS_INITIAL_WINDOW_SIZE
+	peerMaxFrame   uint32 // the peer's SETTINGS_MAX_FRAME_SIZE
+	recvWindow     int64  // what the peer may still send on the connection
+	recvUnacked    int64  // received and passed on, not yet given back to the peer
+	updates        []windowUpdate
+}
+
+// windowUpdate is a WINDOW_UPDATE waiting for the endpoint's next flush.
+type windowUpdate struct {
+	id  uint32
+	inc uint32
+}
+
+func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
+	e := &endpoint{conn: c, br: br, bw: &pooledWriter{w: c}}
+	e.fr = http2.NewFramer(e.bw, br)
+	e.henc = hpack.NewEncoder(&e.hbuf)
+	e.sendWindow = initialWindow
+	e.peerInitWindow = initialWindow
+	e.peerMaxFrame = 16384
+	e.recvWindow = connWindow
+	return e
+}
+
+// writeSettings sends podgate's SETTINGS and opens the connection window to connWindow.
+func (e *endpoint) writeSettings(settings ...http2.Setting) error {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if err := e.fr.WriteSettings(settings...); err != nil {
+		return err
+	}
+	if err := e.fr.WriteWindowUpdate(0, connWindow-initialWindow); err != nil {
+		return err
+	}
+	return e.bw.Flush()
+}
+
+// writeHeaders encodes fields and writes them as one header block; the caller holds wmu.
+func (e *endpoint) writeHeaders(id uint32, fields []hpack.HeaderField, end bool, maxFrame uint32) error {
+	e.hbuf.Reset()
+	for _, f := range fields {
+		if err := e.henc.WriteField(f); err != nil {
+			return err
+		}
+	}
+	block := e.hbuf.Bytes()
+	first := true
+	for first || len(block) > 0 {
+		n := min(len(block), int(maxFrame))
+		frag := block[:n]
+		block = block[n:]
+		if first {
+			if err := e.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: frag, EndStream: end, EndHeaders: len(block) == 0}); err != nil {
+				return err
+			}
+			first = false
+			continue
+		}
+		if err := e.fr.WriteContinuation(id, len(block) == 0, frag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pooledWriter buffers writes in a buffer it borrows from a pool at the first write and gives
+// back at Flush: an idle connection holds none.
+type pooledWriter struct {
+	w  io.Writer
+	bw *bufio.Writer
+}
+
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBuffer) }}
+
+func (p *pooledWriter) Write(b []byte) (int, error) {
+	if p.bw == nil {
+		p.bw = writers.Get().(*bufio.Writer)
+		p.bw.Reset(p.w)
+	}
+	return p.bw.Write(b)
+}
+
+func (p *pooledWriter) WriteString(s string) (int, error) {
+	return p.Write([]byte(s))
+}
+
+// Buffered is how many bytes wait for Flush.
+func (p *pooledWriter) Buffered() int {
+	if p.bw == nil {
+		return 0
+	}
+	return p.bw.Buffered()
+}
+
+// Flush writes what is buffered and gives the buffer back.
+func (p *pooledWriter) Flush() error {
+	if p.bw == nil {
+		return nil
+	}
+	err := p.bw.Flush()
+	p.bw.Reset(nil)
+	writers.Put(p.bw)
+	p.bw = nil
+	return err
+}
+
+// writeRST writes and flushes a RST_STREAM.
+func (e *endpoint) writeRST(id uint32, code http2.ErrCode) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if e.fr.WriteRSTStream(id, code) == nil {
+		_ = e.bw.Flush()
+	}
+}
+
+// frameBuffered says whether the next frame is already whole in the read buffer, so that
+// reading it will not block.
+func (e *endpoint) frameBuffered() bool {
+	n := e.br.Buffered()
+	if n < 9 {
+		return false
+	}
+	h, err := e.br.Peek(9)
+	if err != nil {
+		return false
+	}
+	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+	return n >= 9+length
+}
+
+// grpcStatus is a gRPC status as a header block: a whole trailers-only response, or the
+// trailers after a response's headers.
+func grpcStatus(code codes.Code, msg string, trailersOnly bool) []hpack.HeaderField {
+	var f []hpack.HeaderField
+	if trailersOnly {
+		f = append(f, hpack.HeaderField{Name: ":status", Value: "200"}, hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
+	}
+	return append(f,
+		hpack.HeaderField{Name: "grpc-status", Value: strconv.Itoa(int(code))},
+		hpack.HeaderField{Name: "grpc-message", Value: encodeGrpcMessage(msg)},
+	)
+}
+
+// pong answers a PING.
+func (e *endpoint) pong(f *http2.PingFrame) {
+	if f.IsAck() {
+		return
+	}
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	_ = e.fr.WritePing(true, f.Data) // flushed with the rest; a broken connection shows in its reader
+}
+
+// goAway tells the peer the connection ends, and why.
+func (e *endpoint) goAway(last uint32, code http2.ErrCode) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if e.fr.WriteGoAway(last, code, nil) == nil {
+		_ = e.bw.Flush()
+	}
+}
+
+// encodeGrpcMessage percent-encodes msg as gRPC's grpc-message header wants it.
+func encodeGrpcMessage(msg string) string {
+	var b []byte
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c >= ' ' && c <= '~' && c != '%' {
+			if b != nil {
+				b = append(b, c)
+			}
+			continue
+		}
+		if b == nil {
+			b = append(make([]byte, 0, len(msg)+8), msg[:i]...)
+		}
+		b = append(b, fmt.Sprintf("%%%02X", c)...)
+	}
+	if b == nil {
+		return msg
+	}
+	return string(b)
+}

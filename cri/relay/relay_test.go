@@ -1,0 +1,423 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+)
+
+func isHeaders(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }
+func isData(f http2.Frame) bool    { _, ok := f.(*http2.DataFrame); return ok }
+func isRST(f http2.Frame) bool     { _, ok := f.(*http2.RSTStreamFrame); return ok }
+
+func field(f http2.Frame, name string) string {
+	return headerValue(f.(*http2.MetaHeadersFrame).Fields, name)
+}
+
+func randomBytes(t testing.TB, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// relayTo starts a relay that sends every call to up, observed by a recorder.
+func relayTo(t *testing.T, dir string, up *rawUpstream) (string, *recorder) {
+	rec := newRecorder()
+	tgt := up.target()
+	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: rec})
+	return sock, rec
+}
+
+// TestForwardsEachFrameAsItArrives: the relay passes a call's request and headers to the server
+// as they came, and the server's answer to the client frame by frame: the client has the first
+// DATA frame while the server still holds the rest back, so a large answer costs one more
+// hop's latency, not one more transfer.
+func TestForwardsEachFrameAsItArrives(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, rec := relayTo(t, dir, up)
+	cl := dialRelay(t, sock)
+
+	req := randomBytes(t, 3000)
+	cl.headers(1, false, append(grpcRequest("/svc/Method"), "x-caller", "kubelet", "grpc-timeout", "2S")...)
+	cl.write(func(fr *http2.Framer) error { return fr.WriteData(1, true, req) })
+
+	srv := up.accept()
+	h := srv.readUntil(isHeaders).(*http2.MetaHeadersFrame)
+	for name, want := range map[string]string{":path": "/svc/Method", ":method": "POST", "x-caller": "kubelet", "grpc-timeout": "2S", "te": "trailers", "content-type": "application/grpc"} {
+		if got := headerValue(h.Fields, name); got != want {
+			t.Errorf("server got %s %q, want %q", name, got, want)
+		}
+	}
+	var got []byte
+	for {
+		d := srv.readUntil(isData).(*http2.DataFrame)
+		got = append(got, d.Data()...)
+		if d.StreamEnded() {
+			break
+		}
+	}
+	if !bytes.Equal(got, req) {
+		t.Fatalf("server got %d request bytes, not the client's %d", len(got), len(req))
+	}
+
+	id := h.StreamID
+	part1, part2 := randomBytes(t, 16000), randomBytes(t, 9000)
+	srv.headers(id, false, ":status", "200", "content-type", "application/grpc", "x-answer", "a")
+	srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, part1) })
+
+	if ch := cl.readUntil(isHeaders); field(ch, "x-answer") != "a" || field(ch, ":status") != "200" {
+		t.Errorf("client got headers %v", ch.(*http2.MetaHeadersFrame).Fields)
+	}
+	// The server has not sent the rest yet: this frame came through on its own.
+	if d := cl.readUntil(isData).(*http2.DataFrame); !bytes.Equal(d.Data(), part1) || d.StreamEnded() {
+		t.Fatalf("client's first DATA: %d bytes (end %v), want the server's first %d", len(d.Data()), d.StreamEnded(), len(part1))
+	}
+
+	srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, part2) })
+	srv.headers(id, true, "grpc-status", "0", "x-trailer", "b")
+	if d := cl.readUntil(isData).(*http2.DataFrame); !bytes.Equal(d.Data(), part2) {
+		t.Fatalf("client's second DATA: %d bytes, want %d", len(d.Data()), len(part2))
+	}
+	tr := cl.readUntil(isHeaders).(*http2.MetaHeadersFrame)
+	if !tr.StreamEnded() || field(tr, "grpc-status") != "0" || field(tr, "x-trailer") != "b" {
+		t.Errorf("client's trailers: %v (end %v)", tr.Fields, tr.StreamEnded())
+	}
+	<-rec.done
+	if codes := rec.ended["/svc/Method"]; len(codes) != 1 || codes[0] != 0 {
+		t.Errorf("observer saw the call end with %v, want one OK", codes)
+	}
+}
+
+// TestRespectsTheClientsWindow: a client that gives a small window gets the answer in pieces
+// no larger than what it allowed, all of it, in order, and the trailers only after the last
+// byte.
+func TestRespectsTheClientsWindow(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, _ := relayTo(t, dir, up)
+	const window = 1024
+	cl := dialRelay(t, sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+	cl.headers(1, true, grpcRequest("/svc/Big")...)
+
+	srv := up.accept()
+	id := srv.readUntil(isHeaders).Header().StreamID
+	answer := randomBytes(t, 40000) // within the connection's default window of 65,535
+	srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+	for off := 0; off < len(answer); off += 10000 {
+		srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, answer[off:off+10000]) })
+	}
+	srv.headers(id, true, "grpc-status", "0")
+
+	var got []byte
+	allowed := window
+	for {
+		f := cl.readUntil(func(f http2.Frame) bool { return isData(f) || isHeaders(f) })
+		if h, ok := f.(*http2.MetaHeadersFrame); ok {
+			if h.StreamEnded() {
+				break
+			}
+			continue
+		}
+		d := f.(*http2.DataFrame)
+		got = append(got, d.Data()...)
+		if len(got) > allowed {
+			t.Fatalf("the relay sent %d bytes on a stream whose window allowed %d", len(got), allowed)
+		}
+		if len(got) == allowed {
+			allowed += window
+			cl.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(1, window) })
+		}
+	}
+	if !bytes.Equal(got, answer) {
+		t.Fatalf("client got %d bytes before the trailers, want the server's %d in order", len(got), len(answer))
+	}
+}
+
+// TestBoundsWhatItHoldsForASlowClient: for a client that reads nothing, the relay holds at most
+// its stream window of the server's answer; a server that sends more breaks flow control, and
+// the relay resets the call on both sides instead of holding more. The connections go on.
+func TestBoundsWhatItHoldsForASlowClient(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, rec := relayTo(t, dir, up)
+	cl := dialRelay(t, sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	cl.headers(1, true, grpcRequest("/svc/Flood")...)
+
+	srv := up.accept()
+	id := srv.readUntil(isHeaders).Header().StreamID
+	srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+	chunk := randomBytes(t, 16384)
+	for sent := 0; sent < streamWindow; sent += len(chunk) {
+		srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, chunk) })
+	}
+	srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, []byte{1}) }) // one byte too many
+
+	if r := srv.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != id {
+		t.Errorf("server got RST_STREAM for stream %d, want %d", r.StreamID, id)
+	}
+	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != 1 || r.ErrCode != http2.ErrCodeFlowControl {
+		t.Errorf("client got RST_STREAM %d %v, want 1 FLOW_CONTROL_ERROR", r.StreamID, r.ErrCode)
+	}
+	<-rec.done
+
+	// Both connections still carry calls.
+	cl.headers(3, true, grpcRequest("/svc/Next")...)
+	id = srv.readUntil(isHeaders).Header().StreamID
+	srv.headers(id, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+	if h := cl.readUntil(isHeaders); h.Header().StreamID != 3 || field(h, "grpc-status") != "0" {
+		t.Errorf("the next call: %v", h.(*http2.MetaHeadersFrame).Fields)
+	}
+}
+
+// TestUpstreamGoAwayRefusesWhatItDidNotTake: when the server says GOAWAY, the calls above its
+// last stream are refused to the client (REFUSED_STREAM: gRPC clients retry them), the calls
+// it took go on, and the next call goes over a new connection.
+func TestUpstreamGoAwayRefusesWhatItDidNotTake(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, rec := relayTo(t, dir, up)
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/Taken")...)
+	cl.headers(3, true, grpcRequest("/svc/NotTaken")...)
+
+	srv := up.accept()
+	first := srv.readUntil(isHeaders).Header().StreamID
+	srv.readUntil(isHeaders)
+	srv.write(func(fr *http2.Framer) error { return fr.WriteGoAway(first, http2.ErrCodeNo, nil) })
+	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != 3 || r.ErrCode != http2.ErrCodeRefusedStream {
+		t.Errorf("client got RST_STREAM %d %v, want 3 REFUSED_STREAM", r.StreamID, r.ErrCode)
+	}
+	srv.headers(first, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+	if h := cl.readUntil(isHeaders); h.Header().StreamID != 1 || field(h, "grpc-status") != "0" {
+		t.Errorf("the call the server took: %v", h.(*http2.MetaHeadersFrame).Fields)
+	}
+
+	cl.headers(5, true, grpcRequest("/svc/Later")...)
+	srv2 := up.accept()
+	if h := srv2.readUntil(isHeaders); field(h, ":path") != "/svc/Later" || h.Header().StreamID != 1 {
+		t.Errorf("the next call reached the new connection as stream %d %q", h.Header().StreamID, field(h, ":path"))
+	}
+	<-rec.done
+	<-rec.done
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if c := rec.ended["/svc/NotTaken"]; len(c) != 1 || c[0] != codes.Unavailable {
+		t.Errorf("the refused call ended %v, want Unavailable", c)
+	}
+}
+
+// TestUpstreamLostEndsCallsUnavailable: when the server's connection breaks, a call whose
+// answer had begun ends with trailers, one that had none with a trailers-only answer, both
+// Unavailable and naming the server.
+func TestUpstreamLostEndsCallsUnavailable(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, rec := relayTo(t, dir, up)
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/Begun")...)
+	cl.headers(3, true, grpcRequest("/svc/NotBegun")...)
+	srv := up.accept()
+	id := srv.readUntil(isHeaders).Header().StreamID
+	srv.readUntil(isHeaders)
+	srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+	cl.readUntil(isHeaders)
+	srv.conn.Close()
+
+	for range 2 {
+		h := cl.readUntil(isHeaders).(*http2.MetaHeadersFrame)
+		trailersOnly := headerValue(h.Fields, ":status") == "200"
+		if want := h.StreamID == 3; trailersOnly != want {
+			t.Errorf("stream %d: trailers-only %v, want %v", h.StreamID, trailersOnly, want)
+		}
+		if !h.StreamEnded() || field(h, "grpc-status") != fmt.Sprint(int(codes.Unavailable)) || !strings.Contains(field(h, "grpc-message"), "test upstream") {
+			t.Errorf("stream %d ended with %v", h.StreamID, h.Fields)
+		}
+	}
+	<-rec.done
+	<-rec.done
+}
+
+// TestHostileClients: a client that breaks HTTP/2 gets the error HTTP/2 prescribes (its
+// connection ends with GOAWAY, or its stream with RST_STREAM), and the relay goes on serving
+// other clients.
+func TestHostileClients(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, _ := relayTo(t, dir, up)
+	tests := []struct {
+		name string
+		do   func(cl *rawPeer)
+		// goAway is the GOAWAY code the connection ends with; rst the RST_STREAM code of
+		// stream 1 when the connection stays.
+		goAway, rst *http2.ErrCode
+	}{
+		{"even stream id", func(cl *rawPeer) { cl.headers(2, true, grpcRequest("/svc/M")...) }, ptr(http2.ErrCodeProtocol), nil},
+		{"stream id going back", func(cl *rawPeer) {
+			cl.headers(5, true, ":method", "GET", ":scheme", "http", ":path", "/svc/M", ":authority", "x")
+			cl.headers(3, true, grpcRequest("/svc/M")...)
+		}, ptr(http2.ErrCodeProtocol), nil},
+		{"PUSH_PROMISE", func(cl *rawPeer) {
+			cl.write(func(fr *http2.Framer) error {
+				return fr.WritePushPromise(http2.PushPromiseParam{StreamID: 1, PromiseID: 2, EndHeaders: true})
+			})
+		}, ptr(http2.ErrCodeProtocol), nil},
+		{"connection window overflow", func(cl *rawPeer) {
+			cl.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(0, 1<<31-1) })
+		}, ptr(http2.ErrCodeFlowControl), nil},
+		{"initial window too large", func(cl *rawPeer) {
+			cl.write(func(fr *http2.Framer) error {
+				return fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31})
+			})
+		}, ptr(http2.ErrCodeFlowControl), nil},
+		{"not POST", func(cl *rawPeer) {
+			cl.headers(1, true, ":method", "GET", ":scheme", "http", ":path", "/svc/M", ":authority", "x")
+		}, nil, ptr(http2.ErrCodeProtocol)},
+		{"header list too large", func(cl *rawPeer) {
+			cl.headers(1, true, append(grpcRequest("/svc/M"), "x-big", strings.Repeat("a", maxHeaderList))...)
+		}, nil, ptr(http2.ErrCodeProtocol)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl := dialRelay(t, sock)
+			tt.do(cl)
+			if tt.goAway != nil {
+				g := cl.readEnd()
+				if g == nil || g.ErrCode != *tt.goAway {
+					t.Errorf("connection ended with GOAWAY %v, want %v", g, *tt.goAway)
+				}
+			} else if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != 1 || r.ErrCode != *tt.rst {
+				t.Errorf("got RST_STREAM %d %v, want 1 %v", r.StreamID, r.ErrCode, *tt.rst)
+			}
+			// Another client's call goes through meanwhile.
+			good := dialRelay(t, sock)
+			good.headers(1, true, grpcRequest("/svc/Good")...)
+			srv := up.accept()
+			h := srv.readUntil(isHeaders)
+			if field(h, ":path") != "/svc/Good" {
+				t.Fatalf("server got %q, want the good client's call", field(h, ":path"))
+			}
+			srv.headers(h.Header().StreamID, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+			if h := good.readUntil(isHeaders); field(h, "grpc-status") != "0" {
+				t.Errorf("the good client's call: %v", h.(*http2.MetaHeadersFrame).Fields)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestShutdown: Shutdown refuses new connections, tells the client GOAWAY, ends the long-lived
+// calls at once with Unavailable (their server sees them cancelled), lets the other calls
+// finish, and returns once the last connection closed; Serve then returns nil.
+func TestShutdown(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	tgt := up.target()
+	srv := &Server{
+		Route:           func(string) *Target { return tgt },
+		LongLived:       func(path string) bool { return path == "/svc/Watch" },
+		ShutdownMessage: "relay is shutting down",
+	}
+	sock := filepath.Join(dir, "relay.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/Watch")...)
+	cl.headers(3, true, grpcRequest("/svc/Slow")...)
+	upc := up.accept()
+	watchID := upc.readUntil(isHeaders).Header().StreamID
+	slowID := upc.readUntil(isHeaders).Header().StreamID
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		srv.Shutdown(context.Background())
+	}()
+	if g := cl.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok }).(*http2.GoAwayFrame); g.LastStreamID != 3 || g.ErrCode != http2.ErrCodeNo {
+		t.Errorf("GOAWAY %d %v, want 3 NO_ERROR", g.LastStreamID, g.ErrCode)
+	}
+	h := cl.readUntil(isHeaders).(*http2.MetaHeadersFrame)
+	if h.StreamID != 1 || field(h, "grpc-status") != fmt.Sprint(int(codes.Unavailable)) || field(h, "grpc-message") != "relay is shutting down" {
+		t.Errorf("stream %d ended with %v, want the watch ended Unavailable", h.StreamID, h.Fields)
+	}
+	if r := upc.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != watchID || r.ErrCode != http2.ErrCodeCancel {
+		t.Errorf("server got RST_STREAM %d %v, want %d CANCEL", r.StreamID, r.ErrCode, watchID)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Shutdown: %v", err)
+	}
+	if c, err := net.Dial("unix", sock); err == nil {
+		c.Close()
+		t.Error("a new connection was accepted during Shutdown")
+	}
+	select {
+	case <-stopped:
+		t.Fatal("Shutdown returned with a call still open")
+	default:
+	}
+
+	upc.headers(slowID, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+	if h := cl.readUntil(isHeaders); h.Header().StreamID != 3 || field(h, "grpc-status") != "0" {
+		t.Errorf("the unary call: %v", h.(*http2.MetaHeadersFrame).Fields)
+	}
+	if g := cl.readEnd(); g != nil {
+		t.Errorf("a second GOAWAY %v", g)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(waitFor):
+		t.Fatal("Shutdown did not return after the last call ended")
+	}
+}
+
+// TestShutdownCutsWhatIsLeftWhenCtxEnds: a call that does not finish within Shutdown's
+// context is cut: the connections close and Shutdown returns.
+func TestShutdownCutsWhatIsLeftWhenCtxEnds(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	tgt := up.target()
+	srv := &Server{Route: func(string) *Target { return tgt }}
+	sock := filepath.Join(dir, "relay.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l) //nolint:errcheck // returns nil after Shutdown
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/Never")...)
+	upc := up.accept()
+	upc.readUntil(isHeaders)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		srv.Shutdown(ctx)
+	}()
+	cl.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
+	cancel()
+	cl.readEnd()
+	upc.readEnd()
+	select {
+	case <-stopped:
+	case <-time.After(waitFor):
+		t.Fatal("Shutdown did not return after its context ended")
+	}
+}
