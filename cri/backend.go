@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri/relay"
 )
 
 // MaxMessageSize is the largest CRI message podgate accepts or sends, both ways: the kubelet's
@@ -159,6 +161,28 @@ func (b *Backend) watchSocket(ctx context.Context) {
 			}
 			logger.V(2).Info("Watching the backend's socket file", "err", err)
 		}
+	}
+}
+
+// target is the backend as the relay's target: a connection of its own per client connection.
+// While the backend connection has failed, calls fail at once, naming the backend, as on that
+// connection.
+func (b *Backend) target() *relay.Target {
+	return &relay.Target{
+		Name: fmt.Sprintf("%s backend %s", b.name, b.endpoint),
+		Dial: func(ctx context.Context) (net.Conn, error) {
+			c, err := b.dial(ctx, "")
+			if err != nil {
+				return nil, fmt.Errorf("%s backend %s is unavailable: %w", b.name, b.endpoint, err)
+			}
+			return c, nil
+		},
+		Unavailable: func() error {
+			if s := b.conn.GetState(); s == connectivity.TransientFailure || s == connectivity.Shutdown {
+				return b.unavailable(s)
+			}
+			return nil
+		},
 	}
 }
 

@@ -1,13 +1,16 @@
-// Package cri is podgate's CRI proxy: a gRPC server on a unix socket that serves
-// runtime.v1.RuntimeService and runtime.v1.ImageService and forwards every call to a backend
-// runtime (containerd).
+// Package cri is podgate's CRI proxy: it serves runtime.v1.RuntimeService and
+// runtime.v1.ImageService on a unix socket and forwards every call to a backend runtime
+// (containerd).
 //
-// Calls that podgate does not intercept are forwarded as raw bytes: they are never decoded, so
-// fields and methods newer than podgate's k8s.io/cri-api reach the backend unchanged and large
-// List responses cost no decode or encode. A method that someone registered an [Interceptor] for
-// is decoded with k8s.io/cri-api; if the interceptors leave the request (or the response)
+// The socket is served by a frame-level HTTP/2 relay (package cri/relay). Calls that podgate does
+// not intercept go through it to the runtime frame by frame: never decoded, so fields and
+// methods newer than podgate's k8s.io/cri-api reach the backend unchanged, and a large List
+// answer reaches the kubelet while containerd is still sending it. The relay sends a method that
+// someone registered an [Interceptor] for to a gRPC server in the same process, which decodes it
+// with k8s.io/cri-api and runs the interceptors; if they leave the request (or the response)
 // unchanged, the original bytes are forwarded, so the backend still sees exactly what the
-// kubelet sent.
+// kubelet sent. With a stats handler (tracing), which must see every call, every call takes that
+// path.
 //
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
 // through [Intercept]. Errors are mapped to gRPC codes once, in the instrumented boundary

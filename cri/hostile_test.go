@@ -17,9 +17,9 @@ import (
 	"github.com/podgate/podgate/test/testfs"
 )
 
-// TestOversizedMessageDoesNotHurtOthers: a request over podgate's 16 MiB limit is refused with
-// ResourceExhausted, on the intercepted and on the passthrough path, and the same connection
-// and the kubelet's own go on working.
+// TestOversizedMessageDoesNotHurtOthers: a request over the 16 MiB limit is refused with
+// ResourceExhausted, by podgate on the intercepted path and by the runtime (as without podgate)
+// on the passthrough path, and the same connection and the kubelet's own go on working.
 func TestOversizedMessageDoesNotHurtOthers(t *testing.T) {
 	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, hostile := proxyFor(t, be.path, "", func(s *Server) { passThrough(s, RunPodSandbox) })

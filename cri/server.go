@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/test/bufconn"
+
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/podgate/podgate/cri/relay"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,14 +28,24 @@ var (
 	imageService   = runtimeapi.ImageService_ServiceDesc.ServiceName
 )
 
-// Server is the CRI proxy's gRPC server.
+// Server is the CRI proxy. Its socket is served by a frame-level HTTP/2 relay (cri/relay): a
+// call podgate does not intercept goes to the runtime as it came, frame by frame. The calls
+// podgate intercepts go, through the relay, to an in-process gRPC server (grpc), whose
+// handlers decode them, run the interceptors and call the runtime; so do every call when a
+// stats handler (tracing) must see it, and calls of services that are not CRI, which that
+// server refuses.
 type Server struct {
 	runtime *Backend
 	image   *Backend
 	metrics *Metrics
 	logger  klog.Logger
 
-	grpc *grpc.Server
+	relay    *relay.Server
+	grpc     *grpc.Server
+	internal *bufconn.Listener
+	// The relay's targets: the runtime and image backends, and the in-process server.
+	runtimeTarget, imageTarget, internalTarget *relay.Target
+	serveInternal                              sync.Once
 	// unary holds the methods podgate's cri-api declares unary; every other method (streams,
 	// and methods newer than podgate) takes the streaming path, which carries both shapes.
 	unary map[string]bool
@@ -107,7 +120,76 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		serverOpts = append(serverOpts, grpc.StatsHandler(h))
 	}
 	s.grpc = grpc.NewServer(serverOpts...)
+	s.internal = bufconn.Listen(internalBuffer)
+	s.internalTarget = &relay.Target{Name: "podgate's CRI handlers", Dial: s.internal.DialContext}
+	s.runtimeTarget = runtime.target()
+	s.imageTarget = s.runtimeTarget
+	if image != runtime {
+		s.imageTarget = image.target()
+	}
+	s.relay = &relay.Server{
+		Route:           s.route,
+		Observer:        observer{s},
+		LongLived:       func(path string) bool { return !s.unary[path] },
+		ShutdownMessage: "podgate is shutting down",
+	}
 	return s
+}
+
+// internalBuffer is the buffer of each in-process connection to the gRPC server, each way.
+const internalBuffer = 64 << 10
+
+// route says where a call goes: to the backend of its service as it is, or to the in-process
+// gRPC server when podgate intercepts it, when a stats handler must see every call, or when
+// its service is not CRI (that server refuses it, as podgate serves nothing else).
+func (s *Server) route(fullMethod string) *relay.Target {
+	if len(s.statsHandlers) > 0 {
+		return s.internalTarget
+	}
+	if _, ok := s.chains[fullMethod]; ok {
+		return s.internalTarget
+	}
+	switch s.backendFor(fullMethod) {
+	case s.runtime:
+		return s.runtimeTarget
+	case s.image:
+		return s.imageTarget
+	}
+	return s.internalTarget
+}
+
+// observer records the metrics of the calls the relay forwards to a backend; the in-process
+// server records its own (instrument).
+type observer struct{ s *Server }
+
+// relayedCall is a call the relay forwards to a backend, while it is open.
+type relayedCall struct {
+	mm    *methodMetrics
+	path  string
+	start time.Time
+}
+
+func (o observer) Begin(c relay.Call) any {
+	if c.Target == o.s.internalTarget {
+		return nil
+	}
+	mm := o.s.metrics.forMethod(c.Path)
+	mm.inFlight.Inc()
+	o.s.inFlight.Add(1)
+	return &relayedCall{mm: mm, path: c.Path, start: time.Now()}
+}
+
+func (o observer) End(token any, code codes.Code) {
+	c, ok := token.(*relayedCall)
+	if !ok {
+		return
+	}
+	c.mm.done(c.start, code)
+	o.s.lastEnd.Store(time.Now().UnixNano())
+	o.s.inFlight.Add(-1)
+	if code != codes.OK && o.s.logger.V(3).Enabled() {
+		o.s.logger.V(3).Info("CRI call failed", "method", shortMethod(c.path), "code", code.String())
+	}
 }
 
 // Serve serves CRI on l until Shutdown. It returns nil after a Shutdown.
@@ -120,11 +202,15 @@ func (s *Server) Serve(l net.Listener) error {
 		}
 	}
 	s.mu.Unlock()
-	err := s.grpc.Serve(l)
-	if errors.Is(err, grpc.ErrServerStopped) {
-		return nil
-	}
-	return err
+	s.serveInternal.Do(func() {
+		go func() {
+			// It ends with Shutdown's stop of the server; until then it serves the relay.
+			if err := s.grpc.Serve(s.internal); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				s.logger.Error(err, "In-process CRI server ended")
+			}
+		}()
+	})
+	return s.relay.Serve(l)
 }
 
 // Shutdown stops accepting connections, ends open streams (their clients get Unavailable and
@@ -132,7 +218,9 @@ func (s *Server) Serve(l net.Listener) error {
 // then it cuts what is left.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.stopStream()
-	StopGracefully(klog.NewContext(ctx, s.logger.WithValues("server", "CRI")), s.grpc)
+	ctx = klog.NewContext(ctx, s.logger.WithValues("server", "CRI"))
+	s.relay.Shutdown(ctx)
+	StopGracefully(ctx, s.grpc)
 }
 
 // backendFor returns the backend that serves fullMethod, or nil for a service that is not CRI.

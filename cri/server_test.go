@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -297,23 +299,28 @@ func TestSeparateImageEndpoint(t *testing.T) {
 	}
 }
 
-func TestMessageSizeLimit(t *testing.T) {
+// TestLargeAnswersPassAsTheRuntimeSendsThem: podgate carries an answer of any size the runtime
+// sends, and a client's own message limit applies to it exactly as without podgate: a client
+// with the kubelet's 16 MiB limit refuses a 17 MiB answer itself, through podgate and direct
+// alike, and a client that allows more gets it whole.
+func TestLargeAnswersPassAsTheRuntimeSendsThem(t *testing.T) {
 	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	_, conn := proxyFor(t, be.path, "", nil)
-	client := runtimeapi.NewRuntimeServiceClient(conn)
 	big := strings.Repeat("x", 1<<20)
-	for i := range 15 { // about 15 MiB: under the kubelet's 16 MiB
+	for i := range 17 {
 		be.containers = append(be.containers, &runtimeapi.Container{Id: fmt.Sprint(i), Labels: map[string]string{"big": big}})
 	}
-	if _, err := client.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{}); err != nil {
-		t.Fatalf("15 MiB response: %v", err)
-	}
-	for i := range 2 {
-		be.containers = append(be.containers, &runtimeapi.Container{Id: fmt.Sprint("more", i), Labels: map[string]string{"big": big}})
-	}
-	_, err := client.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("17 MiB response: got %v, want ResourceExhausted", err)
+	kubeletLimit := grpc.MaxCallRecvMsgSize(16 << 20)
+	for path, c := range map[string]*grpc.ClientConn{"podgate": conn, "direct": dial(t, be.path)} {
+		client := runtimeapi.NewRuntimeServiceClient(c)
+		_, err := client.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{}, kubeletLimit)
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("%s: 17 MiB answer to a client with the kubelet's limit: got %v, want its own ResourceExhausted", path, err)
+		}
+		resp, err := client.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{})
+		if err != nil || len(resp.Containers) != 17 || resp.Containers[16].Labels["big"] != big {
+			t.Errorf("%s: 17 MiB answer to a client that allows 64 MiB: %d containers, %v", path, len(resp.GetContainers()), err)
+		}
 	}
 }
 
@@ -529,4 +536,69 @@ func TestClassifiedErrorsReachTheClient(t *testing.T) {
 	if n := be.calls.Load(); n != 0 {
 		t.Errorf("backend got %d calls", n)
 	}
+}
+
+// TestRelayedCallsAreCounted: the calls the relay forwards to the runtime are counted per
+// method and code, and leave nothing in flight; the intercepted ones are counted once, by
+// their handler.
+func TestRelayedCallsAreCounted(t *testing.T) {
+	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
+	reg := prometheus.NewRegistry()
+	_, conn := proxyFor(t, be.path, "", func(s *Server) {
+		s.metrics = NewMetrics(reg)
+		passThrough(s, RunPodSandbox)
+	})
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	for range 2 {
+		if _, err := client.Version(t.Context(), &runtimeapi.VersionRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The test runtime implements no Status: the runtime's Unimplemented, counted as such.
+	if _, err := client.Status(t.Context(), &runtimeapi.StatusRequest{}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("Status: %v, want the runtime's Unimplemented", err)
+	}
+	if _, err := client.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		method, code string
+		want         float64
+	}{{"Version", "OK", 2}, {"Status", "Unimplemented", 1}, {"RunPodSandbox", "OK", 1}} {
+		c, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := metricValue(c, "podgate_cri_requests_total", map[string]string{"method": tt.method, "code": tt.code}); got != tt.want {
+			t.Errorf("podgate_cri_requests_total{method=%s,code=%s} = %v, want %v", tt.method, tt.code, got, tt.want)
+		}
+	}
+	c, _ := reg.Gather()
+	for _, m := range []string{"Version", "Status", "RunPodSandbox"} {
+		if got := metricValue(c, "podgate_cri_requests_in_flight", map[string]string{"method": m}); got != 0 {
+			t.Errorf("podgate_cri_requests_in_flight{method=%s} = %v after the calls ended", m, got)
+		}
+	}
+}
+
+// metricValue is the value of the counter or gauge name with labels in mfs, 0 when absent.
+func metricValue(mfs []*dto.MetricFamily, name string, labels map[string]string) float64 {
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
 }
