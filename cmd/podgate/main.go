@@ -98,11 +98,30 @@ func serve(cfg *config.Configuration, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := agent.New(cfg, version).Run(ctx); err != nil {
+	a := agent.New(cfg, version)
+	go releaseAfterStartup(ctx, a.Rebuilt())
+	if err := a.Run(ctx); err != nil {
 		klog.Background().Error(err, "podgate failed")
 		return &exitError{code: 1}
 	}
 	return nil
+}
+
+// releaseAfterStartup gives back the binary's start-up pages once start-up is done (see
+// releaseStartupPages), and logs how much of the binary stayed resident.
+func releaseAfterStartup(ctx context.Context, started <-chan struct{}) {
+	select {
+	case <-started:
+	case <-ctx.Done():
+		return
+	}
+	logger := klog.FromContext(ctx)
+	before, after, err := releaseStartupPages()
+	if err != nil {
+		logger.Error(err, "Could not give back the binary's start-up pages")
+		return
+	}
+	logger.V(2).Info("Gave back the binary's start-up pages", "residentBeforeKiB", before, "residentAfterKiB", after)
 }
 
 // defaultGCPercent is podgate's GOGC unless the environment sets one. podgate's live heap is
