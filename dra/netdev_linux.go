@@ -51,6 +51,26 @@ func Detach(ctx context.Context, a Attached, netnsPath string) error {
 	return linkMover{}.detach(ctx, a, netnsPath)
 }
 
+// Resume finishes an Attach of hostIf into the pod's network namespace at netnsPath that a
+// crash interrupted after the move, before podgate recorded what Attach returned: it finds the
+// interface in the pod by podgate's mark and configures it as cfg says, as Attach does when it
+// finds it there. found is false, and nothing is done, when the pod's namespace is gone or
+// holds no interface marked as hostIf's: Resume never moves an interface from the host. When
+// configuring fails, Resume gives the interface back as Detach does.
+func Resume(ctx context.Context, hostIf, netnsPath string, cfg InterfaceConfig) (_ Attached, found bool, _ error) {
+	return linkMover{}.resume(ctx, hostIf, netnsPath, cfg)
+}
+
+// Reclaim gives back what an Attach of hostIf into the pod's network namespace at netnsPath
+// left, when podgate has no record of what Attach returned (a crash came before its
+// checkpoint): the interface marked as hostIf's, in the pod or on the host (an Attach that
+// stopped after marking it, or a physical interface the kernel returned with its namespace),
+// is moved to the host under its host name and restored from its mark. Not finding it is
+// success. The host alias comes back only when it fitted in the mark.
+func Reclaim(ctx context.Context, hostIf, netnsPath string) error {
+	return linkMover{}.reclaim(ctx, hostIf, netnsPath)
+}
+
 // linkMover moves links between the host's network namespace and pods'.
 type linkMover struct {
 	// hostNetns is the path of the host's namespace; "" is podgate's own. Tests use a
@@ -104,6 +124,81 @@ func (m linkMover) detach(ctx context.Context, a Attached, netnsPath string) err
 	}
 	if err := ns.giveBack(ctx, a); err != nil {
 		return fmt.Errorf("detach %s from %s: %w", a.PodName, netnsPath, err)
+	}
+	return nil
+}
+
+func (m linkMover) resume(ctx context.Context, hostIf, netnsPath string, cfg InterfaceConfig) (Attached, bool, error) {
+	where := fmt.Sprintf("resume attach of %s to %s", hostIf, netnsPath)
+	if err := cfg.validate(); err != nil {
+		return Attached{}, false, errdefs.ErrInvalidArgument.WithMessage(fmt.Sprintf("%s: %v", where, err))
+	}
+	ns, err := m.open(netnsPath)
+	if err != nil {
+		return Attached{}, false, fmt.Errorf("%s: %w", where, err)
+	}
+	defer ns.close()
+	if ns.pod == nil {
+		return Attached{}, false, nil
+	}
+	podName := cmp.Or(cfg.Name, hostIf)
+	link, _, err := findMarked(ns.pod, podName, hostIf)
+	if err != nil {
+		return Attached{}, false, fmt.Errorf("%s: look for %s in the pod: %w", where, hostIf, err)
+	}
+	if link == nil {
+		return Attached{}, false, nil
+	}
+	a, err := ns.findMovedIn(ctx, hostIf, podName)
+	if err == nil {
+		a, err = ns.configure(a, cfg)
+		if err != nil {
+			if undo := ns.giveBack(ctx, a); undo != nil {
+				err = errors.Join(err, fmt.Errorf("give back: %w", undo))
+			}
+		}
+	}
+	if err != nil {
+		return Attached{}, true, fmt.Errorf("%s: %w", where, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Resumed attach of network interface", "hostInterface", hostIf, "netns", netnsPath,
+		"interface", a.PodName, "mtu", cfg.MTU, "addresses", a.Addresses)
+	return a, true, nil
+}
+
+func (m linkMover) reclaim(ctx context.Context, hostIf, netnsPath string) error {
+	where := fmt.Sprintf("reclaim %s from %s", hostIf, netnsPath)
+	ns, err := m.open(netnsPath)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	defer ns.close()
+	a := Attached{HostName: hostIf, PodName: hostIf}
+	if ns.pod != nil {
+		link, mark, err := findMarked(ns.pod, hostIf, hostIf)
+		if err != nil {
+			return fmt.Errorf("%s: look for it in the pod: %w", where, err)
+		}
+		if link != nil {
+			a = attachedFromMark(mark)
+			a.PodName = link.Attrs().Name
+			if err := ns.moveOut(link, hostIf); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+		}
+	}
+	// On the host now, or left there marked: the mark says how to restore it.
+	_, mark, err := findMarked(ns.host, hostIf, hostIf)
+	if err != nil {
+		return fmt.Errorf("%s: look for it on the host: %w", where, err)
+	}
+	if mark.Name != "" {
+		podName := a.PodName
+		a = attachedFromMark(mark)
+		a.PodName = podName
+	}
+	if err := ns.restore(ctx, a); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
 	}
 	return nil
 }
@@ -228,7 +323,8 @@ func (ns *namespaces) findMovedIn(ctx context.Context, hostIf, podName string) (
 	if link == nil {
 		return Attached{}, errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("host interface %s not found", hostIf))
 	}
-	a := Attached{HostName: mark.Name, PodName: podName, MTU: mark.MTU, Up: mark.Up, Alias: mark.Alias}
+	a := attachedFromMark(mark)
+	a.PodName = podName
 	if link.Attrs().Name == podName {
 		return a, nil
 	}
@@ -350,7 +446,7 @@ func (ns *namespaces) restore(ctx context.Context, a Attached) error {
 func attachedFrom(link netlink.Link) Attached {
 	attrs := link.Attrs()
 	if mark, ok := parseLinkMark(attrs.Alias); ok && mark.Name == attrs.Name {
-		return Attached{HostName: mark.Name, MTU: mark.MTU, Up: mark.Up, Alias: mark.Alias}
+		return attachedFromMark(mark)
 	}
 	return Attached{HostName: attrs.Name, MTU: attrs.MTU, Up: attrs.Flags&net.FlagUp != 0, Alias: attrs.Alias}
 }
@@ -401,6 +497,11 @@ type linkMark struct {
 	MTU   int    `json:"mtu"`
 	Up    bool   `json:"up,omitempty"`
 	Alias string `json:"alias,omitempty"`
+}
+
+// attachedFromMark is what a mark says of the interface on the host.
+func attachedFromMark(m linkMark) Attached {
+	return Attached{HostName: m.Name, MTU: m.MTU, Up: m.Up, Alias: m.Alias}
 }
 
 func markOf(a Attached) linkMark {

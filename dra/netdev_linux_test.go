@@ -463,3 +463,104 @@ func TestDetachWithoutNames(t *testing.T) {
 		}
 	}
 }
+
+// TestResumeAndReclaimAfterACrash covers what podgate does at start-up with an Attach that a
+// crash interrupted before podgate recorded its answer, at each point: Resume finishes it only
+// when the interface is in the pod (it never moves one from the host); Reclaim gives back
+// whatever the Attach left, from podgate's mark alone, and finds nothing the second time.
+func TestResumeAndReclaimAfterACrash(t *testing.T) {
+	requireNetAdmin(t)
+	checkThreadsHome(t)
+	cfg := InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}}
+	mark := markOf(Attached{HostName: "pgeth0", MTU: 1500, Up: true, Alias: "uplink to rack 7"}).alias()
+	tests := []struct {
+		name        string
+		interrupted func(t *testing.T, m linkMover, host, pod string)
+		inPod       bool // Resume finds the interface in the pod
+		podGone     bool // the pod's namespace is gone when podgate looks
+	}{
+		{name: "before the mark", interrupted: func(*testing.T, linkMover, string, string) {}},
+		{name: "after the mark", interrupted: func(t *testing.T, _ linkMover, host, _ string) {
+			inNetns(t, host, "link", "set", "pgeth0", "alias", mark)
+		}},
+		{name: "after the move", inPod: true, interrupted: func(t *testing.T, _ linkMover, host, pod string) {
+			inNetns(t, host, "link", "set", "pgeth0", "alias", mark)
+			inNetns(t, host, "link", "set", "pgeth0", "netns", filepath.Base(pod), "name", "net1")
+		}},
+		{name: "attached", inPod: true, interrupted: func(t *testing.T, m linkMover, _, pod string) {
+			if _, err := m.attach(t.Context(), "pgeth0", pod, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "returned to the host under its pod name", podGone: true, interrupted: func(t *testing.T, m linkMover, host, pod string) {
+			if _, err := m.attach(t.Context(), "pgeth0", pod, cfg); err != nil {
+				t.Fatal(err)
+			}
+			inNetns(t, pod, "link", "set", "net1", "netns", filepath.Base(host))
+			ipCmd(t, "netns", "del", filepath.Base(pod))
+		}},
+	}
+	for _, tc := range tests {
+		for _, op := range []string{"resume", "reclaim"} {
+			t.Run(tc.name+"/"+op, func(t *testing.T) {
+				t.Parallel()
+				_, ctx := ktesting.NewTestContext(t)
+				host, pod := testNetns(t), testNetns(t)
+				wantHost := hostLink(t, host, "pgeth0", true)
+				hostH := handleAt(t, host)
+				m := linkMover{hostNetns: host}
+				tc.interrupted(t, m, host, pod)
+				var hostAfterResume linkState
+				if !tc.podGone {
+					hostAfterResume, _ = stateOf(t, hostH, "pgeth0")
+				}
+
+				if op == "resume" {
+					a, found, err := m.resume(ctx, "pgeth0", pod, cfg)
+					if err != nil || found != tc.inPod {
+						t.Fatalf("Resume: found %t, %v; want found %t, no error", found, err, tc.inPod)
+					}
+					if !found {
+						if got, _ := stateOf(t, hostH, "pgeth0"); !equalState(got, hostAfterResume) {
+							t.Errorf("Resume changed the host's interface: %+v, was %+v", got, hostAfterResume)
+						}
+						if !tc.podGone {
+							if names := linkNames(t, handleAt(t, pod)); slices.Contains(names, "net1") {
+								t.Errorf("Resume moved the interface into the pod: %v", names)
+							}
+						}
+					} else {
+						wantPod := linkState{Name: "net1", MTU: 1400, Up: true, Alias: mark, Addrs: cfg.Addresses}
+						if got, _ := stateOf(t, handleAt(t, pod), "net1"); !equalState(got, wantPod) {
+							t.Errorf("in the pod after Resume: %+v, want %+v", got, wantPod)
+						}
+						wantA := Attached{HostName: "pgeth0", PodName: "net1", MTU: 1500, Up: true, Alias: "uplink to rack 7", HardwareAddr: a.HardwareAddr, Addresses: cfg.Addresses}
+						if !equalAttached(a, wantA) {
+							t.Errorf("Resume = %+v, want %+v", a, wantA)
+						}
+						if err := m.detach(ctx, a, pod); err != nil {
+							t.Fatalf("Detach: %v", err)
+						}
+						if got, ok := stateOf(t, hostH, "pgeth0"); !ok || !equalState(got, wantHost) {
+							t.Errorf("on the host after Detach: %+v (found %t), want %+v", got, ok, wantHost)
+						}
+					}
+					return
+				}
+				for i := range 2 {
+					if err := m.reclaim(ctx, "pgeth0", pod); err != nil {
+						t.Fatalf("Reclaim %d: %v", i+1, err)
+					}
+					if got, ok := stateOf(t, hostH, "pgeth0"); !ok || !equalState(got, wantHost) {
+						t.Errorf("on the host after Reclaim %d: %+v (found %t), want %+v", i+1, got, ok, wantHost)
+					}
+					if !tc.podGone {
+						if names := linkNames(t, handleAt(t, pod)); slices.Contains(names, "net1") {
+							t.Errorf("still in the pod after Reclaim %d: %v", i+1, names)
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -21,3 +21,13 @@ func Attach(context.Context, string, string, InterfaceConfig) (Attached, error) 
 
 // Detach gives back an interface that Attach moved into a pod. Off Linux it fails.
 func Detach(context.Context, Attached, string) error { return errNetdevNeedsLinux }
+
+// Resume finishes an Attach a crash interrupted. Off Linux Attach moves nothing: nothing is
+// found.
+func Resume(context.Context, string, string, InterfaceConfig) (Attached, bool, error) {
+	return Attached{}, false, nil
+}
+
+// Reclaim gives back what an interrupted Attach left. Off Linux Attach moves nothing: there is
+// nothing to give back.
+func Reclaim(context.Context, string, string) error { return nil }
