@@ -10,6 +10,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -29,6 +31,11 @@ const (
 	maxHeaderList = 1 << 20
 	// maxStreams is how many calls one client connection may have open at once.
 	maxStreams = 1000
+	// maxFrame is the largest frame podgate reads (HTTP/2's default SETTINGS_MAX_FRAME_SIZE,
+	// which it does not raise), so a frame it forwards fits any peer's.
+	maxFrame = 16384
+	// prefaceTimeout bounds the wait for a new client's HTTP/2 preface.
+	prefaceTimeout = 20 * time.Second
 	// readBuffer is each connection's read buffer: two 16 KiB frames per read.
 	readBuffer = 32 << 10
 	// writeBuffer is the buffer a connection borrows while it has frames to write: the frames
@@ -81,11 +88,13 @@ type Server struct {
 	sessions  map[*session]struct{}
 	listeners map[net.Listener]struct{}
 	stopping  bool
+	quit      chan struct{} // closed by Shutdown: Serve's waits end
 	conns     sync.WaitGroup
 }
 
 // Serve accepts client connections on l and serves each until Shutdown. It returns nil after
-// Shutdown, and Accept's error otherwise.
+// Shutdown, and Accept's error otherwise; Accept's passing failures (out of file descriptors
+// or memory, a connection aborted before it was accepted) are waited out, as net/http does.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if s.stopping {
@@ -95,21 +104,35 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	if s.listeners == nil {
 		s.listeners = map[net.Listener]struct{}{}
+		s.quit = make(chan struct{})
 	}
 	s.listeners[l] = struct{}{}
+	quit := s.quit
 	s.mu.Unlock()
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			s.mu.Lock()
 			stopping := s.stopping
-			delete(s.listeners, l)
+			if stopping || !passing(err) {
+				delete(s.listeners, l)
+			}
 			s.mu.Unlock()
 			if stopping {
 				return nil
 			}
-			return err
+			if !passing(err) {
+				return err
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-quit:
+			}
+			continue
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.stopping {
 			s.mu.Unlock()
@@ -125,11 +148,24 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 }
 
+// passing says whether an Accept error goes away by itself.
+func passing(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
+}
+
 // Shutdown stops accepting connections, tells every client to open no more calls (GOAWAY),
 // ends the LongLived calls with Unavailable, and lets the others finish until ctx ends; then
 // it closes what is left. It returns once every connection has ended.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.mu.Lock()
+	if !s.stopping && s.quit != nil {
+		close(s.quit)
+	}
 	s.stopping = true
 	for l := range s.listeners {
 		_ = l.Close()
@@ -186,17 +222,10 @@ func (s *Server) removeSession(ss *session) {
 // ServeConn serves one client connection until it ends or ctx ends.
 func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	defer c.Close()
-	br := bufio.NewReaderSize(c, readBuffer)
-	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(br, preface); err != nil {
-		return fmt.Errorf("read client preface: %w", err)
-	}
-	if string(preface) != http2.ClientPreface {
-		return errors.New("not an HTTP/2 client preface")
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}}
+	br := bufio.NewReaderSize(c, readBuffer)
+	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
 	ss.down = newEndpoint(c, br)
 	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	ss.down.fr.MaxHeaderListSize = maxHeaderList
@@ -206,14 +235,37 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	defer s.removeSession(ss)
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
-	if err := ss.down.writeSettings(
+
+	// A client says the preface at once; one that does not holds no goroutine for long.
+	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
+	preface := make([]byte, len(http2.ClientPreface))
+	if _, err := io.ReadFull(br, preface); err != nil {
+		return fmt.Errorf("read client preface: %w", err)
+	}
+	if string(preface) != http2.ClientPreface {
+		return errors.New("not an HTTP/2 client preface")
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	// SETTINGS first, before a GOAWAY of a Shutdown that began meanwhile (drain writes it
+	// only once started is set, and after these).
+	ss.mu.Lock()
+	if ss.draining {
+		ss.mu.Unlock()
+		return nil
+	}
+	ss.started = true
+	ss.down.wmu.Lock()
+	ss.mu.Unlock()
+	err := ss.down.writeSettingsLocked(
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
-	); err != nil {
+	)
+	ss.down.wmu.Unlock()
+	if err != nil {
 		return err
 	}
-	err := ss.readClient()
+	err = ss.readClient()
 	ss.close()
 	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 		return nil
@@ -251,6 +303,7 @@ type windowUpdate struct {
 func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
 	e := &endpoint{conn: c, br: br, bw: &pooledWriter{w: c}}
 	e.fr = http2.NewFramer(e.bw, br)
+	e.fr.SetMaxReadFrameSize(maxFrame)
 	e.henc = hpack.NewEncoder(&e.hbuf)
 	e.sendWindow = initialWindow
 	e.peerInitWindow = initialWindow
@@ -259,10 +312,9 @@ func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
 	return e
 }
 
-// writeSettings sends podgate's SETTINGS and opens the connection window to connWindow.
-func (e *endpoint) writeSettings(settings ...http2.Setting) error {
-	e.wmu.Lock()
-	defer e.wmu.Unlock()
+// writeSettingsLocked sends podgate's SETTINGS and opens the connection window to connWindow;
+// the caller holds wmu.
+func (e *endpoint) writeSettingsLocked(settings ...http2.Setting) error {
 	if err := e.fr.WriteSettings(settings...); err != nil {
 		return err
 	}

@@ -8,10 +8,12 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 )
 
@@ -31,9 +33,17 @@ func randomBytes(t testing.TB, n int) []byte {
 	return b
 }
 
-// relayTo starts a relay that sends every call to up, observed by a recorder.
+// relayTo starts a relay that sends every call to up, observed by a recorder. Once the relay
+// has shut down, every call it began has ended.
 func relayTo(t *testing.T, dir string, up *rawUpstream) (string, *recorder) {
 	rec := newRecorder()
+	t.Cleanup(func() { // after startRelay's Shutdown
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if rec.open != 0 {
+			t.Errorf("%d calls began and never ended (began %v, ended %v)", rec.open, rec.begun, rec.ended)
+		}
+	})
 	tgt := up.target()
 	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: rec})
 	return sock, rec
@@ -189,7 +199,7 @@ func TestUpstreamGoAwayRefusesWhatItDidNotTake(t *testing.T) {
 	up := startRawUpstream(t, dir)
 	sock, rec := relayTo(t, dir, up)
 	cl := dialRelay(t, sock)
-	cl.headers(1, true, grpcRequest("/svc/Taken")...)
+	cl.headers(1, false, grpcRequest("/svc/Taken")...)
 	cl.headers(3, true, grpcRequest("/svc/NotTaken")...)
 
 	srv := up.accept()
@@ -199,10 +209,17 @@ func TestUpstreamGoAwayRefusesWhatItDidNotTake(t *testing.T) {
 	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != 3 || r.ErrCode != http2.ErrCodeRefusedStream {
 		t.Errorf("client got RST_STREAM %d %v, want 3 REFUSED_STREAM", r.StreamID, r.ErrCode)
 	}
+	// The call the server took goes on both ways over the old connection.
+	req := randomBytes(t, 5000)
+	cl.write(func(fr *http2.Framer) error { return fr.WriteData(1, true, req) })
+	if d := srv.readUntil(isData).(*http2.DataFrame); !bytes.Equal(d.Data(), req) || !d.StreamEnded() {
+		t.Errorf("after its GOAWAY the server got %d bytes (end %v) of the call it took, want %d", len(d.Data()), d.StreamEnded(), len(req))
+	}
 	srv.headers(first, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
 	if h := cl.readUntil(isHeaders); h.Header().StreamID != 1 || field(h, "grpc-status") != "0" {
 		t.Errorf("the call the server took: %v", h.(*http2.MetaHeadersFrame).Fields)
 	}
+	srv.readEnd() // its last call done, the old connection closes
 
 	cl.headers(5, true, grpcRequest("/svc/Later")...)
 	srv2 := up.accept()
@@ -247,6 +264,221 @@ func TestUpstreamLostEndsCallsUnavailable(t *testing.T) {
 	}
 	<-rec.done
 	<-rec.done
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, p := range []string{"/svc/Begun", "/svc/NotBegun"} {
+		if c := rec.ended[p]; len(c) != 1 || c[0] != codes.Unavailable {
+			t.Errorf("%s ended %v, want Unavailable", p, c)
+		}
+	}
+}
+
+// TestAnswerThatCameWholeOutlivesItsConnection: an answer that arrived whole (trailers
+// included) but waits for the client's window still reaches the client whole and OK when the
+// server's connection closes meanwhile, and a server's RST_STREAM(NO_ERROR) after its answer
+// (grpc-go's when a handler returns first) only stops the request.
+func TestAnswerThatCameWholeOutlivesItsConnection(t *testing.T) {
+	for _, end := range []string{"connection closed", "RST_STREAM NO_ERROR"} {
+		t.Run(end, func(t *testing.T) {
+			dir := shortDir(t)
+			up := startRawUpstream(t, dir)
+			sock, rec := relayTo(t, dir, up)
+			cl := dialRelay(t, sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 100})
+			cl.headers(1, false, grpcRequest("/svc/Answered")...)
+			srv := up.accept()
+			id := srv.readUntil(isHeaders).Header().StreamID
+			answer := randomBytes(t, 300)
+			srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+			srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, answer) })
+			srv.headers(id, true, "grpc-status", "0")
+			if end == "connection closed" {
+				srv.conn.Close()
+			} else {
+				srv.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeNo) })
+			}
+			var got []byte
+			for {
+				f := cl.readUntil(func(f http2.Frame) bool { return isData(f) || isHeaders(f) || isRST(f) })
+				if r, ok := f.(*http2.RSTStreamFrame); ok {
+					t.Fatalf("client got RST_STREAM %v", r.ErrCode)
+				}
+				if d, ok := f.(*http2.DataFrame); ok {
+					got = append(got, d.Data()...)
+					cl.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(1, uint32(len(d.Data()))) })
+					continue
+				}
+				if h := f.(*http2.MetaHeadersFrame); h.StreamEnded() {
+					if field(h, "grpc-status") != "0" {
+						t.Errorf("trailers %v, want grpc-status 0", h.Fields)
+					}
+					break
+				}
+			}
+			if !bytes.Equal(got, answer) {
+				t.Errorf("client got %d bytes, want the server's %d", len(got), len(answer))
+			}
+			// The client may still end its side: nothing of it reaches the server, nothing breaks.
+			cl.write(func(fr *http2.Framer) error { return fr.WriteData(1, true, []byte("late")) })
+			<-rec.done
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if c := rec.ended["/svc/Answered"]; len(c) != 1 || c[0] != codes.OK {
+				t.Errorf("observer: %v, want OK", c)
+			}
+		})
+	}
+}
+
+// TestQueueHoldsBytesNotFrames: for a client that reads nothing, the server's answer in many
+// tiny and empty frames is held as its bytes, in one buffer, and reaches the client whole once
+// it opens its window.
+func TestQueueHoldsBytesNotFrames(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	rec := newRecorder()
+	tgt := up.target()
+	srv := &Server{Route: func(string) *Target { return tgt }, Observer: rec}
+	sock := startRelay(t, dir, srv)
+	cl := dialRelay(t, sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	cl.headers(1, true, grpcRequest("/svc/Tiny")...)
+	upc := up.accept()
+	id := upc.readUntil(isHeaders).Header().StreamID
+	upc.headers(id, false, ":status", "200", "content-type", "application/grpc")
+	const frames = 20000 // more than one frame's worth when they leave
+	var want []byte
+	for i := range frames {
+		b := []byte{byte(i)}
+		want = append(want, b[0])
+		upc.write(func(fr *http2.Framer) error {
+			if err := fr.WriteData(id, false, nil); err != nil {
+				return err
+			}
+			return fr.WriteData(id, false, b)
+		})
+	}
+	upc.headers(id, true, "grpc-status", "0")
+	cl.readUntil(isHeaders) // the response headers, which flow control does not hold
+	// The server wrote its last frame; a PING's answer comes after the relay read them all.
+	upc.write(func(fr *http2.Framer) error { return fr.WritePing(false, [8]byte{1}) })
+	upc.readUntil(func(f http2.Frame) bool { p, ok := f.(*http2.PingFrame); return ok && p.IsAck() })
+
+	srv.mu.Lock()
+	var held []item
+	var heldLen int64
+	for ss := range srv.sessions {
+		ss.mu.Lock()
+		if s := ss.streams[1]; s != nil {
+			held, heldLen = s.toDown.pend, s.toDown.pendLen
+		}
+		ss.mu.Unlock()
+	}
+	srv.mu.Unlock()
+	if len(held) > 2 || heldLen != frames {
+		t.Errorf("the relay holds %d items of %d bytes for %d tiny frames and the trailers; want at most 2 items of %d bytes", len(held), heldLen, 2*frames, frames)
+	}
+
+	cl.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(1, frames) })
+	var got []byte
+	for {
+		f := cl.readUntil(func(f http2.Frame) bool { return isData(f) || isHeaders(f) })
+		if d, ok := f.(*http2.DataFrame); ok {
+			got = append(got, d.Data()...)
+			continue
+		}
+		break
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("client got %d bytes, want %d in order", len(got), len(want))
+	}
+	<-rec.done
+}
+
+// TestClientResetReachesTheServer: a call the client cancels (RST_STREAM CANCEL) is cancelled
+// at the server, and the observer sees it Canceled.
+func TestClientResetReachesTheServer(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, rec := relayTo(t, dir, up)
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/Cancelled")...)
+	srv := up.accept()
+	id := srv.readUntil(isHeaders).Header().StreamID
+	cl.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(1, http2.ErrCodeCancel) })
+	if r := srv.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != id || r.ErrCode != http2.ErrCodeCancel {
+		t.Errorf("server got RST_STREAM %d %v, want %d CANCEL", r.StreamID, r.ErrCode, id)
+	}
+	<-rec.done
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if c := rec.ended["/svc/Cancelled"]; len(c) != 1 || c[0] != codes.Canceled {
+		t.Errorf("observer: %v, want Canceled", c)
+	}
+}
+
+// TestConnectionWindowAndSettingsChanges: the client's connection window bounds what the relay
+// sends on all streams together, and a larger SETTINGS_INITIAL_WINDOW_SIZE mid-call lets what
+// waited go; a client that wants no dynamic header table (SETTINGS_HEADER_TABLE_SIZE 0) gets
+// header blocks it can decode without one.
+func TestConnectionWindowAndSettingsChanges(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	sock, _ := relayTo(t, dir, up)
+	cl := dialRelay(t, sock,
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: 40000},
+		http2.Setting{ID: http2.SettingHeaderTableSize, Val: 0})
+	cl.fr.ReadMetaHeaders = hpack.NewDecoder(0, nil)
+	cl.headers(1, true, grpcRequest("/svc/A")...)
+	cl.headers(3, true, grpcRequest("/svc/B")...)
+	srv := up.accept()
+	ids := []uint32{srv.readUntil(isHeaders).Header().StreamID, srv.readUntil(isHeaders).Header().StreamID}
+	answer := randomBytes(t, 40000)
+	for _, id := range ids {
+		srv.headers(id, false, ":status", "200", "content-type", "application/grpc", "x-same", "value")
+		for off := 0; off < len(answer); off += 10000 {
+			srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, answer[off:off+10000]) })
+		}
+		srv.headers(id, true, "grpc-status", "0")
+	}
+	got := map[uint32]int{}
+	total, ended := 0, 0
+	const connWindow = 65535 // the client's, never raised here
+	for total < connWindow {
+		f := cl.readUntil(func(f http2.Frame) bool { return isData(f) || isHeaders(f) })
+		if h, ok := f.(*http2.MetaHeadersFrame); ok {
+			if h.StreamEnded() {
+				ended++
+			} else if field(h, "x-same") != "value" {
+				t.Errorf("headers of stream %d: %v", h.StreamID, h.Fields)
+			}
+			continue
+		}
+		d := f.(*http2.DataFrame)
+		got[d.StreamID] += len(d.Data())
+		total += len(d.Data())
+		if total > connWindow {
+			t.Fatalf("the relay sent %d bytes on a connection whose window was %d", total, connWindow)
+		}
+	}
+	// The connection window open again, and the streams' larger: the rest comes.
+	cl.write(func(fr *http2.Framer) error {
+		if err := fr.WriteWindowUpdate(0, 1<<20); err != nil {
+			return err
+		}
+		return fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 20})
+	})
+	for ended < 2 {
+		f := cl.readUntil(func(f http2.Frame) bool { return isData(f) || isHeaders(f) })
+		if d, ok := f.(*http2.DataFrame); ok {
+			got[d.StreamID] += len(d.Data())
+			continue
+		}
+		if f.(*http2.MetaHeadersFrame).StreamEnded() {
+			ended++
+		}
+	}
+	if got[1] != len(answer) || got[3] != len(answer) {
+		t.Errorf("client got %v bytes per stream, want %d each", got, len(answer))
+	}
 }
 
 // TestHostileClients: a client that breaks HTTP/2 gets the error HTTP/2 prescribes (its
@@ -283,6 +515,13 @@ func TestHostileClients(t *testing.T) {
 		}, ptr(http2.ErrCodeFlowControl), nil},
 		{"not POST", func(cl *rawPeer) {
 			cl.headers(1, true, ":method", "GET", ":scheme", "http", ":path", "/svc/M", ":authority", "x")
+		}, nil, ptr(http2.ErrCodeProtocol)},
+		{"frame larger than the relay's maximum", func(cl *rawPeer) {
+			cl.write(func(fr *http2.Framer) error { return fr.WriteRawFrame(http2.FrameData, 0, 1, make([]byte, maxFrame+1)) })
+		}, ptr(http2.ErrCodeFrameSize), nil},
+		{"trailers after the relay's reset are ignored", func(cl *rawPeer) {
+			cl.headers(1, false, ":method", "GET", ":scheme", "http", ":path", "/svc/M", ":authority", "x")
+			cl.headers(1, true, "x-trailer", "late")
 		}, nil, ptr(http2.ErrCodeProtocol)},
 		{"header list too large", func(cl *rawPeer) {
 			cl.headers(1, true, append(grpcRequest("/svc/M"), "x-big", strings.Repeat("a", maxHeaderList))...)
@@ -419,5 +658,91 @@ func TestShutdownCutsWhatIsLeftWhenCtxEnds(t *testing.T) {
 	case <-stopped:
 	case <-time.After(waitFor):
 		t.Fatal("Shutdown did not return after its context ended")
+	}
+}
+
+// TestShutdownClosesSilentConnections: a connection that never says the HTTP/2 preface does
+// not hold Shutdown up.
+func TestShutdownClosesSilentConnections(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	tgt := up.target()
+	srv := &Server{Route: func(string) *Target { return tgt }}
+	sock := filepath.Join(dir, "relay.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	silent, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	// A call on another connection shows the relay serves (and has accepted the silent one).
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/M")...)
+	upc := up.accept()
+	upc.headers(upc.readUntil(isHeaders).Header().StreamID, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+	cl.readUntil(isHeaders)
+
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		srv.Shutdown(context.Background()) // no deadline: only the relay can end it
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(waitFor):
+		t.Fatal("Shutdown waits for a connection that never said the preface")
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	_ = silent.SetReadDeadline(time.Now().Add(waitFor))
+	if n, err := silent.Read(make([]byte, 1)); err == nil {
+		t.Errorf("the silent connection is still open (read %d bytes)", n)
+	}
+}
+
+// flakyListener fails its first Accept with a passing error (out of file descriptors).
+type flakyListener struct {
+	net.Listener
+	failed bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed {
+		l.failed = true
+		return nil, &net.OpError{Op: "accept", Net: "unix", Err: syscall.EMFILE}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeOutlivesPassingAcceptErrors: running out of file descriptors for a moment does not
+// end Serve (which would stop podgate): the next connection is served.
+func TestServeOutlivesPassingAcceptErrors(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	tgt := up.target()
+	srv := &Server{Route: func(string) *Target { return tgt }}
+	sock := filepath.Join(dir, "relay.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(&flakyListener{Listener: l}) }()
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, grpcRequest("/svc/M")...)
+	upc := up.accept()
+	upc.headers(upc.readUntil(isHeaders).Header().StreamID, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+	if h := cl.readUntil(isHeaders); field(h, "grpc-status") != "0" {
+		t.Errorf("call after the failed Accept: %v", h.(*http2.MetaHeadersFrame).Fields)
+	}
+	srv.Shutdown(context.Background())
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }

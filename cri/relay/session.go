@@ -23,8 +23,12 @@ type session struct {
 	down *endpoint
 
 	mu        sync.Mutex
-	streams   map[uint32]*stream // by the client's stream id
-	ups       map[*Target]*upstream
+	streams   map[uint32]*stream     // by the client's stream id
+	ups       map[*Target]*upstream  // the connection new calls to a target take
+	upConns   map[*upstream]struct{} // every upstream connection still open
+	resets    [32]uint32             // the client streams podgate reset last: their frames are ignored
+	nreset    int
+	started   bool   // the session's SETTINGS went out
 	lastID    uint32 // the client's highest stream id so far
 	closed    bool
 	draining  bool // Shutdown: no new calls; the connection closes when the last one ends
@@ -70,7 +74,10 @@ type stream struct {
 	code         codes.Code
 	headersSent  bool // the client has the response headers
 	local        bool // answered by the relay itself; the client's data is dropped
-	removed      bool
+	// dropUp: the server ended the call and wants no more of the client's data, which is
+	// dropped; the answer still goes out.
+	dropUp  bool
+	removed bool
 }
 
 // dir is one direction of forwarding: from src to dst.
@@ -112,31 +119,65 @@ func (e connError) Error() string { return fmt.Sprintf("HTTP/2 %v: %s", e.code, 
 func (ss *session) readClient() error {
 	for {
 		f, err := ss.down.fr.ReadFrame()
-		if err != nil {
-			var se http2.StreamError
-			if errors.As(err, &se) {
-				ss.reset(ss.streamByDown(se.StreamID), se.Code, true)
-				ss.down.writeRST(se.StreamID, se.Code)
-				continue
-			}
-			var ce http2.ConnectionError
-			if errors.As(err, &ce) {
-				ss.down.goAway(ss.lastIDLocked(), http2.ErrCode(ce))
+		var se http2.StreamError
+		switch {
+		case errors.As(err, &se):
+			ss.reset(ss.streamByDown(se.StreamID), se.Code, true)
+			ss.rstClient(se.StreamID, se.Code)
+		case err != nil:
+			if code, ok := goAwayCode(err); ok {
+				ss.down.goAway(ss.lastIDLocked(), code)
 			}
 			return err
-		}
-		if err := ss.clientFrame(f); err != nil {
-			var ce connError
-			if errors.As(err, &ce) {
-				ss.down.goAway(ss.lastIDLocked(), ce.code)
+		default:
+			if err := ss.clientFrame(f); err != nil {
+				if code, ok := goAwayCode(err); ok {
+					ss.down.goAway(ss.lastIDLocked(), code)
+				}
+				return err
 			}
-			return err
 		}
 		if !ss.down.frameBuffered() {
 			ss.flushAll()
 			ss.closeIfDrained()
 		}
 	}
+}
+
+// goAwayCode is the GOAWAY code a failure to read a peer's frames ends its connection with:
+// none when the connection itself broke.
+func goAwayCode(err error) (http2.ErrCode, bool) {
+	var ce http2.ConnectionError
+	var own connError
+	switch {
+	case errors.As(err, &own):
+		return own.code, true
+	case errors.As(err, &ce):
+		return http2.ErrCode(ce), true
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		return http2.ErrCodeFrameSize, true
+	}
+	return 0, false
+}
+
+// rstClient resets the client's stream id and remembers it, so that the frames the client
+// sent before it learnt of the reset are ignored, as HTTP/2 wants.
+func (ss *session) rstClient(id uint32, code http2.ErrCode) {
+	ss.mu.Lock()
+	ss.resets[ss.nreset%len(ss.resets)] = id
+	ss.nreset++
+	ss.mu.Unlock()
+	ss.down.writeRST(id, code)
+}
+
+// wasReset says whether podgate reset the client's stream id lately. mu is held.
+func (ss *session) wasReset(id uint32) bool {
+	for _, r := range ss.resets {
+		if r == id {
+			return true
+		}
+	}
+	return false
 }
 
 func (ss *session) lastIDLocked() uint32 {
@@ -157,7 +198,7 @@ func (ss *session) flushAll() {
 	var buf [4]*endpoint
 	ss.mu.Lock()
 	eps := append(buf[:0], ss.down)
-	for _, u := range ss.ups {
+	for u := range ss.upConns {
 		eps = append(eps, u.ep)
 	}
 	ss.mu.Unlock()
@@ -224,12 +265,17 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 			return nil
 		}
 		s.toUp.done = true
-		if s.local {
+		if s.local || s.dropUp {
 			s.toUp.sentEnd = true
 			ss.endLocked(s)
 			return nil
 		}
 		return ss.sendLocked(dir{src: ss.down, dst: s.up.ep, toUp: true}, s, item{headers: f.Fields, end: true})
+	}
+	if id%2 == 1 && id <= ss.lastID && ss.wasReset(id) {
+		// Trailers the client sent before it learnt of podgate's reset.
+		ss.mu.Unlock()
+		return nil
 	}
 	if id%2 == 0 || id <= ss.lastID {
 		ss.mu.Unlock()
@@ -239,12 +285,12 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	full := len(ss.streams) >= maxStreams || ss.draining
 	ss.mu.Unlock()
 	if full {
-		ss.down.writeRST(id, http2.ErrCodeRefusedStream)
+		ss.rstClient(id, http2.ErrCodeRefusedStream)
 		return nil
 	}
 	path := f.PseudoValue("path")
 	if f.PseudoValue("method") != "POST" || path == "" || f.Truncated {
-		ss.down.writeRST(id, http2.ErrCodeProtocol)
+		ss.rstClient(id, http2.ErrCodeProtocol)
 		return nil
 	}
 
@@ -281,6 +327,12 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		ss.answerLocal(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", target.Name, up.maxStreams))
 		return nil
 	}
+	if ss.draining && ss.srv.LongLived != nil && ss.srv.LongLived(path) {
+		// Shutdown began while the call was routed: it ends as drain ends the others.
+		ss.mu.Unlock()
+		ss.answerLocal(s, codes.Unavailable, ss.srv.ShutdownMessage)
+		return nil
+	}
 	s.up = up
 	s.upID = up.nextID
 	up.nextID += 2
@@ -307,17 +359,18 @@ func (ss *session) answerLocal(s *stream, code codes.Code, msg string) {
 	s.toDown.done, s.toDown.sentEnd = true, true
 	s.toUp.sentEnd = s.toUp.done
 	ss.mu.Lock()
-	if !s.toUp.done {
-		ss.streams[s.downID] = s
-	} else {
+	ended := s.toUp.done
+	if ended {
 		s.removed = true
+	} else {
+		ss.streams[s.downID] = s
 	}
 	ss.down.wmu.Lock()
 	maxFrame := ss.down.peerMaxFrame
 	ss.mu.Unlock()
 	_ = ss.down.writeHeaders(s.downID, grpcStatus(code, msg, true), true, maxFrame) // a broken connection shows in its reader
 	ss.down.wmu.Unlock()
-	if s.removed {
+	if ended {
 		ss.observeEnd(s)
 	}
 }
@@ -340,14 +393,14 @@ func (ss *session) upstreamFor(t *Target) (*upstream, error) {
 	u.ep.fr.MaxHeaderListSize = maxHeaderList
 	u.ep.wmu.Lock()
 	_, err = u.ep.bw.WriteString(http2.ClientPreface)
-	u.ep.wmu.Unlock()
 	if err == nil {
-		err = u.ep.writeSettings(
+		err = u.ep.writeSettingsLocked(
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
 		)
 	}
+	u.ep.wmu.Unlock()
 	if err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
@@ -359,6 +412,7 @@ func (ss *session) upstreamFor(t *Target) (*upstream, error) {
 		return nil, errors.New("client connection ended")
 	}
 	ss.ups[t] = u
+	ss.upConns[u] = struct{}{}
 	ss.upReaders.Add(1)
 	go ss.readUpstream(u)
 	return u, nil
@@ -369,31 +423,23 @@ func (ss *session) readUpstream(u *upstream) {
 	defer ss.upReaders.Done()
 	for {
 		f, err := u.ep.fr.ReadFrame()
-		if err != nil {
-			var se http2.StreamError
-			if errors.As(err, &se) {
-				ss.mu.Lock()
-				s := u.streams[se.StreamID]
-				ss.mu.Unlock()
-				ss.resetAndTell(s, se.Code, false)
-				u.ep.writeRST(se.StreamID, se.Code)
-				continue
-			}
-			var ce http2.ConnectionError
-			if errors.As(err, &ce) {
-				u.ep.goAway(0, http2.ErrCode(ce))
+		var se http2.StreamError
+		switch {
+		case errors.As(err, &se):
+			ss.mu.Lock()
+			s := u.streams[se.StreamID]
+			ss.mu.Unlock()
+			ss.resetAndTell(s, se.Code, false)
+			u.ep.writeRST(se.StreamID, se.Code)
+		case err == nil:
+			err = ss.upstreamFrame(u, f)
+		}
+		if err != nil && se.StreamID == 0 {
+			if code, ok := goAwayCode(err); ok {
+				u.ep.goAway(0, code)
 			}
 			ss.upstreamFailed(u, err)
 			ss.flushAll() // the calls' ends, to the client
-			return
-		}
-		if err := ss.upstreamFrame(u, f); err != nil {
-			var ce connError
-			if errors.As(err, &ce) {
-				u.ep.goAway(0, ce.code)
-			}
-			ss.upstreamFailed(u, err)
-			ss.flushAll()
 			return
 		}
 		if !u.ep.frameBuffered() {
@@ -440,6 +486,14 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 	case *http2.RSTStreamFrame:
 		ss.mu.Lock()
 		s := u.streams[f.StreamID]
+		if s != nil && s.toDown.done {
+			// The server answered whole and wants no more of the request (grpc-go resets
+			// with NO_ERROR when a handler returns before the client's end): the answer
+			// goes out as it came.
+			ss.stopUpLocked(s)
+			ss.endLocked(s)
+			return nil
+		}
 		ss.mu.Unlock()
 		ss.resetAndTell(s, f.ErrCode, false)
 	case *http2.GoAwayFrame:
@@ -477,7 +531,12 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 	// Padding is not passed on: it goes back at once.
 	ss.credit(d, s, n-int64(len(payload)))
 	h.done = f.StreamEnded()
-	if s.local {
+	if len(payload) == 0 && !h.done {
+		// Nothing to pass on.
+		ss.mu.Unlock()
+		return nil
+	}
+	if s.local || (d.toUp && s.dropUp) {
 		ss.credit(d, s, int64(len(payload)))
 		if h.done {
 			h.sentEnd = true
@@ -507,7 +566,14 @@ func (ss *session) sendLocked(d dir, s *stream, it item) error {
 			return ss.writeLocked(d, s, one[:])
 		}
 	}
-	h.pend = append(h.pend, cloneItem(it))
+	// Queued bytes join the queued bytes before them: a stream's queue holds at most its
+	// window's bytes in one buffer, and a header block or two, whatever frames they came in.
+	if last := len(h.pend) - 1; it.headers == nil && last >= 0 && h.pend[last].headers == nil && !h.pend[last].end {
+		h.pend[last].data = append(h.pend[last].data, it.data...)
+		h.pend[last].end = it.end
+	} else {
+		h.pend = append(h.pend, cloneItem(it))
+	}
 	h.pendLen += int64(len(it.data))
 	return ss.writeLocked(d, s, ss.takeLocked(d, s))
 }
@@ -530,6 +596,13 @@ func (ss *session) takeLocked(d dir, s *stream) []item {
 			continue
 		}
 		n := min(int64(len(it.data)), max(min(h.send, d.dst.sendWindow), 0))
+		// Queued bytes were joined: they leave in frames the peer takes.
+		for n > int64(d.dst.peerMaxFrame) {
+			out = append(out, item{data: it.data[:d.dst.peerMaxFrame]})
+			take(int64(d.dst.peerMaxFrame))
+			it.data = it.data[d.dst.peerMaxFrame:]
+			n -= int64(d.dst.peerMaxFrame)
+		}
 		if n < int64(len(it.data)) {
 			if n > 0 {
 				out = append(out, item{data: it.data[:n]})
@@ -654,7 +727,7 @@ func (ss *session) removeLocked(s *stream) {
 	ss.credit(dir{src: s.up.ep}, nil, s.toDown.pendLen)
 	s.toUp.pend, s.toDown.pend = nil, nil
 	if s.up.gone && len(s.up.streams) == 0 {
-		_ = s.up.ep.conn.Close()
+		ss.closeUpstreamLocked(s.up)
 	}
 }
 
@@ -674,18 +747,17 @@ func (ss *session) reset(s *stream, code http2.ErrCode, fromClient bool) {
 		ss.mu.Unlock()
 		return
 	}
-	s.code = resetCode(code)
-	ss.removeLocked(s)
-	var to *endpoint
-	var id uint32
-	if fromClient && s.up != nil {
-		to, id = s.up.ep, s.upID
-	} else if !fromClient {
-		to, id = ss.down, s.downID
+	if !s.toDown.done {
+		s.code = resetCode(code)
 	}
+	ss.removeLocked(s)
+	up := s.up
 	ss.mu.Unlock()
-	if to != nil {
-		to.writeRST(id, code)
+	switch {
+	case !fromClient:
+		ss.rstClient(s.downID, code)
+	case up != nil:
+		up.ep.writeRST(s.upID, code)
 	}
 	ss.observeEnd(s)
 }
@@ -700,12 +772,15 @@ func (ss *session) resetAndTell(s *stream, code http2.ErrCode, fromClient bool) 
 		ss.mu.Unlock()
 		return
 	}
-	s.code = resetCode(code)
+	if !s.toDown.done {
+		s.code = resetCode(code)
+	}
 	ss.removeLocked(s)
+	up := s.up
 	ss.mu.Unlock()
-	ss.down.writeRST(s.downID, code)
-	if s.up != nil {
-		s.up.ep.writeRST(s.upID, http2.ErrCodeCancel)
+	ss.rstClient(s.downID, code)
+	if up != nil {
+		up.ep.writeRST(s.upID, http2.ErrCodeCancel)
 	}
 	ss.observeEnd(s)
 }
@@ -731,12 +806,23 @@ func (ss *session) upstreamFailed(u *upstream, err error) {
 		delete(ss.ups, u.target)
 	}
 	u.gone = true
-	var ended []*stream
+	var ended, answered []*stream
 	for _, s := range u.streams {
-		ended = append(ended, s)
+		if s.toDown.done {
+			// Its whole answer came: it still goes out, as far as the client reads.
+			answered = append(answered, s)
+		} else {
+			ended = append(ended, s)
+		}
 	}
+	for _, s := range answered {
+		ss.stopUpLocked(s)
+		if ss.removeIfDone(s) {
+			defer ss.observeEnd(s)
+		}
+	}
+	ss.closeUpstreamLocked(u)
 	ss.mu.Unlock()
-	_ = u.ep.conn.Close()
 	msg := fmt.Sprintf("connection to %s ended: %v", u.target.Name, err)
 	for _, s := range ended {
 		ss.failStream(s, codes.Unavailable, msg)
@@ -781,14 +867,41 @@ func (ss *session) upstreamGoAway(u *upstream, last uint32) {
 			refused = append(refused, s)
 		}
 	}
-	closeNow := len(u.streams) == len(refused)
 	ss.mu.Unlock()
+	// reset removes them; the connection closes with the last of its other calls
+	// (removeLocked), or now when it has none.
 	for _, s := range refused {
 		ss.reset(s, http2.ErrCodeRefusedStream, false)
 	}
-	if closeNow {
-		_ = u.ep.conn.Close()
+	ss.mu.Lock()
+	if len(u.streams) == 0 {
+		ss.closeUpstreamLocked(u)
 	}
+	ss.mu.Unlock()
+}
+
+// closeUpstreamLocked closes u's connection and forgets it. mu is held.
+func (ss *session) closeUpstreamLocked(u *upstream) {
+	u.gone = true
+	if ss.ups[u.target] == u {
+		delete(ss.ups, u.target)
+	}
+	delete(ss.upConns, u)
+	_ = u.ep.conn.Close()
+}
+
+// stopUpLocked stops passing the client's data to the server, which has answered and wants no
+// more: what waits is dropped, what comes is dropped. mu is held.
+func (ss *session) stopUpLocked(s *stream) {
+	s.dropUp = true
+	if s.up != nil {
+		ss.credit(dir{src: ss.down}, nil, s.toUp.pendLen)
+		if s.up.streams[s.upID] == s {
+			delete(s.up.streams, s.upID)
+		}
+	}
+	s.toUp.pend, s.toUp.pendLen = nil, 0
+	s.toUp.sentEnd = true
 }
 
 // settings applies a peer's SETTINGS. u is the upstream e belongs to, nil for the client.
@@ -951,6 +1064,12 @@ func (ss *session) halfToward(s *stream, u *upstream) *half {
 func (ss *session) drain() {
 	ss.mu.Lock()
 	ss.draining = true
+	if !ss.started {
+		// Not past the preface yet: there is nothing to tell it.
+		ss.mu.Unlock()
+		_ = ss.down.conn.Close()
+		return
+	}
 	last := ss.lastID
 	var long []*stream
 	for _, s := range ss.streams {
@@ -992,9 +1111,8 @@ func (ss *session) close() {
 		s.code = codes.Canceled
 		ss.removeLocked(s)
 	}
-	for _, u := range ss.ups {
-		u.gone = true
-		_ = u.ep.conn.Close()
+	for u := range ss.upConns {
+		ss.closeUpstreamLocked(u)
 	}
 	ss.mu.Unlock()
 	ss.upReaders.Wait()
