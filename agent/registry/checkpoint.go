@@ -12,10 +12,18 @@ import (
 	"path/filepath"
 )
 
-// CheckpointVersion is the format of the pod registry's checkpoint file: v2 keeps one record
-// per DRA claim. A v1 file (a copy of each claim in every pod using it) is read and migrated;
-// a file of another version is refused, not guessed at.
-const CheckpointVersion = "podgate.dev/registry/v2"
+// CheckpointVersion is the format of the pod registry's checkpoint file: v3 adds the intents to
+// attach DRA network devices (AttachIntent) to v2, which keeps one record per DRA claim. A v2
+// file is a v3 file without intents; a v1 file (a copy of each claim in every pod using it) is
+// read and migrated; a file of another version is refused, not guessed at.
+//
+// A checkpoint without intents is written as v2, which a podgate before v3 reads: one put back
+// starts, and refuses the file only while an attach is under way or left by a crash, whose
+// intents it would not know of.
+const CheckpointVersion = "podgate.dev/registry/v3"
+
+// checkpointVersionV2 is the format before attach intents, still written when there are none.
+const checkpointVersionV2 = "podgate.dev/registry/v2"
 
 // checkpointVersionV1 is the format before one record per claim, migrated when read.
 const checkpointVersionV1 = "podgate.dev/registry/v1"
@@ -32,11 +40,13 @@ type Checkpoint struct {
 }
 
 // CheckpointData is what the checkpoint holds: the sandboxes, the DRA claims podgate holds
-// (its obligations to unprepare them), one record each, and what each pod uses of them.
+// (its obligations to unprepare them), one record each, what each pod uses of them, and the
+// DRA network devices podgate is moving into pods (its obligations to give them back).
 type CheckpointData struct {
 	Sandboxes []SandboxRecord `json:"sandboxes"`
 	Claims    []ClaimInfo     `json:"claims,omitempty"`
 	Pods      []PodDRA        `json:"draPods,omitempty"`
+	Attaching []AttachIntent  `json:"attaching,omitempty"`
 	// PodClaims is how a v1 checkpoint kept the claims: read for the migration, never written.
 	PodClaims []PodClaims `json:"podClaims,omitempty"`
 }
@@ -79,8 +89,8 @@ func (c *Checkpoint) ReadAll() (CheckpointData, error) {
 	if err := json.Unmarshal(b, &f); err != nil {
 		return CheckpointData{}, c.corrupt(err.Error())
 	}
-	if f.Version != CheckpointVersion && f.Version != checkpointVersionV1 {
-		return CheckpointData{}, c.corrupt(fmt.Sprintf("version %q, want %q (or %q, migrated)", f.Version, CheckpointVersion, checkpointVersionV1))
+	if f.Version != CheckpointVersion && f.Version != checkpointVersionV2 && f.Version != checkpointVersionV1 {
+		return CheckpointData{}, c.corrupt(fmt.Sprintf("version %q, want %q (or %q, %q, migrated)", f.Version, CheckpointVersion, checkpointVersionV2, checkpointVersionV1))
 	}
 	if got := checksum(f.Data); got != f.Checksum {
 		return CheckpointData{}, c.corrupt(fmt.Sprintf("checksum %s, file says %s", got, f.Checksum))
@@ -109,9 +119,13 @@ func (c *Checkpoint) Write(d CheckpointData) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
+	version := checkpointVersionV2
+	if len(d.Attaching) > 0 {
+		version = CheckpointVersion
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
-	if err := enc.Encode(checkpointFile{Version: CheckpointVersion, Checksum: checksum(data), Data: data}); err != nil {
+	if err := enc.Encode(checkpointFile{Version: version, Checksum: checksum(data), Data: data}); err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	return writeFileAtomic(c.path, buf.Bytes())

@@ -292,7 +292,8 @@ func (r *Registry) changeClaims(fn func(st *claimState) (bool, error)) error {
 		r.persistMu.Lock()
 		defer r.persistMu.Unlock()
 		r.mu.Lock()
-		snap := CheckpointData{Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }), Claims: sortedClaims(st.claims), Pods: sortedPods(st.pods)}
+		snap := r.snapshotLocked()
+		snap.Claims, snap.Pods = sortedClaims(st.claims), sortedPods(st.pods)
 		r.mu.Unlock()
 		if err := r.checkpoint.Write(snap); err != nil {
 			return fmt.Errorf("pod registry: %w", err)

@@ -19,7 +19,8 @@ const v1Data = `{"sandboxes":[],"podClaims":[` +
 
 // TestV1CheckpointMigrated: a checkpoint of the format before one record per claim is read and
 // migrated at start-up, not refused: one record for the shared claim, prepared, with both pods
-// as its users, each pod keeping its own name for it; the next write is of the current format.
+// as its users, each pod keeping its own name for it; the next write is of the current format
+// (v2, as it holds no attach intents).
 func TestV1CheckpointMigrated(t *testing.T) {
 	dir := t.TempDir()
 	sum := sha256.Sum256([]byte(v1Data))
@@ -57,8 +58,8 @@ func TestV1CheckpointMigrated(t *testing.T) {
 		t.Fatal(err)
 	}
 	var f checkpointFile
-	if err := json.Unmarshal(raw, &f); err != nil || f.Version != CheckpointVersion {
-		t.Errorf("rewritten checkpoint of version %q (%v), want %q", f.Version, err, CheckpointVersion)
+	if err := json.Unmarshal(raw, &f); err != nil || f.Version != checkpointVersionV2 {
+		t.Errorf("rewritten checkpoint of version %q (%v), want %q", f.Version, err, checkpointVersionV2)
 	}
 	again, err := cp.ReadAll()
 	if err != nil || len(again.PodClaims) != 0 || !sameJSON(t, again.Claims, want) {

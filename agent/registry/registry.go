@@ -156,6 +156,9 @@ type Registry struct {
 	// Both are replaced whole by changeClaims, once the checkpoint holds the new ones.
 	claimInfos map[types.UID]*ClaimInfo
 	draPods    map[types.UID]*PodDRA
+	// attaching are the intents to move DRA devices into pods (AttachIntent), by sandbox and
+	// host interface.
+	attaching map[attachKey]*attachEntry
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -198,6 +201,7 @@ var (
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
+		attaching:   map[attachKey]*attachEntry{},
 		writeFailed: func(error) {}, writeDelay: WriteDelay,
 	}
 	r.written = sync.NewCond(&r.mu)
@@ -213,6 +217,11 @@ func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	for i := range d.Pods {
 		p := d.Pods[i].Clone()
 		r.draPods[p.Pod.UID] = &p
+	}
+	// Intents in the checkpoint are a crash's: no call of this podgate is at them.
+	for i := range d.Attaching {
+		in := d.Attaching[i].Clone()
+		r.attaching[attachKey{in.SandboxID, in.HostInterface}] = &attachEntry{intent: in, left: true}
 	}
 	return r
 }
@@ -280,7 +289,8 @@ func compareStrings(a, b string) int {
 // back only what its record holds, so a virtual interface would be destroyed with the pod's
 // namespace and a physical one come back to the host under its pod name. Such a record counts
 // only once the checkpoint holds it, as the DRA claims' changes do (changeClaims): Add returns
-// after the write, and changes nothing when the write fails.
+// after the write, and changes nothing when the write fails. The same write drops the devices'
+// attach intents (BeginAttach): the record now holds the obligation.
 func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
@@ -304,6 +314,7 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	}
 	before := r.beforeLocked(rec.Pod.UID)
 	r.entries[rec.ID] = &c
+	r.dropAttachedIntentsLocked(&c)
 	r.touchLocked(rec.ID)
 	r.changedLocked(rec.Pod.UID, before)
 	r.mu.Unlock()
@@ -317,9 +328,12 @@ func (r *Registry) Add(rec SandboxRecord) error {
 // place of a record of that ID). persistMu is held.
 func (r *Registry) writeWithLocked(rec SandboxRecord) error {
 	r.mu.Lock()
-	sandboxes := append(r.sortedLocked(func(e *SandboxRecord) bool { return e.ID != rec.ID }), rec.Clone())
-	slices.SortFunc(sandboxes, compareSandboxes)
-	snap := CheckpointData{Sandboxes: sandboxes, Claims: r.claimsLocked(), Pods: r.draPodsLocked()}
+	snap := r.snapshotLocked()
+	snap.Sandboxes = append(slices.DeleteFunc(snap.Sandboxes, func(e SandboxRecord) bool { return e.ID == rec.ID }), rec.Clone())
+	slices.SortFunc(snap.Sandboxes, compareSandboxes)
+	snap.Attaching = slices.DeleteFunc(snap.Attaching, func(in AttachIntent) bool {
+		return in.SandboxID == rec.ID && slices.ContainsFunc(rec.Attached, func(a AttachedDevice) bool { return a.Interface.HostName == in.HostInterface })
+	})
 	r.mu.Unlock()
 	if err := r.checkpoint.Write(snap); err != nil {
 		return fmt.Errorf("pod registry: %w", err)
@@ -347,12 +361,14 @@ func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 }
 
 // Remove forgets a sandbox; the checkpoint follows in the background. Forgetting an unknown
-// sandbox is not an error: Stop and Remove are idempotent.
+// sandbox is not an error: Stop and Remove are idempotent. Devices the record still holds as
+// attached (the sandbox was stopped past podgate) become left attach intents, to be given back.
 func (r *Registry) Remove(id string) {
 	r.mu.Lock()
 	e, ok := r.entries[id]
 	if ok {
 		before := r.beforeLocked(e.Pod.UID)
+		r.leaveAttachedLocked(e)
 		delete(r.entries, id)
 		r.changedLocked(e.Pod.UID, before)
 	}
@@ -387,10 +403,10 @@ func (r *Registry) beginRebuild() (end func()) {
 // reconcile makes the registry hold exactly the sandboxes the runtime listed (seen), keeping
 // what the registry already knew of each: a sandbox it knew keeps its origin and pipeline
 // results with the runtime's view refreshed; one it did not know is added as adopted; one the
-// runtime no longer has is dropped. Sandboxes the pipeline touched since beginRebuild are left
-// as the pipeline made them. The containers are reconciled the same way with containers, and
-// those of a sandbox that is gone go with it. It returns how many sandbox records it added and
-// dropped.
+// runtime no longer has is dropped, the devices it holds as attached becoming left attach
+// intents. Sandboxes the pipeline touched since beginRebuild are left as the pipeline made
+// them. The containers are reconciled the same way with containers, and those of a sandbox
+// that is gone go with it. It returns how many sandbox records it added and dropped.
 func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord) (added, dropped int) {
 	r.mu.Lock()
 	// The pods it changes, with their states before, to tell the change function after.
@@ -423,8 +439,9 @@ func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord)
 		r.entries[rec.ID] = &c
 		added++
 	}
-	for id := range r.entries {
+	for id, e := range r.entries {
 		if !inRuntime[id] && !r.touched[id] {
+			r.leaveAttachedLocked(e)
 			delete(r.entries, id)
 			dropped++
 		}
@@ -557,16 +574,22 @@ func (r *Registry) OnWriteError(fn func(error)) {
 // writeLocked writes a snapshot of the registry; persistMu is held.
 func (r *Registry) writeLocked() error {
 	r.mu.Lock()
-	snap := CheckpointData{
-		Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }),
-		Claims:    r.claimsLocked(),
-		Pods:      r.draPodsLocked(),
-	}
+	snap := r.snapshotLocked()
 	r.mu.Unlock()
 	if err := r.checkpoint.Write(snap); err != nil {
 		return fmt.Errorf("pod registry: %w", err)
 	}
 	return nil
+}
+
+// snapshotLocked is what the checkpoint holds of the registry now.
+func (r *Registry) snapshotLocked() CheckpointData {
+	return CheckpointData{
+		Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }),
+		Claims:    r.claimsLocked(),
+		Pods:      r.draPodsLocked(),
+		Attaching: r.intentsLocked(func(*attachEntry) bool { return true }),
+	}
 }
 
 // Len is the number of sandboxes recorded.

@@ -93,7 +93,7 @@ func TestCheckpointDamageIsAnError(t *testing.T) {
 		{"flipped byte", func(b []byte) []byte { return bytes.Replace(b, []byte("10.88.0.7"), []byte("10.88.0.8"), 1) }, "checksum"},
 		{"truncated", func(b []byte) []byte { return b[:len(b)/2] }, "unexpected end"},
 		{"other version", func(b []byte) []byte {
-			return bytes.Replace(b, []byte(CheckpointVersion), []byte("podgate.dev/registry/v9"), 1)
+			return bytes.Replace(b, []byte(checkpointVersionV2), []byte("podgate.dev/registry/v9"), 1)
 		}, "version"},
 		{"not JSON", func([]byte) []byte { return []byte("\x00\x01garbage") }, "invalid character"},
 	} {
