@@ -287,6 +287,7 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
 	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
 	p.dra.mode = a.cfg.DRA.Prepare // with auto, openPodResources gives it the kubelet to ask
+	p.dra.rebuilt = a.rebuilt
 	p.dra.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
 	if len(a.cfg.DRA.Attach) > 0 {
 		at := newDRAAttach(a.cfg.DRA.Attach, p.dra.hostIfs, resolver, a.sandboxes, a.registry)

@@ -63,6 +63,14 @@ type draStages struct {
 
 	// attacher moves devices into pods; nil when no driver's devices are attached.
 	attacher *draAttach
+	// links moves them (package dra). settling is held to settle a left attach intent, and
+	// shared by an attach's mark and move and by a stop's give back: settling gives back
+	// what carries the mark, and reads the record a stop gives back from.
+	links    netdevs
+	settling sync.RWMutex
+	// rebuilt is closed once the registry is rebuilt from the runtime: left attach intents
+	// are settled from then on. Nil: never (tests settle themselves).
+	rebuilt <-chan struct{}
 	// hostIfs finds the host interface of a network device, for its network data.
 	hostIfs *dra.HostInterfaces
 
@@ -116,7 +124,7 @@ var kubeletPreparesFrom = version.MajorMinor(1, 34)
 
 func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *draStages {
 	d := &draStages{
-		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: config.PrepareAlways,
+		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: config.PrepareAlways, links: draNetdevs{},
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "pod_claims_prepared_total",
 			Help: "Pod starts with DRA claims, by who prepared the claims: podgate (it called the drivers, or found them prepared by podgate for another pod), kubelet (the kubelet's DRA manager did; podgate recorded their devices).",
@@ -563,7 +571,8 @@ func (d *draStages) wake() {
 }
 
 // run releases the claims of pods that are gone until ctx ends: periodically, and when a pod is
-// deleted or a sandbox removed.
+// deleted or a sandbox removed. Once the registry is rebuilt from the runtime, it settles the
+// attach intents that are left too (settleAttaches), at once and then each time.
 func (d *draStages) run(ctx context.Context) {
 	if d.off != "" {
 		return
@@ -571,13 +580,19 @@ func (d *draStages) run(ctx context.Context) {
 	d.pods.OnDeleted(func(*corev1.Pod) { d.wake() })
 	ticker := time.NewTicker(draReconcilePeriod)
 	defer ticker.Stop()
+	rebuilt, settle := d.rebuilt, false
 	for {
 		d.reconcile(ctx)
+		if settle {
+			d.settleAttaches(ctx)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		case <-d.poke:
+		case <-rebuilt:
+			rebuilt, settle = nil, true
 		}
 	}
 }

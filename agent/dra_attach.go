@@ -76,21 +76,28 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 		logger.Info("DRA network devices not attached: the pod has no network namespace of its own", "devices", len(todo), "status", sb.rec.Status)
 		return nil
 	}
+	// Each move is an obligation to give the device back, on disk before the move (an attach
+	// intent, attachOne) and taken up by the sandbox's record, which the record stage writes
+	// before the sandbox counts (registry.Add writes a record with Attached at once, and
+	// drops the intents in the same write). An intent that is still there when the call ends
+	// (a give back failed), or that a crash left, is settled later (settleAttaches): the
+	// device stays recorded when it is in the pod of a sandbox that still runs, and is given
+	// back otherwise, found by podgate's mark (dra.Attach).
+	id := sb.rec.ID
+	sb.onEnd(func() { d.registry.LeaveAttaches(id) })
 	for _, t := range todo {
-		dev, err := a.attachOne(ctx, sb.rec.NetNS, t)
+		dev, err := d.attachOne(ctx, sb.rec, t)
 		if err != nil {
-			a.results.WithLabelValues("attach", "error").Inc()
-			return fmt.Errorf("pod %s/%s claim %s/%s device %s/%s/%s: %w", sb.rec.Pod.Namespace, sb.rec.Pod.Name,
+			d.count("attach", "error")
+			err = fmt.Errorf("pod %s/%s claim %s/%s device %s/%s/%s: %w", sb.rec.Pod.Namespace, sb.rec.Pod.Name,
 				t.claim.Namespace, t.claim.Name, t.device.Driver, t.device.Pool, t.device.Device, err)
+			// A stage that fails leaves nothing behind: the devices moved before go back too.
+			if undo := d.giveBack(ctx, sb.rec); undo != nil {
+				err = errors.Join(err, fmt.Errorf("give back: %w", undo))
+			}
+			return err
 		}
-		a.results.WithLabelValues("attach", "success").Inc()
-		// An obligation to give the device back: the record stage makes it durable before
-		// the sandbox counts (registry.Add writes a record with Attached at once), as
-		// nothing else finds the device after a crash — the rebuild adopts the sandbox
-		// without it, and detach gives back only what the record holds. A crash between
-		// this move and that write still loses it: the sandbox's stop, whenever it comes,
-		// finds no record, and the device goes with the pod's namespace. Its alias keeps
-		// podgate's mark (dra.Attach), from which a sweep could find it.
+		d.count("attach", "success")
 		sb.rec.Attached = append(sb.rec.Attached, dev)
 		logger.Info("Attached DRA network device", "claim", klog.KRef(t.claim.Namespace, t.claim.Name), "device", t.device.Driver+"/"+t.device.Pool+"/"+t.device.Device,
 			"hostInterface", dev.Interface.HostName, "podInterface", dev.Interface.PodName, "addresses", dev.Interface.Addresses)
@@ -107,7 +114,11 @@ type attachTarget struct {
 	device registry.DeviceRecord
 }
 
-func (a *draAttach) attachOne(ctx context.Context, netns string, t attachTarget) (registry.AttachedDevice, error) {
+// attachOne moves one device into the sandbox's network namespace, its attach intent on disk
+// before the move. When the move fails, the device is given back and the intent dropped; an
+// intent whose give back failed stays, to be settled once the call ends.
+func (d *draStages) attachOne(ctx context.Context, rec registry.SandboxRecord, t attachTarget) (registry.AttachedDevice, error) {
+	a := d.attacher
 	claim, err := a.claims.Claim(ctx, t.claim.Namespace, t.claim.Name)
 	if err != nil {
 		return registry.AttachedDevice{}, err
@@ -124,14 +135,30 @@ func (a *draAttach) attachOne(ctx context.Context, netns string, t attachTarget)
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
-	att, err := dra.Attach(ctx, host, netns, cfg)
-	if err != nil {
+	in := registry.AttachIntent{
+		SandboxID: rec.ID, Pod: rec.Pod, NetNS: rec.NetNS,
+		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
+		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device,
+		HostInterface: host, Config: cfg,
+	}
+	// Settling a left intent gives back what carries the host interface's mark: not while
+	// this attach marks and moves it.
+	d.settling.RLock()
+	defer d.settling.RUnlock()
+	if err := d.registry.BeginAttach(in); err != nil {
 		return registry.AttachedDevice{}, err
 	}
-	return registry.AttachedDevice{
-		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
-		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device, Interface: att,
-	}, nil
+	att, err := d.links.Attach(ctx, host, rec.NetNS, cfg)
+	if err != nil {
+		// Attach gives the interface back when a step fails; Reclaim makes sure, from the
+		// mark, before the intent goes.
+		if undo := d.links.Reclaim(ctx, host, rec.NetNS); undo != nil {
+			return registry.AttachedDevice{}, errors.Join(err, fmt.Errorf("give back: %w", undo))
+		}
+		d.registry.EndAttach(rec.ID, host)
+		return registry.AttachedDevice{}, err
+	}
+	return in.Attached(att), nil
 }
 
 func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
@@ -152,11 +179,11 @@ func (d *draStages) publishOne(ctx context.Context, dev *registry.AttachedDevice
 	a := d.attacher
 	err := a.publish(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()})
 	if err != nil {
-		a.results.WithLabelValues("publish", "error").Inc()
+		d.count("publish", "error")
 		klog.FromContext(ctx).Error(err, "Publish network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 		return
 	}
-	a.results.WithLabelValues("publish", "success").Inc()
+	d.count("publish", "success")
 	dev.Published = true
 }
 
@@ -165,39 +192,179 @@ func (d *draStages) attachUndo(ctx context.Context, sb *sandboxRun) error {
 	return d.giveBack(ctx, sb.rec)
 }
 
-// detach gives the sandbox's devices back before StopPodSandbox is forwarded. A device that
-// cannot be given back is logged and counted, and the stop goes on: a pod's stop is never held
-// by podgate.
+// detach gives the sandbox's devices back before StopPodSandbox is forwarded: those its record
+// holds, and those of attach intents a crash left for it that the start-up has not settled yet.
+// A device that cannot be given back is logged and counted, and the stop goes on: a pod's stop
+// is never held by podgate. It stays recorded: a second stop tries again, and once the sandbox
+// is removed the registry keeps it as a left intent, given back from its mark.
 func (d *draStages) detach(ctx context.Context, rec registry.SandboxRecord) error {
-	if len(rec.Attached) == 0 {
+	if d.off != "" {
 		return nil
 	}
-	if err := d.giveBack(ctx, rec); err != nil {
-		klog.FromContext(ctx).Error(err, "Give DRA network devices back to the host", "podSandboxID", rec.ID)
+	d.settling.RLock()
+	defer d.settling.RUnlock()
+	// Settling a left intent may have recorded a device since rec was read.
+	if cur, ok := d.registry.Sandbox(rec.ID); ok {
+		rec = cur
+	}
+	intents := d.registry.AttachIntents(rec.ID)
+	if len(rec.Attached) == 0 && len(intents) == 0 {
+		return nil
+	}
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", rec.ID)
+	kept, err := d.giveBackEach(ctx, rec)
+	if err != nil {
+		logger.Error(err, "Give DRA network devices back to the host")
+	}
+	for _, in := range intents {
+		if err := d.reclaim(ctx, in); err != nil {
+			logger.Error(err, "Give back DRA network device of an interrupted attach", "hostInterface", in.HostInterface)
+		}
 	}
 	// The background write will do: a crash that loses this leaves the devices recorded as
 	// attached, and giving them back again finds nothing to move and succeeds (dra.Detach).
-	d.registry.Update(rec.ID, func(r *registry.SandboxRecord) { r.Attached = nil })
+	d.registry.Update(rec.ID, func(r *registry.SandboxRecord) { r.Attached = kept })
 	return nil
 }
 
+// giveBack gives back the devices rec holds as attached.
 func (d *draStages) giveBack(ctx context.Context, rec registry.SandboxRecord) error {
+	_, err := d.giveBackEach(ctx, rec)
+	return err
+}
+
+// giveBackEach gives back the devices rec holds as attached, last first, and returns those it
+// could not give back. The intent of each device given back goes (an attach of this call
+// that failed or was undone).
+func (d *draStages) giveBackEach(ctx context.Context, rec registry.SandboxRecord) (kept []registry.AttachedDevice, _ error) {
 	a := d.attacher
 	var errs []error
 	for i := len(rec.Attached) - 1; i >= 0; i-- {
 		dev := rec.Attached[i]
-		if err := dra.Detach(ctx, dev.Interface, rec.NetNS); err != nil {
-			a.results.WithLabelValues("detach", "error").Inc()
+		if err := d.links.Detach(ctx, dev.Interface, rec.NetNS); err != nil {
+			d.count("detach", "error")
 			errs = append(errs, fmt.Errorf("device %s/%s/%s: %w", dev.Driver, dev.Pool, dev.Device, err))
+			kept = append(kept, dev)
 			continue
 		}
-		a.results.WithLabelValues("detach", "success").Inc()
+		d.count("detach", "success")
+		d.registry.EndAttach(rec.ID, dev.Interface.HostName)
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
-		if dev.Published && a.clear != nil {
+		if dev.Published && a != nil && a.clear != nil {
 			if err := a.clear(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()}); err != nil {
 				klog.FromContext(ctx).Error(err, "Clear published network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 			}
 		}
 	}
-	return errors.Join(errs...)
+	slices.Reverse(kept)
+	return kept, errors.Join(errs...)
+}
+
+// settleAttaches settles the attach intents that are left: a crash's, found in the checkpoint
+// at start-up, and those whose call could not give their device back. It runs once the
+// registry is rebuilt from the runtime, whose records then say which sandboxes still run, and
+// again at each reconcile while any is left.
+func (d *draStages) settleAttaches(ctx context.Context) {
+	for _, in := range d.registry.LeftAttaches() {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := d.settleAttach(ctx, in); err != nil {
+			klog.FromContext(ctx).Error(err, "Settle DRA network device of an interrupted attach", "podSandboxID", in.SandboxID,
+				"pod", klog.KRef(in.Pod.Namespace, in.Pod.Name), "hostInterface", in.HostInterface)
+		}
+	}
+}
+
+// settleAttach settles one left intent. When its sandbox still runs (the kubelet keeps a
+// ready sandbox whose start it saw fail) and the device reached the pod, the attach is
+// finished and the device recorded as attached, so that the sandbox's stop gives it back;
+// otherwise whatever the attach left is given back, found by its mark, and the intent goes.
+// An error leaves the intent, for the next reconcile.
+func (d *draStages) settleAttach(ctx context.Context, in registry.AttachIntent) error {
+	d.settling.Lock()
+	defer d.settling.Unlock()
+	if !d.registry.HasAttachIntent(in.SandboxID, in.HostInterface) {
+		return nil // the sandbox's stop gave it back meanwhile
+	}
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", in.SandboxID, "pod", klog.KRef(in.Pod.Namespace, in.Pod.Name),
+		"claim", klog.KRef(in.ClaimNamespace, in.ClaimName), "hostInterface", in.HostInterface)
+	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && d.attacher != nil {
+		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, in.Config)
+		switch {
+		case err != nil:
+			d.count("resume", "error")
+			logger.Error(err, "Finish interrupted attach of DRA network device: giving it back")
+		case found:
+			dev := in.Attached(att)
+			if d.attacher.publish != nil {
+				d.publishOne(ctx, &dev)
+			}
+			recorded, err := d.registry.SettleAttach(in.SandboxID, dev)
+			if err != nil {
+				d.count("resume", "error")
+				return err // the device stays in the pod, its intent on disk
+			}
+			if recorded {
+				d.count("resume", "success")
+				logger.Info("Recorded DRA network device an interrupted attach moved into the pod", "podInterface", att.PodName)
+				return nil
+			}
+		}
+	}
+	if err := d.reclaim(ctx, in); err != nil {
+		return err
+	}
+	logger.Info("Gave back DRA network device of an interrupted attach")
+	return nil
+}
+
+// reclaim gives back what the attach of an intent left, from podgate's mark, and then drops
+// the intent.
+func (d *draStages) reclaim(ctx context.Context, in registry.AttachIntent) error {
+	if err := d.links.Reclaim(ctx, in.HostInterface, in.NetNS); err != nil {
+		d.count("reclaim", "error")
+		return err
+	}
+	d.count("reclaim", "success")
+	d.registry.EndAttach(in.SandboxID, in.HostInterface)
+	return nil
+}
+
+// count counts an operation on DRA network devices; uncounted when dra.attach is off (a
+// device recorded or left while it was on is still given back).
+func (d *draStages) count(op, result string) {
+	if a := d.attacher; a != nil {
+		a.results.WithLabelValues(op, result).Inc()
+	}
+}
+
+// netdevs moves network interfaces between the host and pods: package dra's functions, which
+// the tests wrap to crash between the steps.
+type netdevs interface {
+	Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error)
+	Detach(ctx context.Context, a dra.Attached, netns string) error
+	Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error)
+	Reclaim(ctx context.Context, hostIf, netns string) error
+}
+
+// draNetdevs is netdevs of package dra.
+type draNetdevs struct{}
+
+var _ netdevs = draNetdevs{}
+
+func (draNetdevs) Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error) {
+	return dra.Attach(ctx, hostIf, netns, cfg)
+}
+
+func (draNetdevs) Detach(ctx context.Context, a dra.Attached, netns string) error {
+	return dra.Detach(ctx, a, netns)
+}
+
+func (draNetdevs) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
+	return dra.Resume(ctx, hostIf, netns, cfg)
+}
+
+func (draNetdevs) Reclaim(ctx context.Context, hostIf, netns string) error {
+	return dra.Reclaim(ctx, hostIf, netns)
 }

@@ -78,46 +78,52 @@ type draRig struct {
 
 func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) *draRig {
 	t.Helper()
+	return newDRARigWith(t, callTimeout, rigOptions{}, objs...)
+}
+
+// newDRARigWith is newDRARig with the pipeline rig's options o (its onRun and dra are the DRA
+// rig's).
+func newDRARigWith(t testing.TB, callTimeout time.Duration, o rigOptions, objs ...runtime.Object) *draRig {
+	t.Helper()
 	dr := &draRig{kube: fake.NewClientset(objs...)}
 	dr.kube.PrependReactor("get", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
 		dr.gets.Add(1)
 		return false, nil, nil
 	})
-	dr.pipelineRig = newPipelineRigWith(t, rigOptions{
-		onRun: func() {
-			calls := dr.driver.Calls()
-			dr.atRun.Store(&calls)
-		},
-		dra: func(r *pipelineRig) *draStages {
-			regDir, plugDir := filepath.Join(r.dir, "reg"), filepath.Join(r.dir, "plug")
-			for _, d := range []string{regDir, plugDir} {
-				if err := os.Mkdir(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			dr.driver = dratest.Start(t, regDir, plugDir, testDriver)
-			pods, err := kube.NewPodLookup(kubefake.Wrap(dr.kube), "node-a")
-			if err != nil {
+	o.onRun = func() {
+		calls := dr.driver.Calls()
+		dr.atRun.Store(&calls)
+	}
+	o.dra = func(r *pipelineRig) *draStages {
+		regDir, plugDir := filepath.Join(r.dir, "reg"), filepath.Join(r.dir, "plug")
+		for _, d := range []string{regDir, plugDir} {
+			if err := os.Mkdir(d, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			drivers := dra.NewDrivers(dra.WithPluginRegistryDir(regDir), dra.WithCallTimeout(callTimeout))
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{}, 2)
-			go func() { pods.Run(ctx); done <- struct{}{} }()
-			go func() { _ = drivers.Run(ctx); done <- struct{}{} }()
-			t.Cleanup(func() { cancel(); <-done; <-done; drivers.Close() })
-			wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-			defer wcancel()
-			if _, err := drivers.WaitFor(wctx, testDriver); err != nil {
-				t.Fatal(err)
-			}
-			if !cache.WaitForCacheSync(wctx.Done(), pods.HasSynced) {
-				t.Fatal("pod informer did not sync")
-			}
-			dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil), r.registry, r.runtimeClient, r.metrics)
-			return dr.dra
-		},
-	})
+		}
+		dr.driver = dratest.Start(t, regDir, plugDir, testDriver)
+		pods, err := kube.NewPodLookup(kubefake.Wrap(dr.kube), "node-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		drivers := dra.NewDrivers(dra.WithPluginRegistryDir(regDir), dra.WithCallTimeout(callTimeout))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{}, 2)
+		go func() { pods.Run(ctx); done <- struct{}{} }()
+		go func() { _ = drivers.Run(ctx); done <- struct{}{} }()
+		t.Cleanup(func() { cancel(); <-done; <-done; drivers.Close() })
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		if _, err := drivers.WaitFor(wctx, testDriver); err != nil {
+			t.Fatal(err)
+		}
+		if !cache.WaitForCacheSync(wctx.Done(), pods.HasSynced) {
+			t.Fatal("pod informer did not sync")
+		}
+		dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil), r.registry, r.runtimeClient, r.metrics)
+		return dr.dra
+	}
+	dr.pipelineRig = newPipelineRigWith(t, o)
 	return dr
 }
 

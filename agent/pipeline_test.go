@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,21 +57,36 @@ type rigOptions struct {
 	statusErr error
 	// verify is sysctls.verify; empty: warn.
 	verify string
+	// netns, when set, is the network namespace of every sandbox in the runtime's verbose
+	// status, as containerd reports it.
+	netns string
 }
 
 // hookedRuntime is cri-client's fake runtime with a hook in RunPodSandbox and, optionally, a
-// failing PodSandboxStatus.
+// failing PodSandboxStatus or one naming a network namespace.
 type hookedRuntime struct {
 	*fake.RemoteRuntime
 	onRun     func()
 	statusErr error
+	netns     string
 }
 
 func (h hookedRuntime) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
 	if h.statusErr != nil {
 		return nil, h.statusErr
 	}
-	return h.RemoteRuntime.PodSandboxStatus(ctx, req)
+	resp, err := h.RemoteRuntime.PodSandboxStatus(ctx, req)
+	if err != nil || h.netns == "" {
+		return resp, err
+	}
+	info, err := json.Marshal(map[string]any{"runtimeSpec": map[string]any{"linux": map[string]any{
+		"namespaces": []map[string]string{{"type": "network", "path": h.netns}},
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	resp.Info = map[string]string{"info": string(info)}
+	return resp, nil
 }
 
 func (h hookedRuntime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
@@ -88,7 +104,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 		t.Fatal(err)
 	}
 	r.runtime = fake.NewFakeRemoteRuntime()
-	rtPath := serveRuntime(t, dir, hookedRuntime{RemoteRuntime: r.runtime, onRun: o.onRun, statusErr: o.statusErr})
+	rtPath := serveRuntime(t, dir, hookedRuntime{RemoteRuntime: r.runtime, onRun: o.onRun, statusErr: o.statusErr, netns: o.netns})
 	backend, err := cri.NewBackend(t.Context(), "runtime", rtPath)
 	if err != nil {
 		t.Fatal(err)
