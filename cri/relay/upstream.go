@@ -1,0 +1,262 @@
+package relay
+
+// The upstream side of a session: a connection per Target, its frames, and what its end does to
+// the calls on it.
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+)
+
+// upstream is one connection to a Target.
+type upstream struct {
+	target  *Target
+	ep      *endpoint
+	nextID  uint32
+	streams map[uint32]*stream // by upstream stream id
+	// gone is set when the connection takes no new calls (GOAWAY, or it ended).
+	gone bool
+	// maxStreams is the server's SETTINGS_MAX_CONCURRENT_STREAMS, 0 while it set none.
+	maxStreams uint32
+}
+
+// upstreamFor returns the session's connection to t, connecting when there is none.
+func (ss *session) upstreamFor(t *Target) (*upstream, error) {
+	ss.mu.Lock()
+	if u := ss.ups[t]; u != nil {
+		ss.mu.Unlock()
+		return u, nil
+	}
+	ss.mu.Unlock()
+	c, err := t.Dial(ss.ctx)
+	if err != nil {
+		return nil, err
+	}
+	br := bufio.NewReaderSize(c, readBuffer)
+	u := &upstream{target: t, ep: newEndpoint(c, br), nextID: 1, streams: map[uint32]*stream{}}
+	u.ep.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	u.ep.fr.MaxHeaderListSize = maxHeaderList
+	u.ep.wmu.Lock()
+	_, err = u.ep.bw.WriteString(http2.ClientPreface)
+	if err == nil {
+		err = u.ep.writeSettingsLocked(
+			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+		)
+	}
+	u.ep.wmu.Unlock()
+	if err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		_ = c.Close()
+		return nil, errors.New("client connection ended")
+	}
+	ss.ups[t] = u
+	ss.upConns[u] = struct{}{}
+	ss.upReaders.Add(1)
+	go ss.readUpstream(u)
+	return u, nil
+}
+
+// readUpstream reads an upstream connection's frames until it ends.
+func (ss *session) readUpstream(u *upstream) {
+	defer ss.upReaders.Done()
+	for {
+		f, err := u.ep.fr.ReadFrame()
+		var se http2.StreamError
+		switch {
+		case errors.As(err, &se):
+			ss.mu.Lock()
+			s := u.streams[se.StreamID]
+			ss.mu.Unlock()
+			ss.resetAndTell(s, se.Code, false)
+			u.ep.writeRST(se.StreamID, se.Code)
+		case err == nil:
+			err = ss.upstreamFrame(u, f)
+		}
+		if err != nil && se.StreamID == 0 {
+			if code, ok := goAwayCode(err); ok {
+				u.ep.goAway(0, code)
+			}
+			ss.upstreamFailed(u, err)
+			ss.flushAll() // the calls' ends, to the client
+			return
+		}
+		if !u.ep.frameBuffered() {
+			ss.flushAll()
+			ss.closeIfDrained()
+		}
+	}
+}
+
+func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
+	d := dir{src: u.ep, dst: ss.down}
+	switch f := f.(type) {
+	case *http2.MetaHeadersFrame:
+		ss.mu.Lock()
+		s := u.streams[f.StreamID]
+		if s == nil || s.toDown.done {
+			ss.mu.Unlock()
+			return nil
+		}
+		end := f.StreamEnded()
+		if s.headersSent && !end {
+			ss.mu.Unlock()
+			ss.resetAndTell(s, http2.ErrCodeProtocol, false)
+			return nil
+		}
+		s.headersSent = true
+		if v := headerValue(f.Fields, "grpc-status"); v != "" {
+			if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+				s.code = codes.Code(n)
+			}
+		}
+		s.toDown.done = end
+		return ss.sendLocked(d, s, item{headers: f.Fields, end: end})
+	case *http2.DataFrame:
+		ss.mu.Lock()
+		s := u.streams[f.StreamID]
+		return ss.dataLocked(d, s, f)
+	case *http2.SettingsFrame:
+		return ss.settings(u.ep, u, f)
+	case *http2.WindowUpdateFrame:
+		return ss.windowUpdate(u.ep, u, f)
+	case *http2.PingFrame:
+		u.ep.pong(f)
+	case *http2.RSTStreamFrame:
+		ss.mu.Lock()
+		s := u.streams[f.StreamID]
+		if s != nil && s.toDown.done {
+			// The server answered whole and wants no more of the request (grpc-go resets
+			// with NO_ERROR when a handler returns before the client's end): the answer
+			// goes out as it came.
+			ss.stopUpLocked(s)
+			ss.endLocked(s)
+			return nil
+		}
+		ss.mu.Unlock()
+		ss.resetAndTell(s, f.ErrCode, false)
+	case *http2.GoAwayFrame:
+		ss.upstreamGoAway(u, f.LastStreamID)
+	case *http2.PushPromiseFrame:
+		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE after SETTINGS_ENABLE_PUSH=0"}
+	}
+	return nil
+}
+
+// upstreamFailed ends u: its calls end with Unavailable, and the client's next call connects
+// anew.
+func (ss *session) upstreamFailed(u *upstream, err error) {
+	ss.mu.Lock()
+	if ss.ups[u.target] == u {
+		delete(ss.ups, u.target)
+	}
+	u.gone = true
+	var ended, answered []*stream
+	for _, s := range u.streams {
+		if s.toDown.done {
+			// Its whole answer came: it still goes out, as far as the client reads.
+			answered = append(answered, s)
+		} else {
+			ended = append(ended, s)
+		}
+	}
+	for _, s := range answered {
+		ss.stopUpLocked(s)
+		if ss.removeIfDone(s) {
+			defer ss.observeEnd(s)
+		}
+	}
+	ss.closeUpstreamLocked(u)
+	ss.mu.Unlock()
+	msg := fmt.Sprintf("connection to %s ended: %v", u.target.Name, err)
+	for _, s := range ended {
+		ss.failStream(s, codes.Unavailable, msg)
+	}
+}
+
+// failStream ends s toward the client with a gRPC status, dropping what it still held.
+func (ss *session) failStream(s *stream, code codes.Code, msg string) {
+	ss.mu.Lock()
+	if s.removed {
+		ss.mu.Unlock()
+		return
+	}
+	trailersOnly := !s.headersSent
+	answered := s.toDown.sentEnd
+	s.code = code
+	ss.removeLocked(s)
+	if answered {
+		ss.mu.Unlock()
+		ss.observeEnd(s)
+		return
+	}
+	ss.down.wmu.Lock()
+	maxFrame := ss.down.peerMaxFrame
+	ss.mu.Unlock()
+	_ = ss.down.writeHeaders(s.downID, grpcStatus(code, msg, trailersOnly), true, maxFrame)
+	ss.down.wmu.Unlock()
+	ss.observeEnd(s)
+}
+
+// upstreamGoAway takes u out of use; its calls the server did not take are refused to the
+// client, whose gRPC library retries them (on a new connection).
+func (ss *session) upstreamGoAway(u *upstream, last uint32) {
+	ss.mu.Lock()
+	if ss.ups[u.target] == u {
+		delete(ss.ups, u.target)
+	}
+	u.gone = true
+	var refused []*stream
+	for id, s := range u.streams {
+		if id > last {
+			refused = append(refused, s)
+		}
+	}
+	ss.mu.Unlock()
+	// reset removes them; the connection closes with the last of its other calls
+	// (removeLocked), or now when it has none.
+	for _, s := range refused {
+		ss.reset(s, http2.ErrCodeRefusedStream, false)
+	}
+	ss.mu.Lock()
+	if len(u.streams) == 0 {
+		ss.closeUpstreamLocked(u)
+	}
+	ss.mu.Unlock()
+}
+
+// closeUpstreamLocked closes u's connection and forgets it. mu is held.
+func (ss *session) closeUpstreamLocked(u *upstream) {
+	u.gone = true
+	if ss.ups[u.target] == u {
+		delete(ss.ups, u.target)
+	}
+	delete(ss.upConns, u)
+	_ = u.ep.conn.Close()
+}
+
+// stopUpLocked stops passing the client's data to the server, which has answered and wants no
+// more: what waits is dropped, what comes is dropped. mu is held.
+func (ss *session) stopUpLocked(s *stream) {
+	s.dropUp = true
+	if s.up != nil {
+		ss.credit(dir{src: ss.down}, nil, s.toUp.pendLen)
+		if s.up.streams[s.upID] == s {
+			delete(s.up.streams, s.upID)
+		}
+	}
+	s.toUp.pend, s.toUp.pendLen = nil, 0
+	s.toUp.sentEnd = true
+}
