@@ -34,7 +34,7 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 	if h.recv < 0 || h.done {
 		ss.credit(d, nil, n)
 		ss.mu.Unlock()
-		ss.resetAndTell(s, http2.ErrCodeFlowControl, d.toUp)
+		ss.resetAndTell(s, http2.ErrCodeFlowControl)
 		return nil
 	}
 	// Padding is not passed on: it goes back at once.
@@ -248,31 +248,17 @@ func (ss *session) observeEnd(s *stream) {
 
 // reset ends s after a RST_STREAM from one side and passes it on to the other.
 func (ss *session) reset(s *stream, code http2.ErrCode, fromClient bool) {
-	if s == nil {
-		return
-	}
-	ss.mu.Lock()
-	if s.removed {
-		ss.mu.Unlock()
-		return
-	}
-	if !s.toDown.done {
-		s.code = resetCode(code)
-	}
-	ss.removeLocked(s)
-	up := s.up
-	ss.mu.Unlock()
-	switch {
-	case !fromClient:
-		ss.rstClient(s.downID, code)
-	case up != nil:
-		up.ep.writeRST(s.upID, code)
-	}
-	ss.observeEnd(s)
+	ss.resetStream(s, code, !fromClient, fromClient, code)
 }
 
 // resetAndTell resets s on both sides after an error found in what one side sent.
-func (ss *session) resetAndTell(s *stream, code http2.ErrCode, fromClient bool) {
+func (ss *session) resetAndTell(s *stream, code http2.ErrCode) {
+	ss.resetStream(s, code, true, true, http2.ErrCodeCancel)
+}
+
+// resetStream ends s with code: the client is told when toClient, the server (with upCode)
+// when toUp. A call whose answer came whole keeps the answer's code.
+func (ss *session) resetStream(s *stream, code http2.ErrCode, toClient, toUp bool, upCode http2.ErrCode) {
 	if s == nil {
 		return
 	}
@@ -287,9 +273,11 @@ func (ss *session) resetAndTell(s *stream, code http2.ErrCode, fromClient bool) 
 	ss.removeLocked(s)
 	up := s.up
 	ss.mu.Unlock()
-	ss.rstClient(s.downID, code)
-	if up != nil {
-		up.ep.writeRST(s.upID, http2.ErrCodeCancel)
+	if toClient {
+		ss.rstClient(s.downID, code)
+	}
+	if toUp && up != nil {
+		up.ep.writeRST(s.upID, upCode)
 	}
 	ss.observeEnd(s)
 }
@@ -394,7 +382,7 @@ func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateF
 	h.send += int64(f.Increment)
 	if h.send > math.MaxInt32 {
 		ss.mu.Unlock()
-		ss.resetAndTell(s, http2.ErrCodeFlowControl, u == nil)
+		ss.resetAndTell(s, http2.ErrCodeFlowControl)
 		return nil
 	}
 	ss.mu.Unlock()

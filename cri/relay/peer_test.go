@@ -237,16 +237,51 @@ func (r *recorder) End(token any, code codes.Code) {
 	r.done <- struct{}{}
 }
 
-// startRelay serves srv on a socket of dir and returns the socket's path.
-func startRelay(t testing.TB, dir string, srv *Server) string {
+// serveRelay serves srv on a socket of dir (through wrap, when set, the listener the test
+// wants) and returns the socket's path and Serve's result, for the tests that shut the relay
+// down themselves.
+func serveRelay(t testing.TB, dir string, srv *Server, wrap func(net.Listener) net.Listener) (string, <-chan error) {
 	t.Helper()
 	sock := filepath.Join(dir, "relay.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if wrap != nil {
+		l = wrap(l)
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
+	return sock, served
+}
+
+// wantEnded waits until the call to path has ended and checks that it ended once, with code.
+func (r *recorder) wantEnded(t testing.TB, path string, code codes.Code) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		r.mu.Lock()
+		got := append([]codes.Code(nil), r.ended[path]...)
+		r.mu.Unlock()
+		if len(got) > 0 {
+			if len(got) != 1 || got[0] != code {
+				t.Errorf("%s ended %v, want once %v", path, got, code)
+			}
+			return
+		}
+		select {
+		case <-r.done:
+		case <-deadline:
+			t.Fatalf("%s did not end", path)
+		}
+	}
+}
+
+// startRelay serves srv on a socket of dir, shut down when the test ends, and returns the
+// socket's path.
+func startRelay(t testing.TB, dir string, srv *Server) string {
+	t.Helper()
+	sock, served := serveRelay(t, dir, srv, nil)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 		defer cancel()

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,10 +103,7 @@ func TestForwardsEachFrameAsItArrives(t *testing.T) {
 	if !tr.StreamEnded() || field(tr, "grpc-status") != "0" || field(tr, "x-trailer") != "b" {
 		t.Errorf("client's trailers: %v (end %v)", tr.Fields, tr.StreamEnded())
 	}
-	<-rec.done
-	if codes := rec.ended["/svc/Method"]; len(codes) != 1 || codes[0] != 0 {
-		t.Errorf("observer saw the call end with %v, want one OK", codes)
-	}
+	rec.wantEnded(t, "/svc/Method", codes.OK)
 }
 
 // TestRespectsTheClientsWindow: a client that gives a small window gets the answer in pieces
@@ -180,7 +176,7 @@ func TestBoundsWhatItHoldsForASlowClient(t *testing.T) {
 	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != 1 || r.ErrCode != http2.ErrCodeFlowControl {
 		t.Errorf("client got RST_STREAM %d %v, want 1 FLOW_CONTROL_ERROR", r.StreamID, r.ErrCode)
 	}
-	<-rec.done
+	rec.wantEnded(t, "/svc/Flood", codes.Internal)
 
 	// Both connections still carry calls.
 	cl.headers(3, true, grpcRequest("/svc/Next")...)
@@ -226,13 +222,8 @@ func TestUpstreamGoAwayRefusesWhatItDidNotTake(t *testing.T) {
 	if h := srv2.readUntil(isHeaders); field(h, ":path") != "/svc/Later" || h.Header().StreamID != 1 {
 		t.Errorf("the next call reached the new connection as stream %d %q", h.Header().StreamID, field(h, ":path"))
 	}
-	<-rec.done
-	<-rec.done
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if c := rec.ended["/svc/NotTaken"]; len(c) != 1 || c[0] != codes.Unavailable {
-		t.Errorf("the refused call ended %v, want Unavailable", c)
-	}
+	rec.wantEnded(t, "/svc/Taken", codes.OK)
+	rec.wantEnded(t, "/svc/NotTaken", codes.Unavailable)
 }
 
 // TestUpstreamLostEndsCallsUnavailable: when the server's connection breaks, a call whose
@@ -262,15 +253,8 @@ func TestUpstreamLostEndsCallsUnavailable(t *testing.T) {
 			t.Errorf("stream %d ended with %v", h.StreamID, h.Fields)
 		}
 	}
-	<-rec.done
-	<-rec.done
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	for _, p := range []string{"/svc/Begun", "/svc/NotBegun"} {
-		if c := rec.ended[p]; len(c) != 1 || c[0] != codes.Unavailable {
-			t.Errorf("%s ended %v, want Unavailable", p, c)
-		}
-	}
+	rec.wantEnded(t, "/svc/Begun", codes.Unavailable)
+	rec.wantEnded(t, "/svc/NotBegun", codes.Unavailable)
 }
 
 // TestAnswerThatCameWholeOutlivesItsConnection: an answer that arrived whole (trailers
@@ -319,12 +303,7 @@ func TestAnswerThatCameWholeOutlivesItsConnection(t *testing.T) {
 			}
 			// The client may still end its side: nothing of it reaches the server, nothing breaks.
 			cl.write(func(fr *http2.Framer) error { return fr.WriteData(1, true, []byte("late")) })
-			<-rec.done
-			rec.mu.Lock()
-			defer rec.mu.Unlock()
-			if c := rec.ended["/svc/Answered"]; len(c) != 1 || c[0] != codes.OK {
-				t.Errorf("observer: %v, want OK", c)
-			}
+			rec.wantEnded(t, "/svc/Answered", codes.OK)
 		})
 	}
 }
@@ -390,7 +369,7 @@ func TestQueueHoldsBytesNotFrames(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("client got %d bytes, want %d in order", len(got), len(want))
 	}
-	<-rec.done
+	rec.wantEnded(t, "/svc/Tiny", codes.OK)
 }
 
 // TestClientResetReachesTheServer: a call the client cancels (RST_STREAM CANCEL) is cancelled
@@ -407,12 +386,7 @@ func TestClientResetReachesTheServer(t *testing.T) {
 	if r := srv.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != id || r.ErrCode != http2.ErrCodeCancel {
 		t.Errorf("server got RST_STREAM %d %v, want %d CANCEL", r.StreamID, r.ErrCode, id)
 	}
-	<-rec.done
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	if c := rec.ended["/svc/Cancelled"]; len(c) != 1 || c[0] != codes.Canceled {
-		t.Errorf("observer: %v, want Canceled", c)
-	}
+	rec.wantEnded(t, "/svc/Cancelled", codes.Canceled)
 }
 
 // TestConnectionWindowAndSettingsChanges: the client's connection window bounds what the relay
@@ -569,14 +543,7 @@ func TestShutdown(t *testing.T) {
 		LongLived:       func(path string) bool { return path == "/svc/Watch" },
 		ShutdownMessage: "relay is shutting down",
 	}
-	sock := filepath.Join(dir, "relay.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-
+	sock, served := serveRelay(t, dir, srv, nil)
 	cl := dialRelay(t, sock)
 	cl.headers(1, true, grpcRequest("/svc/Watch")...)
 	cl.headers(3, true, grpcRequest("/svc/Slow")...)
@@ -633,12 +600,7 @@ func TestShutdownCutsWhatIsLeftWhenCtxEnds(t *testing.T) {
 	up := startRawUpstream(t, dir)
 	tgt := up.target()
 	srv := &Server{Route: func(string) *Target { return tgt }}
-	sock := filepath.Join(dir, "relay.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(l) //nolint:errcheck // returns nil after Shutdown
+	sock, _ := serveRelay(t, dir, srv, nil)
 	cl := dialRelay(t, sock)
 	cl.headers(1, true, grpcRequest("/svc/Never")...)
 	upc := up.accept()
@@ -668,13 +630,7 @@ func TestShutdownClosesSilentConnections(t *testing.T) {
 	up := startRawUpstream(t, dir)
 	tgt := up.target()
 	srv := &Server{Route: func(string) *Target { return tgt }}
-	sock := filepath.Join(dir, "relay.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
+	sock, served := serveRelay(t, dir, srv, nil)
 	silent, err := net.Dial("unix", sock)
 	if err != nil {
 		t.Fatal(err)
@@ -727,13 +683,7 @@ func TestServeOutlivesPassingAcceptErrors(t *testing.T) {
 	up := startRawUpstream(t, dir)
 	tgt := up.target()
 	srv := &Server{Route: func(string) *Target { return tgt }}
-	sock := filepath.Join(dir, "relay.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(&flakyListener{Listener: l}) }()
+	sock, served := serveRelay(t, dir, srv, func(l net.Listener) net.Listener { return &flakyListener{Listener: l} })
 	cl := dialRelay(t, sock)
 	cl.headers(1, true, grpcRequest("/svc/M")...)
 	upc := up.accept()

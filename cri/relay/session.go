@@ -246,7 +246,7 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		// Trailers of a client stream: they end it.
 		if !f.StreamEnded() || s.toUp.done {
 			ss.mu.Unlock()
-			ss.resetAndTell(s, http2.ErrCodeProtocol, true)
+			ss.resetAndTell(s, http2.ErrCodeProtocol)
 			return nil
 		}
 		s.toUp.done = true

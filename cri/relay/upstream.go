@@ -80,7 +80,7 @@ func (ss *session) readUpstream(u *upstream) {
 			ss.mu.Lock()
 			s := u.streams[se.StreamID]
 			ss.mu.Unlock()
-			ss.resetAndTell(s, se.Code, false)
+			ss.resetAndTell(s, se.Code)
 			u.ep.writeRST(se.StreamID, se.Code)
 		case err == nil:
 			err = ss.upstreamFrame(u, f)
@@ -113,7 +113,7 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 		end := f.StreamEnded()
 		if s.headersSent && !end {
 			ss.mu.Unlock()
-			ss.resetAndTell(s, http2.ErrCodeProtocol, false)
+			ss.resetAndTell(s, http2.ErrCodeProtocol)
 			return nil
 		}
 		s.headersSent = true
@@ -146,7 +146,7 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 			return nil
 		}
 		ss.mu.Unlock()
-		ss.resetAndTell(s, f.ErrCode, false)
+		ss.resetAndTell(s, f.ErrCode)
 	case *http2.GoAwayFrame:
 		ss.upstreamGoAway(u, f.LastStreamID)
 	case *http2.PushPromiseFrame:
