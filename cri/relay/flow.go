@@ -9,7 +9,6 @@ import (
 	"math"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 )
 
@@ -62,7 +61,7 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 // framer reuses its buffers). Called with mu held, it releases it.
 func (ss *session) sendLocked(d dir, s *stream, it item) error {
 	h := d.half(s)
-	if len(h.pend) == 0 {
+	if h.q.empty() {
 		n := int64(len(it.data))
 		if it.headers != nil || (n <= h.send && n <= d.dst.sendWindow) {
 			// The usual case: all of it goes now, from the framer's buffer.
@@ -72,67 +71,33 @@ func (ss *session) sendLocked(d dir, s *stream, it item) error {
 				ss.credit(d, s, n)
 			}
 			one := [1]item{it}
-			return ss.writeLocked(d, s, one[:])
+			return ss.writeLocked(d, s, one[:], nil)
 		}
 	}
-	// Queued bytes join the queued bytes before them: a stream's queue holds at most its
-	// window's bytes in one buffer, and a header block or two, whatever frames they came in.
-	if last := len(h.pend) - 1; it.headers == nil && last >= 0 && h.pend[last].headers == nil && !h.pend[last].end {
-		h.pend[last].data = append(h.pend[last].data, it.data...)
-		h.pend[last].end = it.end
-	} else {
-		h.pend = append(h.pend, cloneItem(it))
-	}
-	h.pendLen += int64(len(it.data))
-	return ss.writeLocked(d, s, ss.takeLocked(d, s))
+	h.q.push(it)
+	out, done := ss.takeLocked(d, s)
+	return ss.writeLocked(d, s, out, done)
 }
 
-// takeLocked takes from s's queue toward d.dst what the windows allow. mu is held.
-func (ss *session) takeLocked(d dir, s *stream) []item {
+// takeLocked takes from s's queue toward d.dst what the windows allow; the chunks it returns
+// go back to the pool once written. mu is held.
+func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h := d.half(s)
-	var out []item
-	take := func(n int64) {
-		h.send -= n
-		d.dst.sendWindow -= n
-		h.pendLen -= n
-		ss.credit(d, s, n)
-	}
-	for len(h.pend) > 0 {
-		it := h.pend[0]
-		if it.headers != nil {
-			out = append(out, it)
-			h.pend = h.pend[1:]
-			continue
-		}
-		n := min(int64(len(it.data)), max(min(h.send, d.dst.sendWindow), 0))
-		// Queued bytes were joined: they leave in frames the peer takes.
-		for n > int64(d.dst.peerMaxFrame) {
-			out = append(out, item{data: it.data[:d.dst.peerMaxFrame]})
-			take(int64(d.dst.peerMaxFrame))
-			it.data = it.data[d.dst.peerMaxFrame:]
-			n -= int64(d.dst.peerMaxFrame)
-		}
-		if n < int64(len(it.data)) {
-			if n > 0 {
-				out = append(out, item{data: it.data[:n]})
-				take(n)
-			}
-			h.pend[0] = item{data: it.data[n:], end: it.end}
-			break
-		}
-		out = append(out, it)
-		h.pend = h.pend[1:]
-		take(n)
-	}
-	if len(h.pend) == 0 {
-		h.pend = nil
-	}
-	return out
+	n := max(min(h.send, d.dst.sendWindow), 0)
+	before := h.q.size
+	out, done := h.q.take(n)
+	sent := before - h.q.size
+	h.send -= sent
+	d.dst.sendWindow -= sent
+	ss.credit(d, s, sent)
+	return out, done
 }
 
-// writeLocked writes out to d.dst. Called with mu held, it takes dst's write lock before it
-// lets mu go, so that frames leave in the order their windows were counted.
-func (ss *session) writeLocked(d dir, s *stream, out []item) error {
+// writeLocked writes out to d.dst and then gives done back to the pool. Called with mu held,
+// it takes dst's write lock before it lets mu go, so that frames leave in the order their
+// windows were counted.
+func (ss *session) writeLocked(d dir, s *stream, out []item, done []*[]byte) error {
+	defer release(done)
 	if len(out) == 0 {
 		ss.mu.Unlock()
 		return nil
@@ -232,9 +197,8 @@ func (ss *session) removeLocked(s *stream) {
 	if s.up.streams[s.upID] == s {
 		delete(s.up.streams, s.upID)
 	}
-	ss.credit(dir{src: ss.down}, nil, s.toUp.pendLen)
-	ss.credit(dir{src: s.up.ep}, nil, s.toDown.pendLen)
-	s.toUp.pend, s.toDown.pend = nil, nil
+	ss.credit(dir{src: ss.down}, nil, s.toUp.q.drop())
+	ss.credit(dir{src: s.up.ep}, nil, s.toDown.q.drop())
 	if s.up.gone && len(s.up.streams) == 0 {
 		ss.closeUpstreamLocked(s.up)
 	}
@@ -418,8 +382,8 @@ func (ss *session) sendPending(e *endpoint, u *upstream, id uint32) {
 			ss.mu.Unlock()
 			continue
 		}
-		out := ss.takeLocked(d, s)
-		_ = ss.writeLocked(d, s, out) // a broken connection shows in its reader
+		out, done := ss.takeLocked(d, s)
+		_ = ss.writeLocked(d, s, out, done) // a broken connection shows in its reader
 	}
 }
 
@@ -448,14 +412,4 @@ func (ss *session) halfToward(s *stream, u *upstream) *half {
 		return &s.toUp
 	}
 	return &s.toDown
-}
-
-func cloneItem(it item) item {
-	if it.data != nil {
-		it.data = append([]byte(nil), it.data...)
-	}
-	if it.headers != nil {
-		it.headers = append([]hpack.HeaderField(nil), it.headers...)
-	}
-	return it
 }

@@ -304,6 +304,7 @@ func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
 	e := &endpoint{conn: c, br: br, bw: &pooledWriter{w: c}}
 	e.fr = http2.NewFramer(e.bw, br)
 	e.fr.SetMaxReadFrameSize(maxFrame)
+	e.fr.SetReuseFrames() // a DATA frame is passed on or queued (copied) before the next is read
 	e.henc = hpack.NewEncoder(&e.hbuf)
 	e.sendWindow = initialWindow
 	e.peerInitWindow = initialWindow

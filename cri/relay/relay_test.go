@@ -342,18 +342,19 @@ func TestQueueHoldsBytesNotFrames(t *testing.T) {
 	upc.readUntil(func(f http2.Frame) bool { p, ok := f.(*http2.PingFrame); return ok && p.IsAck() })
 
 	srv.mu.Lock()
-	var held []item
+	var chunksHeld int
 	var heldLen int64
+	var tail bool
 	for ss := range srv.sessions {
 		ss.mu.Lock()
 		if s := ss.streams[1]; s != nil {
-			held, heldLen = s.toDown.pend, s.toDown.pendLen
+			chunksHeld, heldLen, tail = len(s.toDown.q.data), s.toDown.q.size, s.toDown.q.tail != nil
 		}
 		ss.mu.Unlock()
 	}
 	srv.mu.Unlock()
-	if len(held) > 2 || heldLen != frames {
-		t.Errorf("the relay holds %d items of %d bytes for %d tiny frames and the trailers; want at most 2 items of %d bytes", len(held), heldLen, 2*frames, frames)
+	if want := (frames + chunkSize - 1) / chunkSize; chunksHeld != want || heldLen != frames || !tail {
+		t.Errorf("the relay holds %d chunks of %d bytes (trailers %v) for %d tiny frames and the trailers; want %d chunks of %d bytes and the trailers", chunksHeld, heldLen, tail, 2*frames, want, frames)
 	}
 
 	cl.write(func(fr *http2.Framer) error { return fr.WriteWindowUpdate(1, frames) })

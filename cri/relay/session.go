@@ -37,10 +37,9 @@ type half struct {
 	send    int64 // dst's window for this stream
 	recv    int64 // what src may still send on this stream
 	unacked int64 // passed on to dst, not yet given back to src
-	pend    []item
-	pendLen int64
-	done    bool // src ended its side (END_STREAM received)
-	sentEnd bool // that end went out to dst
+	q       queue // what waits for dst's window
+	done    bool  // src ended its side (END_STREAM received)
+	sentEnd bool  // that end went out to dst
 }
 
 // item is a frame waiting for dst's window: data, or a header block.

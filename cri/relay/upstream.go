@@ -252,11 +252,10 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 func (ss *session) stopUpLocked(s *stream) {
 	s.dropUp = true
 	if s.up != nil {
-		ss.credit(dir{src: ss.down}, nil, s.toUp.pendLen)
+		ss.credit(dir{src: ss.down}, nil, s.toUp.q.drop())
 		if s.up.streams[s.upID] == s {
 			delete(s.up.streams, s.upID)
 		}
 	}
-	s.toUp.pend, s.toUp.pendLen = nil, 0
 	s.toUp.sentEnd = true
 }
