@@ -168,7 +168,14 @@ sysctls:
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.podgate = p // the node's cleanup stops this one
+	// The node's cleanup stops the podgate it started, which is stopped already; this one is
+	// the test's to stop.
+	t.Cleanup(func() {
+		if code, err := p.Stop(30 * time.Second); err != nil || code != 0 {
+			t.Errorf("stop the restarted podgate: exit %d, %v", code, err)
+		}
+	})
+	n.podgate = p
 	waitMetric(t, p, `podgate_registry_rebuilds_total{result="ok"} 1`)
 	after := waitCheckpoint(t, p, func(recs []registry.SandboxRecord) bool { return len(recs) == 3 })
 	i := slices.IndexFunc(after, func(r registry.SandboxRecord) bool { return r.ID == past })
