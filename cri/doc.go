@@ -5,12 +5,14 @@
 // The socket is served by a frame-level HTTP/2 relay (package cri/relay). Calls that podgate does
 // not intercept go through it to the runtime frame by frame: never decoded, so fields and
 // methods newer than podgate's k8s.io/cri-api reach the backend unchanged, and a large List
-// answer reaches the kubelet while containerd is still sending it. The relay sends a method that
-// someone registered an [Interceptor] for to a gRPC server in the same process, which decodes it
-// with k8s.io/cri-api and runs the interceptors; if they leave the request (or the response)
-// unchanged, the original bytes are forwarded, so the backend still sees exactly what the
-// kubelet sent. With a stats handler (tracing), which must see every call, every call takes that
-// path.
+// answer reaches the kubelet while containerd is still sending it. A method that someone
+// registered an [Interceptor] for the relay answers in the process: it hands the request's
+// message, metadata and deadline to the method's handler, which decodes it with
+// k8s.io/cri-api, runs the interceptors and forwards; if they leave the request (or the
+// response) unchanged, the original bytes are forwarded, so the backend still sees exactly what
+// the kubelet sent. With a stats handler (tracing), which must see every call as a gRPC server
+// sees it, every call goes through a gRPC server in the process instead (over an in-memory
+// connection), and so do calls of services that are not CRI, which it refuses.
 //
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
 // through [Intercept]. Errors are mapped to gRPC codes once, in the instrumented boundary

@@ -3,13 +3,17 @@ package cri
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri/relay"
 )
 
 // Method names a CRI method with its request and response types.
@@ -95,6 +99,7 @@ func Intercept[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Inter
 	}
 	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}}
 	s.chains[m.FullName()] = h
+	s.unaryHandlers[m.FullName()] = h.serveUnary
 	sd.Methods = append(sd.Methods, grpc.MethodDesc{MethodName: m.name, Handler: h.handle})
 }
 
@@ -106,18 +111,41 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 	chain []Interceptor[Req, Resp]
 }
 
+// handle serves the method on the gRPC server in the process (with a stats handler, tracing).
+//
 //nolint:revive // the signature is grpc's method handler's, context second.
 func (h *interceptedMethod[Req, Resp]) handle(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+	var in frame
+	if err := dec(&in); err != nil {
+		return nil, err
+	}
+	reqBytes := in.data.Materialize()
+	in.free()
+	return h.serve(ctx, reqBytes)
+}
+
+// serveUnary serves the method as the relay's Unary target: the request message as it came,
+// the answer's bytes back.
+func (h *interceptedMethod[Req, Resp]) serveUnary(ctx context.Context, call *relay.UnaryCall) *relay.UnaryAnswer {
+	ts := &unaryStream{method: call.Path}
+	ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, call.Header), ts)
+	out, err := h.serve(ctx, call.Message)
+	a := &relay.UnaryAnswer{Err: err}
+	a.Header, a.Trailer = ts.finish()
+	if err == nil {
+		a.Message, a.Err = answerBytes(out)
+	}
+	return a
+}
+
+// serve runs the interceptors around the forwarding of one request: the boundary's metrics and
+// error mapping, the request decoded, the answer as the backend's bytes when nothing changed.
+func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, reqBytes []byte) (any, error) {
 	var out any
 	name := h.m.FullName()
 	ctx = klog.NewContext(ctx, h.s.logger)
 	err := h.s.instrument(ctx, name, func() error {
-		var in frame
-		if err := dec(&in); err != nil {
-			return err
-		}
-		c := &interceptedCall[Req, Resp]{h: h, reqBytes: in.data.Materialize()}
-		in.free()
+		c := &interceptedCall[Req, Resp]{h: h, reqBytes: reqBytes}
 		req := h.m.newReq()
 		if err := proto.Unmarshal(c.reqBytes, req); err != nil {
 			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
@@ -191,4 +219,65 @@ func (c *interceptedCall[Req, Resp]) answer(resp Resp) any {
 		return frameOf(c.respBytes)
 	}
 	return resp
+}
+
+// unaryStream is what grpc.SetHeader and grpc.SetTrailer reach in a handler the relay runs: it
+// keeps the header and trailer metadata for the answer. A forward may outlive its caller (a
+// shared image pull); once the answer has taken them, it refuses more, as grpc's stream does.
+type unaryStream struct {
+	method          string
+	mu              sync.Mutex
+	header, trailer metadata.MD
+	done            bool
+}
+
+var _ grpc.ServerTransportStream = (*unaryStream)(nil)
+
+func (s *unaryStream) Method() string { return s.method }
+
+func (s *unaryStream) SetHeader(md metadata.MD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return status.Error(codes.Internal, "the call has been answered")
+	}
+	s.header = metadata.Join(s.header, md)
+	return nil
+}
+
+func (s *unaryStream) SendHeader(md metadata.MD) error { return s.SetHeader(md) }
+
+func (s *unaryStream) SetTrailer(md metadata.MD) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return status.Error(codes.Internal, "the call has been answered")
+	}
+	s.trailer = metadata.Join(s.trailer, md)
+	return nil
+}
+
+// finish returns the metadata for the answer; later changes are refused.
+func (s *unaryStream) finish() (header, trailer metadata.MD) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done = true
+	return s.header, s.trailer
+}
+
+// answerBytes is what an intercepted method's handler returned, as bytes: the backend's own, or
+// the changed message encoded.
+func answerBytes(out any) ([]byte, error) {
+	switch m := out.(type) {
+	case *frame:
+		b := m.bytes()
+		return b, nil
+	case proto.Message:
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "encode the answer: %v", err)
+		}
+		return b, nil
+	}
+	return nil, status.Errorf(codes.Internal, "an answer of type %T", out)
 }

@@ -29,11 +29,11 @@ var (
 )
 
 // Server is the CRI proxy. Its socket is served by a frame-level HTTP/2 relay (cri/relay): a
-// call podgate does not intercept goes to the runtime as it came, frame by frame. The calls
-// podgate intercepts go, through the relay, to an in-process gRPC server (grpc), whose
-// handlers decode them, run the interceptors and call the runtime; so do every call when a
-// stats handler (tracing) must see it, and calls of services that are not CRI, which that
-// server refuses.
+// call podgate does not intercept goes to the runtime as it came, frame by frame. The relay
+// answers the calls podgate intercepts in the process, with their handlers (which decode them,
+// run the interceptors and call the runtime). When a stats handler (tracing) must see every
+// call, every call goes through a gRPC server in the process (grpc) instead, over an in-memory
+// connection; so do calls of services that are not CRI, which that server refuses.
 type Server struct {
 	runtime *Backend
 	image   *Backend
@@ -52,8 +52,12 @@ type Server struct {
 	// intercepted holds a ServiceDesc per service with the methods that have interceptors.
 	intercepted map[string]*grpc.ServiceDesc
 	// chains maps a full method name to its *interceptedMethod.
-	chains  map[string]any
-	started bool
+	chains map[string]any
+	// unaryHandlers maps a full method name to its interceptedMethod's serveUnary, and
+	// handlerTargets to the relay's target that answers the method with it, in the process.
+	unaryHandlers  map[string]func(context.Context, *relay.UnaryCall) *relay.UnaryAnswer
+	handlerTargets map[string]*relay.Target
+	started        bool
 
 	// statsHandlers see every call (tracing); none by default, and then grpc calls none.
 	statsHandlers []stats.Handler
@@ -89,12 +93,13 @@ func WithLogger(l klog.Logger) Option { return func(s *Server) { s.logger = l } 
 // to image (which may be the same Backend). Register interceptors with Intercept, then Serve.
 func NewServer(runtime, image *Backend, opts ...Option) *Server {
 	s := &Server{
-		runtime:     runtime,
-		image:       image,
-		logger:      klog.Background(),
-		unary:       map[string]bool{},
-		intercepted: map[string]*grpc.ServiceDesc{},
-		chains:      map[string]any{},
+		runtime:       runtime,
+		image:         image,
+		logger:        klog.Background(),
+		unary:         map[string]bool{},
+		intercepted:   map[string]*grpc.ServiceDesc{},
+		chains:        map[string]any{},
+		unaryHandlers: map[string]func(context.Context, *relay.UnaryCall) *relay.UnaryAnswer{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -146,8 +151,8 @@ func (s *Server) route(fullMethod string) *relay.Target {
 	if len(s.statsHandlers) > 0 {
 		return s.internalTarget
 	}
-	if _, ok := s.chains[fullMethod]; ok {
-		return s.internalTarget
+	if t, ok := s.handlerTargets[fullMethod]; ok {
+		return t
 	}
 	switch s.backendFor(fullMethod) {
 	case s.runtime:
@@ -170,8 +175,8 @@ type relayedCall struct {
 }
 
 func (o observer) Begin(c relay.Call) any {
-	if c.Target == o.s.internalTarget {
-		return nil
+	if c.Target == o.s.internalTarget || c.Target.Unary != nil {
+		return nil // instrumented by its handler
 	}
 	mm := o.s.metrics.forMethod(c.Path)
 	mm.inFlight.Inc()
@@ -199,6 +204,10 @@ func (s *Server) Serve(l net.Listener) error {
 		s.started = true
 		for _, sd := range s.intercepted {
 			s.grpc.RegisterService(sd, nil)
+		}
+		s.handlerTargets = map[string]*relay.Target{}
+		for name, h := range s.unaryHandlers {
+			s.handlerTargets[name] = &relay.Target{Name: "podgate", Unary: h, MaxMessage: MaxMessageSize}
 		}
 	}
 	s.mu.Unlock()

@@ -39,6 +39,9 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 	// Padding is not passed on: it goes back at once.
 	ss.credit(d, s, n-int64(len(payload)))
 	h.done = f.StreamEnded()
+	if s.unary != nil && d.toUp {
+		return ss.unaryDataLocked(d, s, payload, h.done)
+	}
 	if len(payload) == 0 && !h.done {
 		// Nothing to pass on.
 		ss.mu.Unlock()
@@ -139,8 +142,8 @@ func (ss *session) writeLocked(d dir, s *stream, out []item, done []*[]byte) err
 // set and src may still send on it, once enough have been passed on to be worth a
 // WINDOW_UPDATE (written at the next flush). mu is held.
 func (ss *session) credit(d dir, s *stream, n int64) {
-	if n <= 0 {
-		return
+	if n <= 0 || d.src.conn == nil {
+		return // nothing to give back to the answers of a Unary target
 	}
 	src := d.src
 	src.recvUnacked += n
@@ -187,6 +190,9 @@ func (ss *session) endLocked(s *stream) {
 // removeLocked forgets s; what it still held in its queues goes back to the connections'
 // windows. mu is held.
 func (ss *session) removeLocked(s *stream) {
+	if s.unary != nil && s.unary.cancel != nil {
+		s.unary.cancel() // the handler's call ends with it
+	}
 	s.removed = true
 	if ss.streams[s.downID] == s {
 		delete(ss.streams, s.downID)
@@ -374,11 +380,14 @@ func (ss *session) sendPending(e *endpoint, u *upstream, id uint32) {
 			continue
 		}
 		d := dir{dst: e, toUp: u != nil}
-		if u != nil {
+		switch {
+		case u != nil:
 			d.src = ss.down
-		} else if s.up != nil {
+		case s.up != nil:
 			d.src = s.up.ep
-		} else {
+		case s.unary != nil:
+			d.src = ss.self
+		default:
 			ss.mu.Unlock()
 			continue
 		}

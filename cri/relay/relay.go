@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"strconv"
 	"sync"
@@ -54,6 +55,21 @@ type Target struct {
 	// Unavailable, when set, says why calls cannot be forwarded now (the runtime is down): the
 	// call fails at once with that message rather than waiting for a dial.
 	Unavailable func() error
+	// Unary, when set, answers the target's calls in this process instead: the relay takes
+	// the request's one message, runs Unary in a goroutine of its own with the call's
+	// deadline (and its cancellation when the client resets it), and sends the answer within
+	// the client's windows. Dial is not used then.
+	Unary func(ctx context.Context, call *UnaryCall) *UnaryAnswer
+	// MaxMessage bounds a request message Unary takes (default 4 MiB, gRPC's); a larger one
+	// is answered ResourceExhausted.
+	MaxMessage int
+}
+
+func (t *Target) maxMessage() int {
+	if t.MaxMessage > 0 {
+		return t.MaxMessage
+	}
+	return 4 << 20
 }
 
 // Call is what the relay tells its observer about one call.
@@ -227,6 +243,8 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	br := bufio.NewReaderSize(c, readBuffer)
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
 	ss.down = newEndpoint(c, br)
+	// The source of what Unary targets answer: no connection, windows nobody counts.
+	ss.self = &endpoint{recvWindow: math.MaxInt64}
 	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	ss.down.fr.MaxHeaderListSize = maxHeaderList
 	if !s.addSession(ss) {

@@ -19,6 +19,8 @@ type session struct {
 	ctx  context.Context
 	down *endpoint
 
+	self *endpoint // the side of the answers Unary targets give
+
 	mu        sync.Mutex
 	streams   map[uint32]*stream     // by the client's stream id
 	ups       map[*Target]*upstream  // the connection new calls to a target take
@@ -56,8 +58,9 @@ type stream struct {
 	toUp, toDown half
 	token        any
 	code         codes.Code
-	headersSent  bool // the client has the response headers
-	local        bool // answered by the relay itself; the client's data is dropped
+	headersSent  bool       // the client has the response headers
+	local        bool       // answered by the relay itself; the client's data is dropped
+	unary        *unaryCall // answered by a Unary target in the process
 	// dropUp: the server ended the call and wants no more of the client's data, which is
 	// dropped; the answer still goes out.
 	dropUp  bool
@@ -249,6 +252,10 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 			return nil
 		}
 		s.toUp.done = true
+		if s.unary != nil {
+			ss.dispatchLocked(s)
+			return nil
+		}
 		if s.local || s.dropUp {
 			s.toUp.sentEnd = true
 			ss.endLocked(s)
@@ -287,6 +294,10 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	if target == nil {
 		ss.answerLocal(s, codes.Unimplemented, "unknown method "+path)
+		return nil
+	}
+	if target.Unary != nil {
+		ss.startUnary(s, f, target)
 		return nil
 	}
 	if target.Unavailable != nil {

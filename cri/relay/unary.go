@@ -1,0 +1,284 @@
+package relay
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// UnaryCall is a unary call that a Target answers in the relay's own process (Target.Unary).
+type UnaryCall struct {
+	// Path is the call's method, "/service/Method".
+	Path string
+	// Header holds the request's header fields as grpc-go's server hands them to a handler:
+	// pseudo-headers (":authority") included, binary ("-bin") values decoded.
+	Header metadata.MD
+	// Message is the request message, without gRPC's 5-byte prefix.
+	Message []byte
+}
+
+// UnaryAnswer is a Target's answer to a UnaryCall.
+type UnaryAnswer struct {
+	// Header and Trailer are sent with the answer, as grpc.SetHeader and grpc.SetTrailer would.
+	Header, Trailer metadata.MD
+	// Message is the answer's message, without gRPC's prefix; ignored when Err is set.
+	Message []byte
+	// Err is the call's status (status.FromError), nil for OK.
+	Err error
+}
+
+// unaryCall is a stream a Target answers in the process: the request as it arrives, then the
+// handler's run.
+type unaryCall struct {
+	target *Target
+	header metadata.MD
+	// deadline is the client's grpc-timeout, zero without one.
+	deadline    time.Time
+	contentType string
+	buf         []byte
+	tooBig      bool
+	cancel      context.CancelFunc
+}
+
+// startUnary begins a call that t answers in the process; called from clientHeaders for a new
+// stream not yet registered.
+func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
+	u := &unaryCall{target: t, header: metadata.MD{}, contentType: "application/grpc"}
+	for _, hf := range f.Fields {
+		switch {
+		case hf.Name == "grpc-timeout":
+			d, err := parseTimeout(hf.Value)
+			if err != nil {
+				ss.answerLocal(s, codes.Internal, err.Error())
+				return
+			}
+			u.deadline = time.Now().Add(d)
+		case hf.Name == "content-type" && strings.HasPrefix(hf.Value, "application/grpc"):
+			u.contentType = hf.Value
+		}
+		v := hf.Value
+		if strings.HasSuffix(hf.Name, "-bin") {
+			b, err := decodeBinary(v)
+			if err != nil {
+				ss.answerLocal(s, codes.Internal, fmt.Sprintf("malformed binary metadata %q in header %q", v, hf.Name))
+				return
+			}
+			v = string(b)
+		}
+		u.header[hf.Name] = append(u.header[hf.Name], v)
+	}
+	s.unary = u
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		ss.observeEnd(s)
+		return
+	}
+	s.toDown.send = ss.down.peerInitWindow
+	ss.streams[s.downID] = s
+	if s.toUp.done {
+		ss.dispatchLocked(s)
+		return
+	}
+	ss.mu.Unlock()
+}
+
+// unaryDataLocked takes the request's bytes of a call answered in the process: they are
+// consumed as they come (their window goes back at once). Called with mu held, it releases it.
+func (ss *session) unaryDataLocked(d dir, s *stream, payload []byte, end bool) error {
+	u := s.unary
+	ss.credit(d, s, int64(len(payload)))
+	switch {
+	case u.tooBig:
+	case len(u.buf)+len(payload) > 5+u.target.maxMessage():
+		u.tooBig, u.buf = true, nil
+	default:
+		u.buf = append(u.buf, payload...)
+	}
+	if end {
+		ss.dispatchLocked(s)
+		return nil
+	}
+	ss.mu.Unlock()
+	return nil
+}
+
+// dispatchLocked runs the target's handler on the whole request, in a goroutine of its own, and
+// answers the client when it returns. Called with mu held, it releases it.
+func (ss *session) dispatchLocked(s *stream) {
+	u := s.unary
+	s.toUp.done, s.toUp.sentEnd = true, true
+	ctx, cancel := context.WithCancel(ss.ctx)
+	if !u.deadline.IsZero() {
+		ctx, cancel = context.WithDeadline(ss.ctx, u.deadline)
+	}
+	u.cancel = cancel
+	msg, err := u.message()
+	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg}
+	u.buf = nil
+	ss.mu.Unlock()
+	go func() {
+		defer cancel()
+		var a *UnaryAnswer
+		if err != nil {
+			a = &UnaryAnswer{Err: err}
+		} else {
+			a = u.target.Unary(ctx, call)
+		}
+		ss.answerUnary(s, a)
+	}()
+}
+
+// message is the request's one message, or the status a gRPC server answers a bad one with.
+func (u *unaryCall) message() ([]byte, error) {
+	switch {
+	case u.tooBig:
+		return nil, status.Errorf(codes.ResourceExhausted, "received message larger than max (%d)", u.target.maxMessage())
+	case len(u.buf) < 5:
+		return nil, status.Error(codes.Internal, "the request has no message")
+	case u.buf[0] != 0:
+		return nil, status.Error(codes.Unimplemented, "compressed requests are not supported")
+	}
+	n := binary.BigEndian.Uint32(u.buf[1:5])
+	switch {
+	case int64(n) > int64(u.target.maxMessage()):
+		return nil, status.Errorf(codes.ResourceExhausted, "received message larger than max (%d vs. %d)", n, u.target.maxMessage())
+	case int(n) != len(u.buf)-5:
+		return nil, status.Errorf(codes.Internal, "the request's message is %d bytes, its prefix says %d", len(u.buf)-5, n)
+	}
+	return u.buf[5:], nil
+}
+
+// answerUnary sends a's answer on s, within the client's windows, unless the client reset the
+// call or left meanwhile.
+func (ss *session) answerUnary(s *stream, a *UnaryAnswer) {
+	d := dir{src: ss.self, dst: ss.down}
+	// Not a reader's loop, which flushes after each frame: what this writes leaves at once.
+	defer ss.flush(ss.down)
+	code := status.Code(a.Err)
+	ss.mu.Lock()
+	if !s.removed {
+		s.code = code // the observer's; a reset after this wins
+	}
+	ss.mu.Unlock()
+	if a.Err != nil {
+		st := status.Convert(a.Err)
+		fields := append(answerHeaders(s.unary.contentType, a.Header), statusFields(st)...)
+		fields = append(fields, metadataFields(a.Trailer)...)
+		ss.sendUnaryItem(d, s, item{headers: fields, end: true})
+		return
+	}
+	msg := make([]byte, 5+len(a.Message))
+	binary.BigEndian.PutUint32(msg[1:5], uint32(len(a.Message)))
+	copy(msg[5:], a.Message)
+	if !ss.sendUnaryItem(d, s, item{headers: answerHeaders(s.unary.contentType, a.Header)}) {
+		return
+	}
+	for len(msg) > 0 {
+		n := min(len(msg), maxFrame)
+		if !ss.sendUnaryItem(d, s, item{data: msg[:n]}) {
+			return
+		}
+		msg = msg[n:]
+	}
+	ss.sendUnaryItem(d, s, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
+}
+
+// sendUnaryItem sends (or queues) it on s unless s has gone; it says whether s is still there.
+func (ss *session) sendUnaryItem(d dir, s *stream, it item) bool {
+	ss.mu.Lock()
+	if s.removed {
+		ss.mu.Unlock()
+		return false
+	}
+	if it.headers != nil && !it.end {
+		s.headersSent = true
+	}
+	if it.end {
+		s.toDown.done = true
+	}
+	_ = ss.sendLocked(d, s, it) // a broken connection shows in the client's reader
+	return true
+}
+
+func answerHeaders(contentType string, md metadata.MD) []hpack.HeaderField {
+	return append([]hpack.HeaderField{{Name: ":status", Value: "200"}, {Name: "content-type", Value: contentType}}, metadataFields(md)...)
+}
+
+// statusFields are the trailers that carry st.
+func statusFields(st *status.Status) []hpack.HeaderField {
+	f := []hpack.HeaderField{{Name: "grpc-status", Value: strconv.Itoa(int(st.Code()))}}
+	if st.Message() != "" {
+		f = append(f, hpack.HeaderField{Name: "grpc-message", Value: encodeGrpcMessage(st.Message())})
+	}
+	if p := st.Proto(); len(p.GetDetails()) > 0 {
+		if b, err := proto.Marshal(p); err == nil {
+			f = append(f, hpack.HeaderField{Name: "grpc-status-details-bin", Value: base64.RawStdEncoding.EncodeToString(b)})
+		}
+	}
+	return f
+}
+
+// metadataFields are md's header fields, binary values encoded; pseudo-headers and the
+// headers gRPC sets itself are left out.
+func metadataFields(md metadata.MD) []hpack.HeaderField {
+	var f []hpack.HeaderField
+	for k, vs := range md {
+		k = strings.ToLower(k)
+		if strings.HasPrefix(k, ":") || reservedHeader[k] {
+			continue
+		}
+		for _, v := range vs {
+			if strings.HasSuffix(k, "-bin") {
+				v = base64.RawStdEncoding.EncodeToString([]byte(v))
+			}
+			f = append(f, hpack.HeaderField{Name: k, Value: v})
+		}
+	}
+	return f
+}
+
+// reservedHeader are the headers gRPC sets itself.
+var reservedHeader = map[string]bool{
+	"content-type": true, "user-agent": true, "te": true, "grpc-timeout": true,
+	"grpc-encoding": true, "grpc-accept-encoding": true, "grpc-message-type": true,
+	"grpc-status": true, "grpc-message": true, "grpc-status-details-bin": true,
+}
+
+// decodeBinary decodes a "-bin" header's value, padded or not, as gRPC sends it.
+func decodeBinary(v string) ([]byte, error) {
+	if len(v)%4 == 0 {
+		return base64.StdEncoding.DecodeString(v)
+	}
+	return base64.RawStdEncoding.DecodeString(v)
+}
+
+// parseTimeout parses grpc-timeout: at most 8 digits and a unit (H, M, S, m, u, n).
+func parseTimeout(v string) (time.Duration, error) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, fmt.Errorf("malformed grpc-timeout %q", v)
+	}
+	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("malformed grpc-timeout %q", v)
+	}
+	unit := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second, 'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}[v[len(v)-1]]
+	if unit == 0 {
+		return 0, fmt.Errorf("malformed grpc-timeout %q", v)
+	}
+	if n > int64(time.Duration(1<<63-1)/unit) {
+		return time.Duration(1<<63 - 1), nil
+	}
+	return time.Duration(n) * unit, nil
+}
