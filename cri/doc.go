@@ -10,15 +10,14 @@
 // message, metadata and deadline to the method's handler, which decodes it with
 // k8s.io/cri-api, runs the interceptors and forwards; if they leave the request (or the
 // response) unchanged, the original bytes are forwarded, so the backend still sees exactly what
-// the kubelet sent. With a stats handler (tracing), which must see every call as a gRPC server
-// sees it, every call goes through a gRPC server in the process instead (over an in-memory
-// connection), and so do calls of services that are not CRI, which it refuses.
+// the kubelet sent. Calls of services that are not CRI are refused. Stats handlers (tracing)
+// see every call as a gRPC server's and client's would.
 //
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
 // through [Intercept]. Errors are mapped to gRPC codes once, in the instrumented boundary
 // ([Server] records per-method metrics there); an error that already is a gRPC status, such as
 // one from containerd, passes through unchanged.
 //
-// [StopGracefully] is the one graceful stop with a deadline of podgate's gRPC servers, this
-// proxy's and the PodResources server's.
+// [StopGracefully] is the one graceful stop with a deadline of podgate's gRPC servers (the
+// PodResources server's).
 package cri

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -86,11 +88,6 @@ func Intercept[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Inter
 	if s.started {
 		panic(fmt.Sprintf("cri: Intercept(%s) after Serve", m.FullName()))
 	}
-	sd := s.intercepted[m.service]
-	if sd == nil {
-		sd = &grpc.ServiceDesc{ServiceName: m.service, HandlerType: (*any)(nil)}
-		s.intercepted[m.service] = sd
-	}
 	if h, ok := s.chains[m.FullName()]; ok {
 		// The entry was made by this function for this Method, so it has these types.
 		h := h.(*interceptedMethod[Req, Resp])
@@ -100,7 +97,6 @@ func Intercept[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Inter
 	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}}
 	s.chains[m.FullName()] = h
 	s.unaryHandlers[m.FullName()] = h.serveUnary
-	sd.Methods = append(sd.Methods, grpc.MethodDesc{MethodName: m.name, Handler: h.handle})
 }
 
 // interceptedMethod serves one intercepted method: it decodes the request, runs the
@@ -111,25 +107,19 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 	chain []Interceptor[Req, Resp]
 }
 
-// handle serves the method on the gRPC server in the process (with a stats handler, tracing).
-//
-//nolint:revive // the signature is grpc's method handler's, context second.
-func (h *interceptedMethod[Req, Resp]) handle(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-	var in frame
-	if err := dec(&in); err != nil {
-		return nil, err
-	}
-	reqBytes := in.data.Materialize()
-	in.free()
-	return h.serve(ctx, reqBytes)
-}
-
 // serveUnary serves the method as the relay's Unary target: the request message as it came,
-// the answer's bytes back.
+// the answer's bytes back. The stats handlers (tracing) see the call as a gRPC server's would.
 func (h *interceptedMethod[Req, Resp]) serveUnary(ctx context.Context, call *relay.UnaryCall) *relay.UnaryAnswer {
 	ts := &unaryStream{method: call.Path}
 	ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, call.Header), ts)
+	for _, sh := range h.s.statsHandlers {
+		ctx = sh.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: call.Path})
+		sh.HandleRPC(ctx, &stats.Begin{BeginTime: time.Now()})
+	}
 	out, err := h.serve(ctx, call.Message)
+	for _, sh := range h.s.statsHandlers {
+		sh.HandleRPC(ctx, &stats.End{EndTime: time.Now(), Error: err})
+	}
 	a := &relay.UnaryAnswer{Err: err}
 	a.Header, a.Trailer = ts.finish()
 	if err == nil {

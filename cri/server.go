@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/podgate/podgate/cri/relay"
@@ -29,37 +28,31 @@ var (
 )
 
 // Server is the CRI proxy. Its socket is served by a frame-level HTTP/2 relay (cri/relay): a
-// call podgate does not intercept goes to the runtime as it came, frame by frame. The relay
-// answers the calls podgate intercepts in the process, with their handlers (which decode them,
-// run the interceptors and call the runtime). When a stats handler (tracing) must see every
-// call, every call goes through a gRPC server in the process (grpc) instead, over an in-memory
-// connection; so do calls of services that are not CRI, which that server refuses.
+// call podgate does not intercept goes to the runtime as it came, frame by frame; the relay
+// answers the calls podgate intercepts in the process, with their handlers, which decode them,
+// run the interceptors and call the runtime; it refuses calls of services that are not CRI.
 type Server struct {
 	runtime *Backend
 	image   *Backend
 	metrics *Metrics
 	logger  klog.Logger
 
-	relay    *relay.Server
-	grpc     *grpc.Server
-	internal *bufconn.Listener
-	// The relay's targets: the runtime and image backends, and the in-process server.
-	runtimeTarget, imageTarget, internalTarget *relay.Target
-	serveInternal                              sync.Once
+	relay *relay.Server
+	// The relay's targets: the runtime and image backends, and podgate itself for services
+	// that are not CRI.
+	runtimeTarget, imageTarget, refuseTarget *relay.Target
 	// unary holds the methods podgate's cri-api declares unary; every other method (streams,
-	// and methods newer than podgate) takes the streaming path, which carries both shapes.
+	// and methods newer than podgate) is long-lived: Shutdown ends it.
 	unary map[string]bool
-	// intercepted holds a ServiceDesc per service with the methods that have interceptors.
-	intercepted map[string]*grpc.ServiceDesc
-	// chains maps a full method name to its *interceptedMethod.
-	chains map[string]any
-	// unaryHandlers maps a full method name to its interceptedMethod's serveUnary, and
-	// handlerTargets to the relay's target that answers the method with it, in the process.
+	// chains maps a full method name to its *interceptedMethod, unaryHandlers to its
+	// serveUnary, and handlerTargets to the relay's target that answers the method with it.
+	chains         map[string]any
 	unaryHandlers  map[string]func(context.Context, *relay.UnaryCall) *relay.UnaryAnswer
 	handlerTargets map[string]*relay.Target
 	started        bool
 
-	// statsHandlers see every call (tracing); none by default, and then grpc calls none.
+	// statsHandlers see every call (tracing), as a gRPC server's would; none by default, and
+	// then a call costs nothing more.
 	statsHandlers []stats.Handler
 
 	// inFlight counts the calls being served; lastEnd is when the last one ended (UnixNano):
@@ -67,10 +60,7 @@ type Server struct {
 	inFlight atomic.Int64
 	lastEnd  atomic.Int64
 
-	// stopping is cancelled when shutdown begins: open streams end then.
-	stopping   context.Context
-	stopStream context.CancelFunc
-	mu         sync.Mutex
+	mu sync.Mutex
 }
 
 // Option configures a Server.
@@ -80,8 +70,8 @@ type Option func(*Server)
 func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
 
 // WithStatsHandler adds a gRPC stats handler that sees every call, intercepted or passed
-// through: tracing's, which continues the kubelet's trace from the call's metadata. Without
-// one the server is built exactly as before, so a call costs nothing more.
+// through, as a gRPC server's stats handler would: tracing's, which continues the kubelet's
+// trace from the call's metadata. Without one a call costs nothing more.
 func WithStatsHandler(h stats.Handler) Option {
 	return func(s *Server) { s.statsHandlers = append(s.statsHandlers, h) }
 }
@@ -97,7 +87,6 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		image:         image,
 		logger:        klog.Background(),
 		unary:         map[string]bool{},
-		intercepted:   map[string]*grpc.ServiceDesc{},
 		chains:        map[string]any{},
 		unaryHandlers: map[string]func(context.Context, *relay.UnaryCall) *relay.UnaryAnswer{},
 	}
@@ -107,50 +96,29 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 	if s.metrics == nil {
 		s.metrics = NewMetrics(prometheus.NewRegistry())
 	}
-	s.stopping, s.stopStream = context.WithCancel(context.Background())
 	for _, sd := range []*grpc.ServiceDesc{&runtimeapi.RuntimeService_ServiceDesc, &runtimeapi.ImageService_ServiceDesc} {
 		for _, m := range sd.Methods {
 			s.unary["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}
 	}
-	serverOpts := []grpc.ServerOption{
-		grpc.ForceServerCodecV2(newRawCodec()),
-		grpc.MaxRecvMsgSize(MaxMessageSize),
-		grpc.MaxSendMsgSize(MaxMessageSize),
-		// grpc hands unknown services and unknown methods of registered services to this
-		// handler: everything podgate does not intercept.
-		grpc.UnknownServiceHandler(s.passthrough),
-	}
-	for _, h := range s.statsHandlers {
-		serverOpts = append(serverOpts, grpc.StatsHandler(h))
-	}
-	s.grpc = grpc.NewServer(serverOpts...)
-	s.internal = bufconn.Listen(internalBuffer)
-	s.internalTarget = &relay.Target{Name: "podgate's CRI handlers", Dial: s.internal.DialContext}
 	s.runtimeTarget = runtime.target()
 	s.imageTarget = s.runtimeTarget
 	if image != runtime {
 		s.imageTarget = image.target()
 	}
+	s.refuseTarget = &relay.Target{Name: "podgate", Unary: s.refuse}
 	s.relay = &relay.Server{
 		Route:           s.route,
-		Observer:        observer{s},
+		Observer:        &observer{s: s},
 		LongLived:       func(path string) bool { return !s.unary[path] },
 		ShutdownMessage: "podgate is shutting down",
 	}
 	return s
 }
 
-// internalBuffer is the buffer of each in-process connection to the gRPC server, each way.
-const internalBuffer = 64 << 10
-
-// route says where a call goes: to the backend of its service as it is, or to the in-process
-// gRPC server when podgate intercepts it, when a stats handler must see every call, or when
-// its service is not CRI (that server refuses it, as podgate serves nothing else).
+// route says where a call goes: to podgate's handler when podgate intercepts it, to the
+// backend of its service as it is otherwise, to podgate's refusal when its service is not CRI.
 func (s *Server) route(fullMethod string) *relay.Target {
-	if len(s.statsHandlers) > 0 {
-		return s.internalTarget
-	}
 	if t, ok := s.handlerTargets[fullMethod]; ok {
 		return t
 	}
@@ -160,41 +128,12 @@ func (s *Server) route(fullMethod string) *relay.Target {
 	case s.image:
 		return s.imageTarget
 	}
-	return s.internalTarget
+	return s.refuseTarget
 }
 
-// observer records the metrics of the calls the relay forwards to a backend; the in-process
-// server records its own (instrument).
-type observer struct{ s *Server }
-
-// relayedCall is a call the relay forwards to a backend, while it is open.
-type relayedCall struct {
-	mm    *methodMetrics
-	path  string
-	start time.Time
-}
-
-func (o observer) Begin(c relay.Call) any {
-	if c.Target == o.s.internalTarget || c.Target.Unary != nil {
-		return nil // instrumented by its handler
-	}
-	mm := o.s.metrics.forMethod(c.Path)
-	mm.inFlight.Inc()
-	o.s.inFlight.Add(1)
-	return &relayedCall{mm: mm, path: c.Path, start: time.Now()}
-}
-
-func (o observer) End(token any, code codes.Code) {
-	c, ok := token.(*relayedCall)
-	if !ok {
-		return
-	}
-	c.mm.done(c.start, code)
-	o.s.lastEnd.Store(time.Now().UnixNano())
-	o.s.inFlight.Add(-1)
-	if code != codes.OK && o.s.logger.V(3).Enabled() {
-		o.s.logger.V(3).Info("CRI call failed", "method", shortMethod(c.path), "code", code.String())
-	}
+// refuse answers a call of a service that is not CRI: podgate's socket never exposes more.
+func (s *Server) refuse(ctx context.Context, call *relay.UnaryCall) *relay.UnaryAnswer {
+	return &relay.UnaryAnswer{Err: s.instrument(ctx, call.Path, func() error { return unknownService(call.Path) })}
 }
 
 // Serve serves CRI on l until Shutdown. It returns nil after a Shutdown.
@@ -202,23 +141,12 @@ func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()
 	if !s.started {
 		s.started = true
-		for _, sd := range s.intercepted {
-			s.grpc.RegisterService(sd, nil)
-		}
 		s.handlerTargets = map[string]*relay.Target{}
 		for name, h := range s.unaryHandlers {
 			s.handlerTargets[name] = &relay.Target{Name: "podgate", Unary: h, MaxMessage: MaxMessageSize}
 		}
 	}
 	s.mu.Unlock()
-	s.serveInternal.Do(func() {
-		go func() {
-			// It ends with Shutdown's stop of the server; until then it serves the relay.
-			if err := s.grpc.Serve(s.internal); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-				s.logger.Error(err, "In-process CRI server ended")
-			}
-		}()
-	})
 	return s.relay.Serve(l)
 }
 
@@ -226,10 +154,7 @@ func (s *Server) Serve(l net.Listener) error {
 // reconnect, as after a runtime restart), and lets unary calls in flight finish until ctx ends;
 // then it cuts what is left.
 func (s *Server) Shutdown(ctx context.Context) {
-	s.stopStream()
-	ctx = klog.NewContext(ctx, s.logger.WithValues("server", "CRI"))
-	s.relay.Shutdown(ctx)
-	StopGracefully(ctx, s.grpc)
+	s.relay.Shutdown(klog.NewContext(ctx, s.logger.WithValues("server", "CRI")))
 }
 
 // backendFor returns the backend that serves fullMethod, or nil for a service that is not CRI.

@@ -221,7 +221,7 @@ func newRecorder() *recorder {
 	return &recorder{ended: map[string][]codes.Code{}, done: make(chan struct{}, 100)}
 }
 
-func (r *recorder) Begin(c Call) any {
+func (r *recorder) Begin(c *Call) any {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.begun = append(r.begun, c.Path)

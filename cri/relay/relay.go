@@ -9,7 +9,9 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 )
 
 const (
@@ -76,12 +79,56 @@ func (t *Target) maxMessage() int {
 type Call struct {
 	Path   string
 	Target *Target
+	// Header is the request's header fields, as the client sent them; not to be changed.
+	Header []hpack.HeaderField
+	// set holds the fields Set replaces or adds.
+	set []hpack.HeaderField
 }
 
-// Observer sees every call the relay forwards (metrics).
+// Set makes the call reach its target with header field name set to value, in place of the
+// client's (a trace context of the observer's own, say). Names are lower case.
+func (c *Call) Set(name, value string) {
+	c.set = append(c.set, hpack.HeaderField{Name: name, Value: value})
+}
+
+// Metadata is the call's header fields as the incoming metadata a gRPC server hands a handler:
+// pseudo-headers (":authority") included, binary ("-bin") values decoded; a binary value that
+// does not decode is an error, as on a gRPC server.
+func (c *Call) Metadata() (metadata.MD, error) {
+	md := make(metadata.MD, len(c.Header))
+	for _, f := range c.Header {
+		v := f.Value
+		if strings.HasSuffix(f.Name, "-bin") {
+			b, err := decodeBinary(v)
+			if err != nil {
+				return nil, fmt.Errorf("malformed binary metadata %q in header %q", v, f.Name)
+			}
+			v = string(b)
+		}
+		md[f.Name] = append(md[f.Name], v)
+	}
+	return md, nil
+}
+
+// forwarded is the header block the call goes to its target with.
+func (c *Call) forwarded() []hpack.HeaderField {
+	if len(c.set) == 0 {
+		return c.Header
+	}
+	out := make([]hpack.HeaderField, 0, len(c.Header)+len(c.set))
+	for _, f := range c.Header {
+		if !slices.ContainsFunc(c.set, func(s hpack.HeaderField) bool { return s.Name == f.Name }) {
+			out = append(out, f)
+		}
+	}
+	return append(out, c.set...)
+}
+
+// Observer sees every call the relay forwards (metrics, tracing).
 type Observer interface {
-	// Begin is called when a call's headers arrive; its result is handed to End.
-	Begin(c Call) any
+	// Begin is called when a call's headers arrive, before it goes on; its result is handed
+	// to End.
+	Begin(c *Call) any
 	// End is called once when the call ends, with its gRPC code.
 	End(token any, code codes.Code)
 }

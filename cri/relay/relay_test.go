@@ -697,3 +697,34 @@ func TestServeOutlivesPassingAcceptErrors(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+// setter is an Observer that replaces one header field of every call.
+type setter struct{ name, value string }
+
+func (o setter) Begin(c *Call) any {
+	c.Set(o.name, o.value)
+	return nil
+}
+
+func (setter) End(any, codes.Code) {}
+
+// TestObserverSetsAHeader: a field the observer sets reaches the server in place of the
+// client's (tracing's trace context of podgate's span), the rest as the client sent it.
+func TestObserverSetsAHeader(t *testing.T) {
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	tgt := up.target()
+	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: setter{"traceparent", "00-podgate-01"}})
+	cl := dialRelay(t, sock)
+	cl.headers(1, true, append(grpcRequest("/svc/M"), "traceparent", "00-kubelet-01", "x-caller", "kubelet")...)
+	h := up.accept().readUntil(isHeaders).(*http2.MetaHeadersFrame)
+	var parents []string
+	for _, f := range h.Fields {
+		if f.Name == "traceparent" {
+			parents = append(parents, f.Value)
+		}
+	}
+	if len(parents) != 1 || parents[0] != "00-podgate-01" || field(h, "x-caller") != "kubelet" || field(h, ":path") != "/svc/M" {
+		t.Errorf("the server got traceparent %v and %v", parents, h.Fields)
+	}
+}

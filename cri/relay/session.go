@@ -285,12 +285,15 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 
+	fields := f.Fields
 	s := &stream{downID: id, path: path}
 	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
 	s.toUp.done = f.StreamEnded()
 	target := ss.srv.Route(path)
 	if ss.srv.Observer != nil {
-		s.token = ss.srv.Observer.Begin(Call{Path: path, Target: target})
+		call := &Call{Path: path, Target: target, Header: f.Fields}
+		s.token = ss.srv.Observer.Begin(call)
+		fields = call.forwarded()
 	}
 	if target == nil {
 		ss.answerLocal(s, codes.Unimplemented, "unknown method "+path)
@@ -339,7 +342,7 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	up.ep.wmu.Lock()
 	maxFrame := up.ep.peerMaxFrame
 	ss.mu.Unlock()
-	err = up.ep.writeHeaders(s.upID, f.Fields, s.toUp.done, maxFrame)
+	err = up.ep.writeHeaders(s.upID, fields, s.toUp.done, maxFrame)
 	up.ep.wmu.Unlock()
 	if err != nil {
 		ss.upstreamFailed(up, err)

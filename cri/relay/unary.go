@@ -54,7 +54,7 @@ type unaryCall struct {
 // startUnary begins a call that t answers in the process; called from clientHeaders for a new
 // stream not yet registered.
 func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
-	u := &unaryCall{target: t, header: metadata.MD{}, contentType: "application/grpc"}
+	u := &unaryCall{target: t, contentType: "application/grpc"}
 	for _, hf := range f.Fields {
 		switch {
 		case hf.Name == "grpc-timeout":
@@ -67,17 +67,13 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 		case hf.Name == "content-type" && strings.HasPrefix(hf.Value, "application/grpc"):
 			u.contentType = hf.Value
 		}
-		v := hf.Value
-		if strings.HasSuffix(hf.Name, "-bin") {
-			b, err := decodeBinary(v)
-			if err != nil {
-				ss.answerLocal(s, codes.Internal, fmt.Sprintf("malformed binary metadata %q in header %q", v, hf.Name))
-				return
-			}
-			v = string(b)
-		}
-		u.header[hf.Name] = append(u.header[hf.Name], v)
 	}
+	md, err := (&Call{Header: f.Fields}).Metadata()
+	if err != nil {
+		ss.answerLocal(s, codes.Internal, err.Error())
+		return
+	}
+	u.header = md
 	s.unary = u
 	ss.mu.Lock()
 	if ss.closed {

@@ -1,0 +1,107 @@
+package cri
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/podgate/podgate/cri/relay"
+)
+
+// observer records the metrics of the calls the relay forwards to a backend (podgate's own
+// handlers record theirs: instrument) and, with stats handlers, shows those calls to them as
+// a gRPC server and client would: the server's handlers see the call come in, the backend's
+// see it go out, and the trace context they write for the backend replaces the caller's.
+type observer struct{ s *Server }
+
+// relayedCall is a call the relay forwards to a backend, while it is open.
+type relayedCall struct {
+	mm    *methodMetrics
+	path  string
+	start time.Time
+	// The contexts the stats handlers tagged, server side and backend side.
+	inCtx, outCtx context.Context
+	backend       *Backend
+}
+
+func (o *observer) Begin(c *relay.Call) any {
+	if c.Target.Unary != nil {
+		return nil // instrumented by its handler
+	}
+	mm := o.s.metrics.forMethod(c.Path)
+	mm.inFlight.Inc()
+	o.s.inFlight.Add(1)
+	rc := &relayedCall{mm: mm, path: c.Path, start: time.Now()}
+	if len(o.s.statsHandlers) > 0 {
+		rc.backend = o.s.backendFor(c.Path)
+		o.traceBegin(rc, c)
+	}
+	return rc
+}
+
+func (o *observer) End(token any, code codes.Code) {
+	c, ok := token.(*relayedCall)
+	if !ok {
+		return
+	}
+	if c.inCtx != nil {
+		o.traceEnd(c, code)
+	}
+	c.mm.done(c.start, code)
+	o.s.lastEnd.Store(time.Now().UnixNano())
+	o.s.inFlight.Add(-1)
+	if code != codes.OK && o.s.logger.V(3).Enabled() {
+		o.s.logger.V(3).Info("CRI call failed", "method", shortMethod(c.path), "code", code.String())
+	}
+}
+
+// traceBegin shows the call to the stats handlers: coming in with the caller's metadata, going
+// out to the backend with what the backend's handlers add (the trace context of podgate's
+// span), which the relay then sends in place of the caller's.
+func (o *observer) traceBegin(rc *relayedCall, c *relay.Call) {
+	md, _ := c.Metadata() // a malformed binary value is the backend's to refuse
+	now := time.Now()
+	info := &stats.RPCTagInfo{FullMethodName: c.Path}
+	rc.inCtx = metadata.NewIncomingContext(context.Background(), md)
+	for _, h := range o.s.statsHandlers {
+		rc.inCtx = h.TagRPC(rc.inCtx, info)
+		h.HandleRPC(rc.inCtx, &stats.Begin{BeginTime: now, IsServerStream: !o.s.unary[c.Path]})
+	}
+	if rc.backend == nil {
+		return
+	}
+	rc.outCtx = rc.inCtx
+	for _, h := range rc.backend.statsHandlers {
+		rc.outCtx = h.TagRPC(rc.outCtx, info)
+		h.HandleRPC(rc.outCtx, &stats.Begin{Client: true, BeginTime: now})
+	}
+	out, _ := metadata.FromOutgoingContext(rc.outCtx)
+	for k, vs := range out {
+		if len(vs) > 0 {
+			c.Set(strings.ToLower(k), vs[0])
+		}
+	}
+}
+
+// traceEnd tells the stats handlers the call ended, with its code.
+func (o *observer) traceEnd(rc *relayedCall, code codes.Code) {
+	end := &stats.End{EndTime: time.Now()}
+	if code != codes.OK {
+		end.Error = status.Error(code, code.String())
+	}
+	if rc.outCtx != nil {
+		for _, h := range rc.backend.statsHandlers {
+			client := *end
+			client.Client = true
+			h.HandleRPC(rc.outCtx, &client)
+		}
+	}
+	for _, h := range o.s.statsHandlers {
+		h.HandleRPC(rc.inCtx, end)
+	}
+}
