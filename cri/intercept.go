@@ -225,25 +225,20 @@ var _ grpc.ServerTransportStream = (*unaryStream)(nil)
 
 func (s *unaryStream) Method() string { return s.method }
 
-func (s *unaryStream) SetHeader(md metadata.MD) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.done {
-		return status.Error(codes.Internal, "the call has been answered")
-	}
-	s.header = metadata.Join(s.header, md)
-	return nil
-}
+func (s *unaryStream) SetHeader(md metadata.MD) error { return s.add(&s.header, md) }
 
 func (s *unaryStream) SendHeader(md metadata.MD) error { return s.SetHeader(md) }
 
-func (s *unaryStream) SetTrailer(md metadata.MD) error {
+func (s *unaryStream) SetTrailer(md metadata.MD) error { return s.add(&s.trailer, md) }
+
+// add joins md to the header or trailer metadata, until the call is answered.
+func (s *unaryStream) add(to *metadata.MD, md metadata.MD) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.done {
 		return status.Error(codes.Internal, "the call has been answered")
 	}
-	s.trailer = metadata.Join(s.trailer, md)
+	*to = metadata.Join(*to, md)
 	return nil
 }
 
