@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -30,7 +29,7 @@ type relayedCall struct {
 }
 
 func (o *observer) Begin(c *relay.Call) any {
-	if c.Target.Unary != nil {
+	if c.Target != nil && c.Target.Unary != nil {
 		return nil // instrumented by its handler
 	}
 	mm := o.s.metrics.forMethod(c.Path)
@@ -80,11 +79,8 @@ func (o *observer) traceBegin(rc *relayedCall, c *relay.Call) {
 		rc.outCtx = h.TagRPC(rc.outCtx, info)
 		h.HandleRPC(rc.outCtx, &stats.Begin{Client: true, BeginTime: now})
 	}
-	out, _ := metadata.FromOutgoingContext(rc.outCtx)
-	for k, vs := range out {
-		if len(vs) > 0 {
-			c.Set(strings.ToLower(k), vs[0])
-		}
+	if out, _ := metadata.FromOutgoingContext(rc.outCtx); len(out) > 0 {
+		c.SetMetadata(out)
 	}
 }
 

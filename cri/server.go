@@ -106,7 +106,7 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 	if image != runtime {
 		s.imageTarget = image.target()
 	}
-	s.refuseTarget = &relay.Target{Name: "podgate", Unary: s.refuse}
+	s.refuseTarget = &relay.Target{Name: "podgate", Refuse: unknownService}
 	s.relay = &relay.Server{
 		Route:           s.route,
 		Observer:        &observer{s: s},
@@ -129,11 +129,6 @@ func (s *Server) route(fullMethod string) *relay.Target {
 		return s.imageTarget
 	}
 	return s.refuseTarget
-}
-
-// refuse answers a call of a service that is not CRI: podgate's socket never exposes more.
-func (s *Server) refuse(ctx context.Context, call *relay.UnaryCall) *relay.UnaryAnswer {
-	return &relay.UnaryAnswer{Err: s.instrument(ctx, call.Path, func() error { return unknownService(call.Path) })}
 }
 
 // Serve serves CRI on l until Shutdown. It returns nil after a Shutdown.

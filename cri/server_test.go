@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,6 +144,20 @@ func TestOtherServicesAreNotForwarded(t *testing.T) {
 	err := conn.Invoke(context.Background(), "/containerd.services.namespaces.v1.Namespaces/List", frameOf(nil), &resp, grpc.ForceCodecV2(newRawCodec()))
 	if status.Code(err) != codes.Unimplemented {
 		t.Fatalf("got %v, want Unimplemented", err)
+	}
+	// A streaming call (grpcurl's reflection) is refused at once, not when the client
+	// half-closes: grpcurl waits for the answer with its stream open.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", grpc.ForceCodecV2(newRawCodec()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SendMsg(frameOf(nil)); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	if err := st.RecvMsg(&resp); status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "podgate serves only") {
+		t.Errorf("a reflection stream got %v, want podgate's Unimplemented", err)
 	}
 	if n := be.calls.Load(); n != 0 {
 		t.Errorf("backend got %d calls, want 0", n)

@@ -63,6 +63,10 @@ type Target struct {
 	// deadline (and its cancellation when the client resets it), and sends the answer within
 	// the client's windows. Dial is not used then.
 	Unary func(ctx context.Context, call *UnaryCall) *UnaryAnswer
+	// Refuse, when set, answers every call of the target at once with its error's status,
+	// from the call's headers, as a gRPC server answers a method it does not know: a streaming
+	// client is not waited for, and nothing is dialled. It comes before Unary and Dial.
+	Refuse func(path string) error
 	// MaxMessage bounds a request message Unary takes (default 4 MiB, gRPC's); a larger one
 	// is answered ResourceExhausted.
 	MaxMessage int
@@ -85,10 +89,12 @@ type Call struct {
 	set []hpack.HeaderField
 }
 
-// Set makes the call reach its target with header field name set to value, in place of the
-// client's (a trace context of the observer's own, say). Names are lower case.
-func (c *Call) Set(name, value string) {
-	c.set = append(c.set, hpack.HeaderField{Name: name, Value: value})
+// SetMetadata makes the call reach its target with md's keys set to md's values, in place of
+// the client's fields of those names (a trace context of the observer's own, say), encoded as a
+// gRPC client encodes outgoing metadata: keys in lower case, every value, binary ("-bin")
+// values in base64; keys gRPC sets itself are left as the client sent them.
+func (c *Call) SetMetadata(md metadata.MD) {
+	c.set = append(c.set, metadataFields(md)...)
 }
 
 // Metadata is the call's header fields as the incoming metadata a gRPC server hands a handler:
@@ -153,6 +159,7 @@ type Server struct {
 	stopping  bool
 	quit      chan struct{} // closed by Shutdown: Serve's waits end
 	conns     sync.WaitGroup
+	handlers  sync.WaitGroup // the Unary targets' calls under way
 }
 
 // Serve accepts client connections on l and serves each until Shutdown. It returns nil after
@@ -223,7 +230,9 @@ func passing(err error) bool {
 
 // Shutdown stops accepting connections, tells every client to open no more calls (GOAWAY),
 // ends the LongLived calls with Unavailable, and lets the others finish until ctx ends; then
-// it closes what is left. It returns once every connection has ended.
+// it closes what is left, which cancels the Unary targets' calls still under way. It returns
+// once every connection has ended and every Unary call has returned, so that no handler's work
+// outlives it.
 func (s *Server) Shutdown(ctx context.Context) {
 	s.mu.Lock()
 	if !s.stopping && s.quit != nil {
@@ -250,6 +259,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 		s.conns.Wait()
 		close(done)
 	}()
+	defer s.handlers.Wait()
 	select {
 	case <-done:
 		return

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 )
 
 func isHeaders(f http2.Frame) bool { _, ok := f.(*http2.MetaHeadersFrame); return ok }
@@ -698,33 +701,42 @@ func TestServeOutlivesPassingAcceptErrors(t *testing.T) {
 	}
 }
 
-// setter is an Observer that replaces one header field of every call.
-type setter struct{ name, value string }
+// setter is an Observer that sets metadata on every call.
+type setter struct{ md metadata.MD }
 
 func (o setter) Begin(c *Call) any {
-	c.Set(o.name, o.value)
+	c.SetMetadata(o.md)
 	return nil
 }
 
 func (setter) End(any, codes.Code) {}
 
-// TestObserverSetsAHeader: a field the observer sets reaches the server in place of the
-// client's (tracing's trace context of podgate's span), the rest as the client sent it.
-func TestObserverSetsAHeader(t *testing.T) {
+// TestObserverSetsMetadata: what the observer sets reaches the server in place of the client's
+// fields of the same names (tracing's trace context of podgate's span), binary values in
+// base64 and every value of a key, the rest as the client sent it.
+func TestObserverSetsMetadata(t *testing.T) {
 	dir := shortDir(t)
 	up := startRawUpstream(t, dir)
 	tgt := up.target()
-	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: setter{"traceparent", "00-podgate-01"}})
+	md := metadata.Pairs("traceparent", "00-podgate-01", "grpc-trace-bin", "\x00\xffspan", "baggage", "a=1", "baggage", "b=2")
+	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: setter{md}})
 	cl := dialRelay(t, sock)
-	cl.headers(1, true, append(grpcRequest("/svc/M"), "traceparent", "00-kubelet-01", "x-caller", "kubelet")...)
+	cl.headers(1, true, append(grpcRequest("/svc/M"), "traceparent", "00-kubelet-01", "grpc-trace-bin", "a3ViZWxldA", "x-caller", "kubelet")...)
 	h := up.accept().readUntil(isHeaders).(*http2.MetaHeadersFrame)
-	var parents []string
+	got := map[string][]string{}
 	for _, f := range h.Fields {
-		if f.Name == "traceparent" {
-			parents = append(parents, f.Value)
-		}
+		got[f.Name] = append(got[f.Name], f.Value)
 	}
-	if len(parents) != 1 || parents[0] != "00-podgate-01" || field(h, "x-caller") != "kubelet" || field(h, ":path") != "/svc/M" {
-		t.Errorf("the server got traceparent %v and %v", parents, h.Fields)
+	want := map[string][]string{
+		"traceparent":    {"00-podgate-01"},
+		"grpc-trace-bin": {base64.RawStdEncoding.EncodeToString([]byte("\x00\xffspan"))},
+		"baggage":        {"a=1", "b=2"},
+		"x-caller":       {"kubelet"},
+		":path":          {"/svc/M"},
+	}
+	for k, v := range want {
+		if !slices.Equal(got[k], v) {
+			t.Errorf("the server got %s %q, want %q (all: %v)", k, got[k], v, h.Fields)
+		}
 	}
 }

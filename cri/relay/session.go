@@ -299,6 +299,11 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		ss.answerLocal(s, codes.Unimplemented, "unknown method "+path)
 		return nil
 	}
+	if target.Refuse != nil {
+		st := status.Convert(target.Refuse(path))
+		ss.answerLocal(s, st.Code(), st.Message())
+		return nil
+	}
 	if target.Unary != nil {
 		ss.startUnary(s, f, target)
 		return nil

@@ -115,8 +115,11 @@ func (ss *session) unaryDataLocked(d dir, s *stream, payload []byte, end bool) e
 func (ss *session) dispatchLocked(s *stream) {
 	u := s.unary
 	s.toUp.done, s.toUp.sentEnd = true, true
-	ctx, cancel := context.WithCancel(ss.ctx)
-	if !u.deadline.IsZero() {
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if u.deadline.IsZero() {
+		ctx, cancel = context.WithCancel(ss.ctx)
+	} else {
 		ctx, cancel = context.WithDeadline(ss.ctx, u.deadline)
 	}
 	u.cancel = cancel
@@ -124,7 +127,7 @@ func (ss *session) dispatchLocked(s *stream) {
 	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg}
 	u.buf = nil
 	ss.mu.Unlock()
-	go func() {
+	ss.srv.handlers.Go(func() {
 		defer cancel()
 		var a *UnaryAnswer
 		if err != nil {
@@ -133,7 +136,7 @@ func (ss *session) dispatchLocked(s *stream) {
 			a = u.target.Unary(ctx, call)
 		}
 		ss.answerUnary(s, a)
-	}()
+	})
 }
 
 // message is the request's one message, or the status a gRPC server answers a bad one with.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"strconv"
 	"strings"
 	"testing"
@@ -163,5 +164,73 @@ func TestUnaryTargetBadRequests(t *testing.T) {
 	case p := <-ran:
 		t.Errorf("the handler ran for a bad request: %s", p)
 	default:
+	}
+}
+
+// TestRefuseTarget: a Refuse target's call is answered from its headers, with the refusal's
+// status, while the client still streams: a bidirectional call that has not half-closed gets
+// its answer (as from a gRPC server that does not know the service) instead of hanging.
+func TestRefuseTarget(t *testing.T) {
+	dir := shortDir(t)
+	rec := newRecorder()
+	tgt := &Target{Name: "refusal", Refuse: func(path string) error {
+		return status.Errorf(codes.Unimplemented, "no service for %s", path)
+	}}
+	sock := startRelay(t, dir, &Server{Route: func(string) *Target { return tgt }, Observer: rec})
+	c := unaryClient(t, sock)
+	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
+	defer cancel()
+	st, err := c.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("list services")
+	if err := st.SendMsg(&msg); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	var out []byte
+	err = st.RecvMsg(&out)
+	if s := status.Convert(err); s.Code() != codes.Unimplemented || s.Message() != "no service for /grpc.reflection.v1.ServerReflection/ServerReflectionInfo" {
+		t.Errorf("a stream still open got %v, want the refusal", err)
+	}
+	rec.wantEnded(t, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", codes.Unimplemented)
+}
+
+// TestShutdownWaitsForUnaryHandlers: Shutdown cancels a Unary target's call still under way
+// when its grace ends, and returns only once the handler has returned, so that no handler's
+// work outlives it.
+func TestShutdownWaitsForUnaryHandlers(t *testing.T) {
+	dir := shortDir(t)
+	started, cancelled, proceed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	tgt := &Target{Name: "handlers", Unary: func(ctx context.Context, _ *UnaryCall) *UnaryAnswer {
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		<-proceed // the handler's last work, after its call was cancelled
+		return &UnaryAnswer{Err: status.FromContextError(ctx.Err()).Err()}
+	}}
+	srv := &Server{Route: func(string) *Target { return tgt }}
+	sock, served := serveRelay(t, dir, srv, nil)
+	c := unaryClient(t, sock)
+	in, out := []byte("x"), []byte(nil)
+	go func() { _ = c.Invoke(context.Background(), "/svc/Slow", &in, &out) }()
+	<-started
+	graceOver, over := context.WithCancel(context.Background())
+	over()
+	stopped := make(chan struct{})
+	go func() {
+		srv.Shutdown(graceOver)
+		close(stopped)
+	}()
+	<-cancelled
+	select {
+	case <-stopped:
+		t.Fatal("Shutdown returned while a handler was still running")
+	case <-time.After(200 * time.Millisecond): // a bound for the negative, not a synchronisation
+	}
+	close(proceed)
+	<-stopped
+	if err := <-served; err != nil {
+		t.Errorf("Serve: %v", err)
 	}
 }
