@@ -198,6 +198,8 @@ func (ss *session) removeLocked(s *stream) {
 		delete(ss.streams, s.downID)
 	}
 	if s.up == nil {
+		// Answered in the process: what it still held goes back to the pool.
+		s.toDown.q.drop()
 		return
 	}
 	if s.up.streams[s.upID] == s {

@@ -415,7 +415,15 @@ func (ss *session) closeIfDrained() {
 	done := ss.draining && len(ss.streams) == 0
 	ss.mu.Unlock()
 	if done {
-		_ = ss.down.conn.Close()
+		// What the last call's writer buffered (its trailers) leaves before the connection
+		// closes, even when that writer has not flushed yet.
+		e := ss.down
+		e.wmu.Lock()
+		if e.bw.Buffered() > 0 {
+			_ = e.bw.Flush()
+		}
+		_ = e.conn.Close()
+		e.wmu.Unlock()
 	}
 }
 
