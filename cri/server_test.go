@@ -153,7 +153,7 @@ func TestOtherServicesAreNotForwarded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.SendMsg(frameOf(nil)); err != nil && err != io.EOF {
+	if err := st.SendMsg(frameOf(nil)); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatal(err)
 	}
 	if err := st.RecvMsg(&resp); status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "podgate serves only") {

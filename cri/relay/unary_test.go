@@ -185,7 +185,7 @@ func TestRefuseTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := []byte("list services")
-	if err := st.SendMsg(&msg); err != nil && err != io.EOF {
+	if err := st.SendMsg(&msg); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatal(err)
 	}
 	var out []byte
