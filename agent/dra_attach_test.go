@@ -389,11 +389,7 @@ func (c *countingLinks) count() {
 // marked reports whether a link of h's namespace (nil: the test's own, the host's) carries
 // podgate's mark for the host interface.
 func (c *countingLinks) marked(h *netlink.Handle) bool {
-	list := netlink.LinkList
-	if h != nil {
-		list = h.LinkList
-	}
-	links, err := list()
+	links, err := dra.ListLinks(h)
 	if err != nil {
 		c.t.Error(err)
 		return false

@@ -463,10 +463,7 @@ func findMarked(h *netlink.Handle, name, hostName string) (netlink.Link, linkMar
 			return link, mark, nil
 		}
 	}
-	links, err := h.LinkList()
-	for attempt := 0; errors.Is(err, netlink.ErrDumpInterrupted) && attempt < 3; attempt++ {
-		links, err = h.LinkList()
-	}
+	links, err := ListLinks(h)
 	if err != nil {
 		return nil, linkMark{}, err
 	}
@@ -476,6 +473,21 @@ func findMarked(h *netlink.Handle, name, hostName string) (netlink.Link, linkMar
 		}
 	}
 	return nil, linkMark{}, nil
+}
+
+// ListLinks lists the interfaces of h's network namespace (nil: the caller's). A dump the kernel
+// interrupted because interfaces changed meanwhile (other pods' veths coming and going) is
+// asked again, up to three times, rather than read half.
+func ListLinks(h *netlink.Handle) ([]netlink.Link, error) {
+	list := netlink.LinkList
+	if h != nil {
+		list = h.LinkList
+	}
+	links, err := list()
+	for attempt := 0; errors.Is(err, netlink.ErrDumpInterrupted) && attempt < 3; attempt++ {
+		links, err = list()
+	}
+	return links, err
 }
 
 func isLinkNotFound(err error) bool {

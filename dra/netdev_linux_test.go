@@ -406,7 +406,7 @@ func TestDetachPodNetnsGone(t *testing.T) {
 
 func linkNames(t *testing.T, h *netlink.Handle) []string {
 	t.Helper()
-	links, err := h.LinkList()
+	links, err := ListLinks(h)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"runtime"
 
 	"github.com/containerd/errdefs"
+	"github.com/vishvananda/netlink"
 )
 
 // errNetdevNeedsLinux is what attaching and detaching return off Linux: they move interfaces
@@ -27,6 +28,9 @@ func Detach(context.Context, Attached, string) error { return errNetdevNeedsLinu
 func Resume(context.Context, string, string, InterfaceConfig) (Attached, bool, error) {
 	return Attached{}, false, nil
 }
+
+// ListLinks lists the interfaces of a network namespace. Off Linux there are none to list.
+func ListLinks(*netlink.Handle) ([]netlink.Link, error) { return nil, errNetdevNeedsLinux }
 
 // Reclaim gives back what an interrupted Attach left. Off Linux Attach moves nothing: there is
 // nothing to give back.
