@@ -59,7 +59,7 @@ const (
 // configured) or back on the host as it was; the sandbox's stop (twice) and remove give it back
 // exactly once in all.
 func TestDRAAttachCrashAtEveryStepConverges(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	for _, crash := range []attachCrash{crashAfterIntent, crashAfterMove, crashAfterRecord, crashAfterFailure} {
 		for _, where := range []string{sandboxRuns, sandboxStopsFirst, sandboxGone, sandboxNoNets} {
 			if crash == crashAfterFailure && (where == sandboxRuns || where == sandboxStopsFirst) {
@@ -74,7 +74,7 @@ func TestDRAAttachCrashAtEveryStepConverges(t *testing.T) {
 
 func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	ctx := t.Context()
-	podNetns := attachTestNetns(t)
+	podNetns := podNetns(t)
 	hostIf, wantHost := attachTestHostLink(t)
 	pod := draPod("a", "net")
 	claim := draClaim("net", pod)
@@ -166,7 +166,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 			}
 		}
 		if where == sandboxNoNets {
-			attachTestNetnsDel(t, podNetns)
+			testnet.IP(t, "netns", "del", filepath.Base(podNetns))
 		}
 	}
 
@@ -188,7 +188,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 		stop := func(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 			resp, err := dr.runtimeClient.StopPodSandbox(ctx, req)
 			if _, serr := os.Stat(podNetns); err == nil && serr == nil {
-				attachTestNetnsDel(t, podNetns)
+				testnet.IP(t, "netns", "del", filepath.Base(podNetns))
 			}
 			return resp, err
 		}
@@ -417,36 +417,13 @@ func (c *countingLinks) Reclaim(ctx context.Context, hostIf, netns string) error
 	return c.draNetdevs.Reclaim(ctx, hostIf, netns)
 }
 
-// requireNetAdmin skips a test that moves interfaces between network namespaces when it cannot.
-func requireNetAdmin(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and moves interfaces into them (CI runs as root)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip to create network namespaces")
-	}
-}
-
 var attachTestSeq atomic.Int32
 
-// attachTestNetns creates a network namespace standing for a pod's, removed when the test
-// ends (unless the test removed it), and returns its path.
-func attachTestNetns(t *testing.T) string {
-	t.Helper()
-	name := fmt.Sprintf("pgattach-%d-%d", os.Getpid(), attachTestSeq.Add(1))
-	attachTestIP(t, "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return filepath.Join("/run/netns", name)
-}
-
-func attachTestNetnsDel(t *testing.T, path string) {
-	t.Helper()
-	attachTestIP(t, "netns", "del", filepath.Base(path))
+// podNetns creates a network namespace standing for a pod's, removed when the test ends
+// (unless the test removed it), and returns its path.
+func podNetns(t *testing.T) string {
+	_, path := testnet.Named(t, "pgattach")
+	return path
 }
 
 // attachTestHostLink makes a veth pair on the host (the test's own namespace: podgate moves
@@ -455,23 +432,16 @@ func attachTestNetnsDel(t *testing.T, path string) {
 func attachTestHostLink(t *testing.T) (string, linkState) {
 	t.Helper()
 	name := fmt.Sprintf("pg%dv%d", os.Getpid()%100000, attachTestSeq.Add(1))
-	attachTestIP(t, "link", "add", name, "mtu", "1400", "type", "veth", "peer", "name", name+"p")
+	testnet.IP(t, "link", "add", name, "mtu", "1400", "type", "veth", "peer", "name", name+"p")
 	t.Cleanup(func() {
 		// Removing the peer removes both ends, wherever the device is.
 		if out, err := exec.Command("ip", "link", "del", name+"p").CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 			t.Errorf("ip link del %sp: %v: %s", name, err, out)
 		}
 	})
-	attachTestIP(t, "link", "set", name, "alias", "uplink to rack 7")
-	attachTestIP(t, "link", "set", name, "up")
+	testnet.IP(t, "link", "set", name, "alias", "uplink to rack 7")
+	testnet.IP(t, "link", "set", name, "up")
 	return name, linkState{MTU: 1400, Up: true, Alias: "uplink to rack 7"}
-}
-
-func attachTestIP(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
 }
 
 // linkState is what the test compares of the host interface.
@@ -522,11 +492,11 @@ func (r *refusingLinks) Reclaim(ctx context.Context, hostIf, netns string) error
 // fails gets neither: the first goes back to the host, and both intents go. When giving the
 // failed one back fails too, its intent stays, left, and the next reconcile settles it.
 func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	for _, reclaimFails := range []bool{false, true} {
 		t.Run(fmt.Sprintf("reclaimFails=%t", reclaimFails), func(t *testing.T) {
 			ctx := t.Context()
-			podNetns := attachTestNetns(t)
+			podNetns := podNetns(t)
 			first, wantFirst := attachTestHostLink(t)
 			second, wantSecond := attachTestHostLink(t)
 			pod := draPod("a", "net", "net2")

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -24,43 +23,16 @@ import (
 // for the pod. They touch no other namespace, and podgate's code reaches both through netlink
 // handles, so no thread of the test process enters them for longer than a socket's creation.
 
-func requireNetAdmin(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces and moves interfaces between them (CI runs as root)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip to create network namespaces")
-	}
-}
-
-var netnsCount atomic.Int64
-
 // testNetns creates a network namespace, deleted when the test ends, and returns its path.
 func testNetns(t *testing.T) string {
-	t.Helper()
-	name := fmt.Sprintf("pgtest-%d-%d", os.Getpid(), netnsCount.Add(1))
-	ipCmd(t, "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil && !strings.Contains(string(out), "No such file") {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	return filepath.Join("/run/netns", name)
-}
-
-// ipCmd runs ip with args and fails the test when it fails.
-func ipCmd(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
+	_, path := testnet.Named(t, "pgtest")
+	return path
 }
 
 // inNetns runs ip with args in the namespace at path.
 func inNetns(t *testing.T, path string, args ...string) {
 	t.Helper()
-	ipCmd(t, append([]string{"-n", filepath.Base(path)}, args...)...)
+	testnet.IP(t, append([]string{"-n", filepath.Base(path)}, args...)...)
 }
 
 // handleAt returns a netlink handle in the namespace at path.
@@ -142,7 +114,7 @@ func threadsHome(t *testing.T) {
 }
 
 func TestAttachDetach(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	checkThreadsHome(t)
 	tests := []struct {
 		name     string
@@ -230,7 +202,7 @@ func TestAttachDetach(t *testing.T) {
 }
 
 func TestAttachFailureLeavesHostUnchanged(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	checkThreadsHome(t)
 	tests := []struct {
 		name     string
@@ -323,7 +295,7 @@ func TestAttachFailureLeavesHostUnchanged(t *testing.T) {
 // TestAttachResumes covers an Attach that stopped part-way (podgate crashed): a later Attach
 // finds the interface by its mark, and Detach gives it back whole.
 func TestAttachResumes(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	checkThreadsHome(t)
 	mark := markOf(Attached{HostName: "pgeth0", MTU: 1500, Up: true, Alias: "uplink to rack 7"}).alias()
 	tests := []struct {
@@ -371,7 +343,7 @@ func TestAttachResumes(t *testing.T) {
 // destroyed with it; a physical interface comes back to the host under its pod name (made
 // here by hand), and Detach restores it.
 func TestDetachPodNetnsGone(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	checkThreadsHome(t)
 	for _, returned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("returned=%t", returned), func(t *testing.T) {
@@ -388,7 +360,7 @@ func TestDetachPodNetnsGone(t *testing.T) {
 			if returned {
 				inNetns(t, pod, "link", "set", "net1", "netns", filepath.Base(host))
 			}
-			ipCmd(t, "netns", "del", filepath.Base(pod))
+			testnet.IP(t, "netns", "del", filepath.Base(pod))
 
 			if err := m.detach(ctx, a, pod); err != nil {
 				t.Fatalf("Detach: %v", err)
@@ -469,7 +441,7 @@ func TestDetachWithoutNames(t *testing.T) {
 // when the interface is in the pod (it never moves one from the host); Reclaim gives back
 // whatever the Attach left, from podgate's mark alone, and finds nothing the second time.
 func TestResumeAndReclaimAfterACrash(t *testing.T) {
-	requireNetAdmin(t)
+	testnet.RequireNetAdmin(t)
 	checkThreadsHome(t)
 	cfg := InterfaceConfig{Name: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}}
 	mark := markOf(Attached{HostName: "pgeth0", MTU: 1500, Up: true, Alias: "uplink to rack 7"}).alias()
@@ -497,7 +469,7 @@ func TestResumeAndReclaimAfterACrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			inNetns(t, pod, "link", "set", "net1", "netns", filepath.Base(host))
-			ipCmd(t, "netns", "del", filepath.Base(pod))
+			testnet.IP(t, "netns", "del", filepath.Base(pod))
 		}},
 	}
 	for _, tc := range tests {
