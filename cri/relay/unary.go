@@ -229,6 +229,38 @@ func statusFields(st *status.Status) []hpack.HeaderField {
 	return f
 }
 
+// grpcStatus is a gRPC status as a header block: a whole trailers-only response, or the
+// trailers after a response's headers.
+func grpcStatus(code codes.Code, msg string, trailersOnly bool) []hpack.HeaderField {
+	var f []hpack.HeaderField
+	if trailersOnly {
+		f = answerHeaders("application/grpc", nil)
+	}
+	return append(f, statusFields(status.New(code, msg))...)
+}
+
+// encodeGrpcMessage percent-encodes msg as gRPC's grpc-message header wants it.
+func encodeGrpcMessage(msg string) string {
+	var b []byte
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c >= ' ' && c <= '~' && c != '%' {
+			if b != nil {
+				b = append(b, c)
+			}
+			continue
+		}
+		if b == nil {
+			b = append(make([]byte, 0, len(msg)+8), msg[:i]...)
+		}
+		b = append(b, fmt.Sprintf("%%%02X", c)...)
+	}
+	if b == nil {
+		return msg
+	}
+	return string(b)
+}
+
 // metadataFields are md's header fields, binary values encoded; pseudo-headers and the
 // headers gRPC sets itself are left out.
 func metadataFields(md metadata.MD) []hpack.HeaderField {
