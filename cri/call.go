@@ -2,10 +2,11 @@ package cri
 
 import (
 	"context"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/podgate/podgate/cri/relay"
 )
 
 // invoke makes one unary call to the backend with the caller's metadata, deadline and
@@ -29,7 +30,7 @@ func outgoing(ctx context.Context) context.Context {
 		return ctx
 	}
 	for k := range in {
-		if strings.HasPrefix(k, ":") || reservedHeader[k] {
+		if relay.GRPCSetsItself(k) {
 			delete(in, k)
 		}
 	}
@@ -37,10 +38,4 @@ func outgoing(ctx context.Context) context.Context {
 		return ctx
 	}
 	return metadata.NewOutgoingContext(ctx, in)
-}
-
-var reservedHeader = map[string]bool{
-	"content-type": true, "user-agent": true, "te": true, "grpc-timeout": true,
-	"grpc-encoding": true, "grpc-accept-encoding": true, "grpc-message-type": true,
-	"grpc-status": true, "grpc-message": true, "grpc-status-details-bin": true,
 }

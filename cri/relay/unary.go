@@ -267,7 +267,7 @@ func metadataFields(md metadata.MD) []hpack.HeaderField {
 	var f []hpack.HeaderField
 	for k, vs := range md {
 		k = strings.ToLower(k)
-		if strings.HasPrefix(k, ":") || reservedHeader[k] {
+		if GRPCSetsItself(k) {
 			continue
 		}
 		for _, v := range vs {
@@ -280,7 +280,13 @@ func metadataFields(md metadata.MD) []hpack.HeaderField {
 	return f
 }
 
-// reservedHeader are the headers gRPC sets itself.
+// GRPCSetsItself says whether a gRPC peer sets header name itself (a pseudo-header, the
+// content type, the timeout, the status…), so that it is not the caller's metadata to pass on.
+// name is lower case.
+func GRPCSetsItself(name string) bool {
+	return strings.HasPrefix(name, ":") || reservedHeader[name]
+}
+
 var reservedHeader = map[string]bool{
 	"content-type": true, "user-agent": true, "te": true, "grpc-timeout": true,
 	"grpc-encoding": true, "grpc-accept-encoding": true, "grpc-message-type": true,
