@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -112,14 +110,9 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 func (h *interceptedMethod[Req, Resp]) serveUnary(ctx context.Context, call *relay.UnaryCall) *relay.UnaryAnswer {
 	ts := &unaryStream{method: call.Path}
 	ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, call.Header), ts)
-	for _, sh := range h.s.statsHandlers {
-		ctx = sh.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: call.Path})
-		sh.HandleRPC(ctx, &stats.Begin{BeginTime: time.Now()})
-	}
+	ctx = h.s.statsBegin(ctx, call.Path, false)
 	out, err := h.serve(ctx, call.Message)
-	for _, sh := range h.s.statsHandlers {
-		sh.HandleRPC(ctx, &stats.End{EndTime: time.Now(), Error: err})
-	}
+	h.s.statsEnd(ctx, err)
 	a := &relay.UnaryAnswer{Err: err}
 	a.Header, a.Trailer = ts.finish()
 	if err == nil {

@@ -64,20 +64,15 @@ func (o *observer) End(token any, code codes.Code) {
 // span), which the relay then sends in place of the caller's.
 func (o *observer) traceBegin(rc *relayedCall, c *relay.Call) {
 	md, _ := c.Metadata() // a malformed binary value is the backend's to refuse
-	now := time.Now()
-	info := &stats.RPCTagInfo{FullMethodName: c.Path}
-	rc.inCtx = metadata.NewIncomingContext(context.Background(), md)
-	for _, h := range o.s.statsHandlers {
-		rc.inCtx = h.TagRPC(rc.inCtx, info)
-		h.HandleRPC(rc.inCtx, &stats.Begin{BeginTime: now, IsServerStream: !o.s.unary[c.Path]})
-	}
+	rc.inCtx = o.s.statsBegin(metadata.NewIncomingContext(context.Background(), md), c.Path, !o.s.unary[c.Path])
 	if rc.backend == nil {
 		return
 	}
 	rc.outCtx = rc.inCtx
+	info := &stats.RPCTagInfo{FullMethodName: c.Path}
 	for _, h := range rc.backend.statsHandlers {
 		rc.outCtx = h.TagRPC(rc.outCtx, info)
-		h.HandleRPC(rc.outCtx, &stats.Begin{Client: true, BeginTime: now})
+		h.HandleRPC(rc.outCtx, &stats.Begin{Client: true, BeginTime: time.Now()})
 	}
 	if out, _ := metadata.FromOutgoingContext(rc.outCtx); len(out) > 0 {
 		c.SetMetadata(out)
@@ -97,7 +92,27 @@ func (o *observer) traceEnd(rc *relayedCall, code codes.Code) {
 			h.HandleRPC(rc.outCtx, &client)
 		}
 	}
-	for _, h := range o.s.statsHandlers {
-		h.HandleRPC(rc.inCtx, end)
+	o.s.statsEnd(rc.inCtx, end.Error)
+}
+
+// statsBegin shows a call coming in to the stats handlers, as a gRPC server does, and returns
+// the context they tagged.
+func (s *Server) statsBegin(ctx context.Context, path string, serverStream bool) context.Context {
+	if len(s.statsHandlers) == 0 {
+		return ctx
+	}
+	info, now := &stats.RPCTagInfo{FullMethodName: path}, time.Now()
+	for _, h := range s.statsHandlers {
+		ctx = h.TagRPC(ctx, info)
+		h.HandleRPC(ctx, &stats.Begin{BeginTime: now, IsServerStream: serverStream})
+	}
+	return ctx
+}
+
+// statsEnd tells the stats handlers that the call of ctx (statsBegin's) ended, with err.
+func (s *Server) statsEnd(ctx context.Context, err error) {
+	now := time.Now()
+	for _, h := range s.statsHandlers {
+		h.HandleRPC(ctx, &stats.End{EndTime: now, Error: err})
 	}
 }
