@@ -112,20 +112,15 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		},
 	}
 	for _, what := range []string{"containers", "sandboxes"} {
-		list := map[string][]time.Duration{}
 		var size int
-		for iter := range fakeListRounds {
-			for k := range paths {
-				path := paths[(iter+k)%len(paths)]
-				start := time.Now()
-				resp, err := lists[what](clients[path])
-				list[path] = append(list[path], time.Since(start))
-				if err != nil {
-					b.Fatalf("list %s through %s: %v", what, path, err)
-				}
-				size = proto.Size(resp)
+		list := alternate(b, paths, fakeListRounds, func(_ int, path string) error {
+			resp, err := lists[what](clients[path])
+			size = proto.Size(resp)
+			if err != nil {
+				return fmt.Errorf("list %s: %w", what, err)
 			}
-		}
+			return nil
+		})
 		direct := percentile(list["direct"], 50)
 		for _, path := range paths {
 			p50 := percentile(list[path], 50)
@@ -139,25 +134,13 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 
 	// An intercepted call: podgate decodes UpdateContainerResources, runs its resources hook
 	// and compares the answer; the runtime's own work is small.
-	upd := map[string][]time.Duration{}
-	for iter := range fakeUpdateRounds {
-		req := &runtimeapi.UpdateContainerResourcesRequest{
-			ContainerId: fmt.Sprintf("c0%060x", iter%fakeItems),
-			Linux:       &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 20000, CpuShares: 256, MemoryLimitInBytes: 128 << 20},
+	linux := &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: 20000, CpuShares: 256, MemoryLimitInBytes: 128 << 20}
+	reportIntercepted(b, "update", alternate(b, paths, fakeUpdateRounds, func(iter int, path string) error {
+		if err := clients[path].Runtime.UpdateContainerResources(ctx, fmt.Sprintf("c0%060x", iter%fakeItems), &runtimeapi.ContainerResources{Linux: linux}); err != nil {
+			return fmt.Errorf("UpdateContainerResources: %w", err)
 		}
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)]
-			start := time.Now()
-			if err := clients[path].Runtime.UpdateContainerResources(ctx, req.ContainerId, &runtimeapi.ContainerResources{Linux: req.Linux}); err != nil {
-				b.Fatalf("UpdateContainerResources through %s: %v", path, err)
-			}
-			upd[path] = append(upd[path], time.Since(start))
-		}
-	}
-	for _, path := range paths {
-		b.ReportMetric(us(percentile(upd[path], 50)), path+"-update-p50-µs")
-	}
-	b.ReportMetric(us(percentile(upd["podgate"], 50)-percentile(upd["forwarder"], 50)), "podgate-update-vs-forwarder-p50-µs")
+		return nil
+	}))
 
 	// An intercepted call with a kubelet-shaped request: CreateContainer carries the sandbox's
 	// config (labels, annotations) and the container's (20 environment variables), so what
@@ -165,21 +148,12 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	// interceptor changed it) shows beside the hop. The fake runtime keeps one container for
 	// all of them (same name and attempt).
 	sandbox, container := kubeletShapedCreate()
-	create := map[string][]time.Duration{}
-	for iter := range fakeUpdateRounds {
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)]
-			start := time.Now()
-			if _, err := clients[path].Runtime.CreateContainer(ctx, fakeSandboxID, container, sandbox); err != nil {
-				b.Fatalf("CreateContainer through %s: %v", path, err)
-			}
-			create[path] = append(create[path], time.Since(start))
+	reportIntercepted(b, "create", alternate(b, paths, fakeUpdateRounds, func(_ int, path string) error {
+		if _, err := clients[path].Runtime.CreateContainer(ctx, fakeSandboxID, container, sandbox); err != nil {
+			return fmt.Errorf("CreateContainer: %w", err)
 		}
-	}
-	for _, path := range paths {
-		b.ReportMetric(us(percentile(create[path], 50)), path+"-create-p50-µs")
-	}
-	b.ReportMetric(us(percentile(create["podgate"], 50)-percentile(create["forwarder"], 50)), "podgate-create-vs-forwarder-p50-µs")
+		return nil
+	}))
 
 	pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
 	l := newLoad(b, endpoints, 64)
@@ -202,6 +176,35 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		}
 		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL})
 	}
+}
+
+// alternate makes rounds rounds of call through every path, rotating which goes first, and
+// returns each path's durations; a failed call ends the benchmark.
+func alternate(b *testing.B, paths []string, rounds int, call func(iter int, path string) error) map[string][]time.Duration {
+	b.Helper()
+	lat := map[string][]time.Duration{}
+	for iter := range rounds {
+		for k := range paths {
+			path := paths[(iter+k)%len(paths)]
+			start := time.Now()
+			err := call(iter, path)
+			lat[path] = append(lat[path], time.Since(start))
+			if err != nil {
+				b.Fatalf("round %d through %s: %v", iter, path, err)
+			}
+		}
+	}
+	return lat
+}
+
+// reportIntercepted reports an intercepted call's p50 per path (name-p50-µs) and podgate's
+// difference to the forwarder's.
+func reportIntercepted(b *testing.B, name string, lat map[string][]time.Duration) {
+	for path, l := range lat {
+		b.ReportMetric(float64(percentile(l, 50))/float64(time.Microsecond), path+"-"+name+"-p50-µs")
+	}
+	added := percentile(lat["podgate"], 50) - percentile(lat["forwarder"], 50)
+	b.ReportMetric(float64(added)/float64(time.Microsecond), "podgate-"+name+"-vs-forwarder-p50-µs")
 }
 
 // fakeSandboxID is the first of the fake runtime's sandboxes (test/e2e/fakeruntime's ids).
