@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -96,19 +97,16 @@ const (
 // Version loop does, and checks that each answer holds every container.
 func listLatency(b *testing.B, clients map[string]*rig.Client, paths []string) map[string][]time.Duration {
 	b.Helper()
-	lat := map[string][]time.Duration{}
-	for iter := range listRounds {
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)]
-			start := time.Now()
-			l, err := clients[path].Runtime.ListContainers(b.Context(), nil)
-			lat[path] = append(lat[path], time.Since(start))
-			if err != nil || len(l) != listPods*listPerPod {
-				b.Fatalf("ListContainers through %s: %d containers, %v; want %d", path, len(l), err, listPods*listPerPod)
-			}
+	return alternate(b, paths, listRounds, func(_ int, path string) error {
+		l, err := clients[path].Runtime.ListContainers(b.Context(), nil)
+		if err == nil && len(l) != listPods*listPerPod {
+			err = fmt.Errorf("%d containers, want %d", len(l), listPods*listPerPod)
 		}
-	}
-	return lat
+		if err != nil {
+			return fmt.Errorf("ListContainers: %w", err)
+		}
+		return nil
+	})
 }
 
 // startForwarder starts test/forwarder in front of the runtime at endpoint (unix://path); it
