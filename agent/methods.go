@@ -7,7 +7,10 @@ package agent
 //
 // A table lists hooks, outermost first: the first hook's "before" runs first and its "after"
 // last, as with nested calls. A hook may refuse the call before it is forwarded (nothing
-// reaches the runtime), wait, change the request, or act on the answer.
+// reaches the runtime), wait, change the request, or act on the answer. A hook that changes
+// neither message says so (readOnly): a method whose hooks all only read is forwarded as the
+// kubelet sent it and answered as the runtime did, without the copies and comparisons that
+// finding a change costs (cri.Observe).
 
 import (
 	"google.golang.org/protobuf/proto"
@@ -23,6 +26,9 @@ type hook[Req, Resp proto.Message] struct {
 	// before and after say what it does before forwarding and with the answer.
 	before, after string
 	fn            cri.Interceptor[Req, Resp]
+	// readOnly: fn changes neither the request nor the answer (TestReadOnlyHooksChangeNothing
+	// holds it to that).
+	readOnly bool
 }
 
 type (
@@ -36,29 +42,29 @@ type (
 // createContainerHooks: CreateContainer.
 func (p *proxy) createContainerHooks() []createContainerHook {
 	return []createContainerHook{
-		{feature: "sysctl", before: "wait while the sandbox's sysctls are verified (verify: fail)", fn: p.sysctls.createContainer},
-		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "record the container in its sandbox", fn: p.resources.createContainer},
+		{feature: "sysctl", before: "wait while the sandbox's sysctls are verified (verify: fail)", fn: p.sysctls.createContainer, readOnly: true},
+		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "record the container in its sandbox", fn: p.resources.createContainer, readOnly: !p.resources.memoryQoS},
 	}
 }
 
 // startContainerHooks: StartContainer.
 func (p *proxy) startContainerHooks() []startContainerHook {
 	return []startContainerHook{
-		{feature: "resources", after: "verify the container's cgroup, in the background once the calls pause", fn: p.resources.startContainer},
+		{feature: "resources", after: "verify the container's cgroup, in the background once the calls pause", fn: p.resources.startContainer, readOnly: true},
 	}
 }
 
 // updateContainerResourcesHooks: UpdateContainerResources.
 func (p *proxy) updateContainerResourcesHooks() []updateResourcesHook {
 	return []updateResourcesHook{
-		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "verify the container's cgroup (in the answer with verify: fail)", fn: p.resources.updateContainerResources},
+		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "verify the container's cgroup (in the answer with verify: fail)", fn: p.resources.updateContainerResources, readOnly: !p.resources.memoryQoS},
 	}
 }
 
 // removeContainerHooks: RemoveContainer.
 func (p *proxy) removeContainerHooks() []removeContainerHook {
 	return []removeContainerHook{
-		{feature: "resources", after: "forget the container", fn: p.resources.removeContainer},
+		{feature: "resources", after: "forget the container", fn: p.resources.removeContainer, readOnly: true},
 	}
 }
 
@@ -72,7 +78,11 @@ func (p *proxy) pullImageHooks() []pullImageHook {
 // intercept plugs a method's hooks into the CRI server, in the table's order.
 func intercept[Req, Resp proto.Message](s *cri.Server, m cri.Method[Req, Resp], hooks []hook[Req, Resp]) {
 	for _, h := range hooks {
-		cri.Intercept(s, m, h.fn)
+		if h.readOnly {
+			cri.Observe(s, m, h.fn)
+		} else {
+			cri.Intercept(s, m, h.fn)
+		}
 	}
 }
 

@@ -134,7 +134,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 		o.change(r.pipeline)
 	}
 	r.pipeline.register(srv)
-	cri.Intercept(srv, cri.CreateContainer, sys.createContainer) // as createContainerHooks has it
+	cri.Observe(srv, cri.CreateContainer, sys.createContainer) // as createContainerHooks has it
 	l, err := cri.Listen(filepath.Join(dir, "pg.sock"), cri.SocketOptions{Mode: 0o600})
 	if err != nil {
 		t.Fatal(err)

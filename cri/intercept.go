@@ -81,18 +81,34 @@ type Interceptor[Req, Resp proto.Message] func(ctx context.Context, req Req, nex
 // Intercept adds fn around method m. Interceptors of one method nest in the order they are
 // added: the first added is the outermost. Call it before Serve.
 func Intercept[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Interceptor[Req, Resp]) {
+	addHook(s, m, fn, true)
+}
+
+// Observe adds fn around method m as Intercept does, for a hook that only reads: it may
+// refuse the call, wait before calling next, and act on the answer, but it changes neither the
+// request nor the response. A method whose hooks all observe is served without looking for
+// changes: the backend gets the bytes the kubelet sent and the kubelet the bytes the backend
+// answered, whatever fn does to the messages, and the copies and comparisons that finding a
+// change takes are not made. Beside an Interceptor of the same method, an observer's change
+// would be found and sent as the Interceptor's; it must make none.
+func Observe[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Interceptor[Req, Resp]) {
+	addHook(s, m, fn, false)
+}
+
+func addHook[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Interceptor[Req, Resp], changes bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.started {
-		panic(fmt.Sprintf("cri: Intercept(%s) after Serve", m.FullName()))
+		panic(fmt.Sprintf("cri: a hook for %s after Serve", m.FullName()))
 	}
 	if h, ok := s.chains[m.FullName()]; ok {
 		// The entry was made by this function for this Method, so it has these types.
 		h := h.(*interceptedMethod[Req, Resp])
 		h.chain = append(h.chain, fn)
+		h.changes = h.changes || changes
 		return
 	}
-	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}}
+	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}, changes: changes}
 	s.chains[m.FullName()] = h
 	s.unaryHandlers[m.FullName()] = h.serveUnary
 }
@@ -103,6 +119,9 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 	s     *Server
 	m     Method[Req, Resp]
 	chain []Interceptor[Req, Resp]
+	// changes: a hook was added by Intercept and may change the messages, so they are
+	// compared with copies of what came; with observers only, what came goes on.
+	changes bool
 }
 
 // serveUnary serves the method as the relay's Unary target: the request message as it came,
@@ -133,7 +152,10 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, reqBytes []byt
 		if err := proto.Unmarshal(c.reqBytes, req); err != nil {
 			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
 		}
-		c.req, c.pristineReq = req, proto.Clone(req)
+		c.req = req
+		if h.changes {
+			c.pristineReq = proto.Clone(req)
+		}
 		call := Forward[Req, Resp](c.forward)
 		for i := len(h.chain) - 1; i >= 0; i-- {
 			fn, next := h.chain[i], call
@@ -152,11 +174,13 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, reqBytes []byt
 // interceptedCall is the state of one intercepted call. next may be called again (a retry),
 // but not concurrently.
 type interceptedCall[Req, Resp proto.Message] struct {
-	h           *interceptedMethod[Req, Resp]
-	reqBytes    []byte
-	req         Req
+	h        *interceptedMethod[Req, Resp]
+	reqBytes []byte
+	req      Req
+	// pristineReq and pristineResp are copies to find changes in, made only when a hook may
+	// change the messages (changes).
 	pristineReq proto.Message
-	// what the backend last answered: the decoded message, a copy to detect changes, its bytes
+	// what the backend last answered: the decoded message, its copy, its bytes
 	resp         Resp
 	pristineResp proto.Message
 	respBytes    []byte
@@ -166,7 +190,7 @@ func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, 
 	var zero Resp
 	m := c.h.m
 	send := c.reqBytes
-	if proto.Message(r) != proto.Message(c.req) || !proto.Equal(r, c.pristineReq) {
+	if c.h.changes && (proto.Message(r) != proto.Message(c.req) || !proto.Equal(r, c.pristineReq)) {
 		b, err := proto.Marshal(r)
 		if err != nil {
 			return zero, fmt.Errorf("encode %s request: %w", m.name, err)
@@ -191,14 +215,20 @@ func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, 
 	if err := proto.Unmarshal(respBytes, resp); err != nil {
 		return zero, status.Errorf(codes.Internal, "decode %s response from %s backend: %v", m.name, b.name, err)
 	}
-	c.resp, c.pristineResp, c.respBytes = resp, proto.Clone(resp), respBytes
+	c.resp, c.respBytes = resp, respBytes
+	if c.h.changes {
+		c.pristineResp = proto.Clone(resp)
+	}
 	return resp, nil
 }
 
-// answer returns what goes back to the client: the backend's own bytes when the interceptors
-// returned its response unchanged, else the message they returned.
+// answer returns what goes back to the client: the backend's own bytes when the hooks returned
+// its response unchanged (or only observe), else the message they returned.
 func (c *interceptedCall[Req, Resp]) answer(resp Resp) any {
-	if c.respBytes != nil && proto.Message(resp) == proto.Message(c.resp) && proto.Equal(resp, c.pristineResp) {
+	if c.respBytes == nil {
+		return resp // not forwarded: a hook's own answer
+	}
+	if !c.h.changes || proto.Message(resp) == proto.Message(c.resp) && proto.Equal(resp, c.pristineResp) {
 		return frameOf(c.respBytes)
 	}
 	return resp

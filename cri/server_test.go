@@ -389,6 +389,61 @@ func TestInterceptors(t *testing.T) {
 		}
 	})
 
+	t.Run("observers' changes are not sent", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
+		var sawID string
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Observe(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				req.Config.Labels = map[string]string{"podgate": "yes"} // a broken observer
+				resp, err := next(ctx, req)
+				sawID = resp.GetPodSandboxId()
+				resp.PodSandboxId = "changed"
+				return resp, err
+			})
+		})
+		resp, err := runtimeapi.NewRuntimeServiceClient(conn).RunPodSandbox(context.Background(), sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sawID != "sandbox-web" || resp.GetPodSandboxId() != "sandbox-web" {
+			t.Errorf("observer saw %q, client got %q; want the backend's sandbox-web for both", sawID, resp.GetPodSandboxId())
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if l := be.lastRunReq.GetConfig().GetLabels(); len(l) != 0 {
+			t.Errorf("backend got the observer's change: labels %v", l)
+		}
+	})
+
+	t.Run("beside an interceptor, changes are looked for", func(t *testing.T) {
+		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
+		_, conn := proxyFor(t, be.path, "", func(s *Server) {
+			Observe(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				return next(ctx, req)
+			})
+			Intercept(s, RunPodSandbox, func(ctx context.Context, req *runtimeapi.RunPodSandboxRequest, next runReqFwd) (*runtimeapi.RunPodSandboxResponse, error) {
+				req.Config.Labels = map[string]string{"podgate": "yes"}
+				resp, err := next(ctx, req)
+				if err == nil {
+					resp.PodSandboxId += "-seen"
+				}
+				return resp, err
+			})
+		})
+		resp, err := runtimeapi.NewRuntimeServiceClient(conn).RunPodSandbox(context.Background(), sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetPodSandboxId() != "sandbox-web-seen" {
+			t.Errorf("client got %q, want the interceptor's sandbox-web-seen", resp.GetPodSandboxId())
+		}
+		be.mu.Lock()
+		defer be.mu.Unlock()
+		if be.lastRunReq.GetConfig().GetLabels()["podgate"] != "yes" {
+			t.Errorf("backend did not get the interceptor's change: %v", be.lastRunReq.GetConfig().GetLabels())
+		}
+	})
+
 	t.Run("refusal reaches no backend", func(t *testing.T) {
 		be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 		_, conn := proxyFor(t, be.path, "", func(s *Server) {
