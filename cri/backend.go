@@ -169,7 +169,8 @@ func (b *Backend) watchSocket(ctx context.Context) {
 // connection.
 func (b *Backend) target() *relay.Target {
 	return &relay.Target{
-		Name: fmt.Sprintf("%s backend %s", b.name, b.endpoint),
+		Name:       fmt.Sprintf("%s backend %s", b.name, b.endpoint),
+		MaxMessage: MaxMessageSize, // the answers Forward takes
 		Dial: func(ctx context.Context) (net.Conn, error) {
 			c, err := b.dial(ctx, "")
 			if err != nil {

@@ -9,8 +9,31 @@ import (
 	"github.com/podgate/podgate/cri/relay"
 )
 
-// invoke makes one unary call to the backend with the caller's metadata, deadline and
-// cancellation, and returns the backend's header and trailer metadata.
+// forward sends an intercepted call's request (req, encoded) to backend b and returns the
+// backend's header and trailer metadata and its answer's bytes. It goes on the caller's own
+// connection to the backend, which the relay keeps for the calls it passes through, so an
+// intercepted call costs what a passed-through one does, plus its hooks. A detached method's
+// call (a shared image pull, which may outlive its caller) goes on podgate's own connection.
+func (s *Server) forward(ctx context.Context, call *relay.UnaryCall, b *Backend, fullMethod string, detached bool, req []byte) (hdr, trl metadata.MD, resp []byte, err error) {
+	if detached {
+		var rf frame
+		hdr, trl, err = b.invoke(ctx, fullMethod, frameOf(req), &rf)
+		if err != nil {
+			return hdr, trl, nil, err
+		}
+		resp = rf.data.Materialize()
+		rf.free()
+		return hdr, trl, resp, nil
+	}
+	outCtx := b.statsBegin(ctx, fullMethod)
+	md, _ := metadata.FromOutgoingContext(outCtx)
+	a := call.Forward(ctx, s.targetOf(b), md, req)
+	b.statsEnd(outCtx, a.Err)
+	return a.Header, a.Trailer, a.Message, a.Err
+}
+
+// invoke makes one unary call to the backend on podgate's own connection, with the caller's
+// metadata, deadline and cancellation, and returns the backend's header and trailer metadata.
 func (b *Backend) invoke(ctx context.Context, fullMethod string, req, resp any) (hdr, trl metadata.MD, err error) {
 	if err := b.usable(ctx); err != nil {
 		return nil, nil, err

@@ -22,6 +22,9 @@ type Method[Req, Resp proto.Message] struct {
 	name    string
 	newReq  func() Req
 	newResp func() Resp
+	// detached: the call its hooks forward may outlive the caller's connection (a shared image
+	// pull), so it goes on podgate's own connection to the backend, not the caller's.
+	detached bool
 }
 
 // FullName is the method's gRPC name, e.g. "/runtime.v1.RuntimeService/RunPodSandbox".
@@ -60,8 +63,9 @@ var (
 		})
 	PullImage = Method[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]{
 		service: imageService, name: "PullImage",
-		newReq:  func() *runtimeapi.PullImageRequest { return new(runtimeapi.PullImageRequest) },
-		newResp: func() *runtimeapi.PullImageResponse { return new(runtimeapi.PullImageResponse) },
+		newReq:   func() *runtimeapi.PullImageRequest { return new(runtimeapi.PullImageRequest) },
+		newResp:  func() *runtimeapi.PullImageResponse { return new(runtimeapi.PullImageResponse) },
+		detached: true,
 	}
 )
 
@@ -130,7 +134,7 @@ func (h *interceptedMethod[Req, Resp]) serveUnary(ctx context.Context, call *rel
 	ts := &unaryStream{method: call.Path}
 	ctx = grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(ctx, call.Header), ts)
 	ctx = h.s.statsBegin(ctx, call.Path, false)
-	out, err := h.serve(ctx, call.Message)
+	out, err := h.serve(ctx, call)
 	h.s.statsEnd(ctx, err)
 	a := &relay.UnaryAnswer{Err: err}
 	a.Header, a.Trailer = ts.finish()
@@ -142,12 +146,12 @@ func (h *interceptedMethod[Req, Resp]) serveUnary(ctx context.Context, call *rel
 
 // serve runs the interceptors around the forwarding of one request: the boundary's metrics and
 // error mapping, the request decoded, the answer as the backend's bytes when nothing changed.
-func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, reqBytes []byte) (any, error) {
+func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.UnaryCall) (any, error) {
 	var out any
 	name := h.m.FullName()
 	ctx = klog.NewContext(ctx, h.s.logger)
 	err := h.s.instrument(ctx, name, func() error {
-		c := &interceptedCall[Req, Resp]{h: h, reqBytes: reqBytes}
+		c := &interceptedCall[Req, Resp]{h: h, call: uc, reqBytes: uc.Message}
 		req := h.m.newReq()
 		if err := proto.Unmarshal(c.reqBytes, req); err != nil {
 			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
@@ -175,6 +179,7 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, reqBytes []byt
 // but not concurrently.
 type interceptedCall[Req, Resp proto.Message] struct {
 	h        *interceptedMethod[Req, Resp]
+	call     *relay.UnaryCall
 	reqBytes []byte
 	req      Req
 	// pristineReq and pristineResp are copies to find changes in, made only when a hook may
@@ -198,8 +203,7 @@ func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, 
 		send = b
 	}
 	b := c.h.s.backendFor(m.FullName())
-	var rf frame
-	hdr, trl, err := b.invoke(ctx, m.FullName(), frameOf(send), &rf)
+	hdr, trl, respBytes, err := c.h.s.forward(ctx, c.call, b, m.FullName(), m.detached, send)
 	if len(hdr) > 0 {
 		_ = grpc.SetHeader(ctx, hdr) // fails only once headers are out, which they are not
 	}
@@ -209,8 +213,6 @@ func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, 
 	if err != nil {
 		return zero, err
 	}
-	respBytes := rf.data.Materialize()
-	rf.free()
 	resp := m.newResp()
 	if err := proto.Unmarshal(respBytes, resp); err != nil {
 		return zero, status.Errorf(codes.Internal, "decode %s response from %s backend: %v", m.name, b.name, err)

@@ -68,12 +68,7 @@ func (o *observer) traceBegin(rc *relayedCall, c *relay.Call) {
 	if rc.backend == nil {
 		return
 	}
-	rc.outCtx = rc.inCtx
-	info := &stats.RPCTagInfo{FullMethodName: c.Path}
-	for _, h := range rc.backend.statsHandlers {
-		rc.outCtx = h.TagRPC(rc.outCtx, info)
-		h.HandleRPC(rc.outCtx, &stats.Begin{Client: true, BeginTime: time.Now()})
-	}
+	rc.outCtx = rc.backend.statsBegin(rc.inCtx, c.Path)
 	if out, _ := metadata.FromOutgoingContext(rc.outCtx); len(out) > 0 {
 		c.SetMetadata(out)
 	}
@@ -81,18 +76,37 @@ func (o *observer) traceBegin(rc *relayedCall, c *relay.Call) {
 
 // traceEnd tells the stats handlers the call ended, with its code.
 func (o *observer) traceEnd(rc *relayedCall, code codes.Code) {
-	end := &stats.End{EndTime: time.Now()}
+	var err error
 	if code != codes.OK {
-		end.Error = status.Error(code, code.String())
+		err = status.Error(code, code.String())
 	}
 	if rc.outCtx != nil {
-		for _, h := range rc.backend.statsHandlers {
-			client := *end
-			client.Client = true
-			h.HandleRPC(rc.outCtx, &client)
-		}
+		rc.backend.statsEnd(rc.outCtx, err)
 	}
-	o.s.statsEnd(rc.inCtx, end.Error)
+	o.s.statsEnd(rc.inCtx, err)
+}
+
+// statsBegin shows a call going out to the backend to its stats handlers, as a gRPC client
+// does, and returns the context they tagged: its outgoing metadata is what they add to the
+// call (the trace context of podgate's span).
+func (b *Backend) statsBegin(ctx context.Context, path string) context.Context {
+	if len(b.statsHandlers) == 0 {
+		return ctx
+	}
+	info, now := &stats.RPCTagInfo{FullMethodName: path}, time.Now()
+	for _, h := range b.statsHandlers {
+		ctx = h.TagRPC(ctx, info)
+		h.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: now})
+	}
+	return ctx
+}
+
+// statsEnd tells the backend's stats handlers that the call of ctx (statsBegin's) ended.
+func (b *Backend) statsEnd(ctx context.Context, err error) {
+	now := time.Now()
+	for _, h := range b.statsHandlers {
+		h.HandleRPC(ctx, &stats.End{Client: true, EndTime: now, Error: err})
+	}
 }
 
 // statsBegin shows a call coming in to the stats handlers, as a gRPC server does, and returns

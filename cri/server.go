@@ -131,6 +131,14 @@ func (s *Server) route(fullMethod string) *relay.Target {
 	return s.refuseTarget
 }
 
+// targetOf is backend b as the relay's target: the one its passed-through calls go to.
+func (s *Server) targetOf(b *Backend) *relay.Target {
+	if b == s.image {
+		return s.imageTarget
+	}
+	return s.runtimeTarget
+}
+
 // Serve serves CRI on l until Shutdown. It returns nil after a Shutdown.
 func (s *Server) Serve(l net.Listener) error {
 	s.mu.Lock()

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // dataLocked handles a DATA frame from d.src on s (nil when the stream is unknown or gone);
@@ -63,6 +64,9 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 // sendLocked sends it to d.dst as far as the windows allow and queues the rest (copied: the
 // framer reuses its buffers). Called with mu held, it releases it.
 func (ss *session) sendLocked(d dir, s *stream, it item) error {
+	if s.fwd != nil && !d.toUp {
+		return ss.collectLocked(d, s, it)
+	}
 	h := d.half(s)
 	if h.q.empty() {
 		n := int64(len(it.data))
@@ -205,7 +209,11 @@ func (ss *session) removeLocked(s *stream) {
 	if s.up.streams[s.upID] == s {
 		delete(s.up.streams, s.upID)
 	}
-	ss.credit(dir{src: ss.down}, nil, s.toUp.q.drop())
+	from := ss.down
+	if s.fwd != nil {
+		from = ss.self // a handler's bytes: no window to give back
+	}
+	ss.credit(dir{src: from}, nil, s.toUp.q.drop())
 	ss.credit(dir{src: s.up.ep}, nil, s.toDown.q.drop())
 	if s.up.gone && len(s.up.streams) == 0 {
 		ss.closeUpstreamLocked(s.up)
@@ -213,7 +221,7 @@ func (ss *session) removeLocked(s *stream) {
 }
 
 func (ss *session) observeEnd(s *stream) {
-	if ss.srv.Observer != nil {
+	if ss.srv.Observer != nil && s.fwd == nil { // a forwarded call is its handler's to count
 		ss.srv.Observer.End(s.token, s.code)
 	}
 }
@@ -245,6 +253,10 @@ func (ss *session) resetStream(s *stream, code http2.ErrCode, toClient, toUp boo
 	ss.removeLocked(s)
 	up := s.up
 	ss.mu.Unlock()
+	if s.fwd != nil {
+		s.fwd.end(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code))
+		toClient = false // it has none
+	}
 	if toClient {
 		ss.rstClient(s.downID, code)
 	}
@@ -383,6 +395,8 @@ func (ss *session) sendPending(e *endpoint, u *upstream, id uint32) {
 		}
 		d := dir{dst: e, toUp: u != nil}
 		switch {
+		case u != nil && s.fwd != nil:
+			d.src = ss.self
 		case u != nil:
 			d.src = ss.down
 		case s.up != nil:

@@ -65,8 +65,8 @@ type Target struct {
 	// from the call's headers, as a gRPC server answers a method it does not know: a streaming
 	// client is not waited for, and nothing is dialled. It comes before Unary and Dial.
 	Refuse func(path string) error
-	// MaxMessage bounds a request message Unary takes (default 4 MiB, gRPC's); a larger one
-	// is answered ResourceExhausted.
+	// MaxMessage bounds a request message Unary takes, and an answer message Forward takes
+	// from the target (default 4 MiB, gRPC's); a larger one is answered ResourceExhausted.
 	MaxMessage int
 }
 

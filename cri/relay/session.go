@@ -61,6 +61,7 @@ type stream struct {
 	headersSent  bool       // the client has the response headers
 	local        bool       // answered by the relay itself; the client's data is dropped
 	unary        *unaryCall // answered by a Unary target in the process
+	fwd          *forwarded // a Unary target's handler's call to a target (Forward): no client stream
 	// dropUp: the server ended the call and wants no more of the client's data, which is
 	// dropped; the answer still goes out.
 	dropUp  bool

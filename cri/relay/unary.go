@@ -26,6 +26,9 @@ type UnaryCall struct {
 	Header metadata.MD
 	// Message is the request message, without gRPC's 5-byte prefix.
 	Message []byte
+
+	ss     *session            // the client connection it came on (Forward)
+	fields []hpack.HeaderField // its header block, as the client sent it
 }
 
 // UnaryAnswer is a Target's answer to a UnaryCall.
@@ -43,6 +46,7 @@ type UnaryAnswer struct {
 type unaryCall struct {
 	target *Target
 	header metadata.MD
+	fields []hpack.HeaderField
 	// deadline is the client's grpc-timeout, zero without one.
 	deadline    time.Time
 	contentType string
@@ -73,7 +77,7 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 		ss.answerLocal(s, codes.Internal, err.Error())
 		return
 	}
-	u.header = md
+	u.header, u.fields = md, f.Fields
 	s.unary = u
 	ss.mu.Lock()
 	if ss.closed {
@@ -124,7 +128,7 @@ func (ss *session) dispatchLocked(s *stream) {
 	}
 	u.cancel = cancel
 	msg, err := u.message()
-	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg}
+	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg, ss: ss, fields: u.fields}
 	u.buf = nil
 	ss.mu.Unlock()
 	ss.srv.handlers.Go(func() {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // upstream is one connection to a Target.
@@ -191,6 +192,13 @@ func (ss *session) failStream(s *stream, code codes.Code, msg string) {
 	ss.mu.Lock()
 	if s.removed {
 		ss.mu.Unlock()
+		return
+	}
+	if s.fwd != nil {
+		s.code = code
+		ss.removeLocked(s)
+		ss.mu.Unlock()
+		s.fwd.end(status.Error(code, msg))
 		return
 	}
 	trailersOnly := !s.headersSent

@@ -47,7 +47,8 @@ const fakeUpdateRounds = 1000
 //   - both proxies' RSS.
 //
 // With PODGATE_BENCH_PROFILE=DIR it then profiles both proxies for 10 s under 4 clients each
-// calling ListContainers, alternating in slices (DIR/list/{podgate,forwarder}-{cpu,allocs}.pprof).
+// calling ListContainers, alternating in slices (DIR/list/{podgate,forwarder}-{cpu,allocs}.pprof),
+// and the same with the kubelet-shaped CreateContainer (DIR/create/…).
 // It needs root (podgate runs as root) but not the rig.
 //
 //	go test -run '^$' -bench ForwarderFakeRuntime -benchtime 3000x -count 3 ./test/e2e
@@ -174,7 +175,13 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 			_, err := c.Runtime.ListContainers(ctx, nil)
 			return err
 		}
-		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL})
+		urls := map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL}
+		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, urls)
+		pl.call = func(ctx context.Context, c *rig.Client) error {
+			_, err := c.Runtime.CreateContainer(ctx, fakeSandboxID, container, sandbox)
+			return err
+		}
+		profileUnderLoad(b, filepath.Join(profileDir, "create"), pl, pids, urls)
 	}
 }
 

@@ -1,0 +1,300 @@
+package relay
+
+// A call that a Unary target's handler sends on to another target (the runtime), on the
+// client's own connection to it: the one its passed-through calls take.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// forwarded is the answer of a forwarded call as it arrives, for the handler that waits for it.
+type forwarded struct {
+	done chan struct{}
+	once sync.Once
+	// limit bounds the answer's message.
+	limit int
+	// Under the session's mu until done is closed, the handler's after:
+	header, trailer []hpack.HeaderField
+	body            []byte
+	err             error // set when the call failed below gRPC (reset, connection lost)
+}
+
+// end ends the call with err (nil: the answer came whole); the first end counts.
+func (fw *forwarded) end(err error) {
+	fw.once.Do(func() {
+		fw.err = err
+		close(fw.done)
+	})
+}
+
+// Forward sends the call on to t with msg as its message, on the client connection's own
+// connection to t (the one its passed-through calls take), and returns t's answer: its header
+// and trailer metadata, its message, its status. The call goes with the client's header fields,
+// md's keys set in place of the client's (as Call.SetMetadata does) and the time left of ctx as
+// its grpc-timeout; ctx's end resets it (Canceled or DeadlineExceeded). An answer message
+// larger than t.MaxMessage is refused (ResourceExhausted).
+func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg []byte) *UnaryAnswer {
+	ss := c.ss
+	switch {
+	case ss == nil:
+		return &UnaryAnswer{Err: status.Error(codes.Internal, "relay: Forward of a call the relay did not dispatch")}
+	case ctx.Err() != nil:
+		return &UnaryAnswer{Err: status.FromContextError(ctx.Err()).Err()}
+	case len(msg) > math.MaxUint32:
+		return &UnaryAnswer{Err: status.Errorf(codes.ResourceExhausted, "a request of %d bytes", len(msg))}
+	}
+	if t.Unavailable != nil {
+		if err := t.Unavailable(); err != nil {
+			return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
+		}
+	}
+	up, err := ss.upstreamFor(t)
+	if err != nil {
+		return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
+	}
+	fw := &forwarded{done: make(chan struct{}), limit: t.maxMessage()}
+	s := &stream{path: c.Path, fwd: fw}
+	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
+	s.toUp.done = true // the handler sends the request whole
+
+	ss.mu.Lock()
+	switch {
+	case ss.closed:
+		ss.mu.Unlock()
+		return &UnaryAnswer{Err: status.Error(codes.Unavailable, "client connection ended")}
+	case up.gone:
+		ss.mu.Unlock()
+		return &UnaryAnswer{Err: status.Errorf(codes.Unavailable, "connection to %s ended", t.Name)}
+	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
+		ss.mu.Unlock()
+		return &UnaryAnswer{Err: status.Errorf(codes.Unavailable, "%s allows %d calls at once on a connection", t.Name, up.maxStreams)}
+	}
+	s.up = up
+	s.upID = up.nextID
+	up.nextID += 2
+	s.toUp.send = up.ep.peerInitWindow
+	up.streams[s.upID] = s
+	d := dir{src: ss.self, dst: up.ep, toUp: true}
+	_ = ss.sendLocked(d, s, item{headers: c.forwardFields(ctx, md)}) // a failed write ends s (upstreamFailed)
+	framed := make([]byte, 5+len(msg))
+	binary.BigEndian.PutUint32(framed[1:5], uint32(len(msg)))
+	copy(framed[5:], msg)
+	for len(framed) > 0 {
+		n := min(len(framed), maxFrame)
+		ss.mu.Lock()
+		if s.removed {
+			ss.mu.Unlock()
+			break
+		}
+		_ = ss.sendLocked(d, s, item{data: framed[:n], end: n == len(framed)})
+		framed = framed[n:]
+	}
+	ss.flush(up.ep)
+
+	select {
+	case <-fw.done:
+	case <-ctx.Done():
+		ss.resetStream(s, http2.ErrCodeCancel, false, true, http2.ErrCodeCancel)
+		return &UnaryAnswer{Err: status.FromContextError(ctx.Err()).Err()}
+	}
+	return fw.answer()
+}
+
+// forwardFields is the header block a forwarded call goes with: the client's, md set in it,
+// the deadline ctx's.
+func (c *UnaryCall) forwardFields(ctx context.Context, md metadata.MD) []hpack.HeaderField {
+	call := &Call{Header: c.fields}
+	call.SetMetadata(md)
+	fields := slices.DeleteFunc(slices.Clone(call.forwarded()), func(f hpack.HeaderField) bool { return f.Name == "grpc-timeout" })
+	if dl, ok := ctx.Deadline(); ok {
+		fields = append(fields, hpack.HeaderField{Name: "grpc-timeout", Value: encodeTimeout(time.Until(dl))})
+	}
+	return fields
+}
+
+// collectLocked takes it, from the target, for the handler that waits for the answer; the
+// bytes are taken at once, so their window goes back at once. Called with mu held, it
+// releases it.
+func (ss *session) collectLocked(d dir, s *stream, it item) error {
+	fw := s.fwd
+	ss.credit(d, s, int64(len(it.data)))
+	var fail error
+	switch {
+	case it.headers != nil && fw.header == nil:
+		fw.header = it.headers
+	case it.headers != nil:
+		fw.trailer = it.headers
+	case len(fw.body)+len(it.data) > 5+fw.limit:
+		fail = status.Errorf(codes.ResourceExhausted, "received message larger than max (%d)", fw.limit)
+	default:
+		fw.body = append(fw.body, it.data...)
+	}
+	if fail != nil {
+		ss.mu.Unlock()
+		fw.end(fail)
+		ss.resetStream(s, http2.ErrCodeCancel, false, true, http2.ErrCodeCancel)
+		return nil
+	}
+	if !it.end {
+		ss.mu.Unlock()
+		return nil
+	}
+	s.toDown.sentEnd = true
+	ss.removeIfDone(s)
+	ss.mu.Unlock()
+	fw.end(nil)
+	return nil
+}
+
+// answer reads the answer that came: a gRPC status, metadata, the message.
+func (fw *forwarded) answer() *UnaryAnswer {
+	if fw.err != nil {
+		return &UnaryAnswer{Err: fw.err}
+	}
+	header, trailer := fw.header, fw.trailer
+	if trailer == nil {
+		header, trailer = nil, header // a trailers-only answer
+	}
+	a := &UnaryAnswer{Header: answerMetadata(header), Trailer: answerMetadata(trailer)}
+	for _, block := range [][]hpack.HeaderField{header, trailer} {
+		if block == nil {
+			continue
+		}
+		if v := headerValue(block, ":status"); v != "" && v != "200" {
+			a.Err = status.Errorf(httpStatusCode(v), "unexpected HTTP status %s", v)
+			return a
+		}
+	}
+	st, err := trailerStatus(trailer)
+	if err != nil {
+		a.Err = err
+		return a
+	}
+	if st.Code() != codes.OK {
+		a.Err = st.Err()
+		return a
+	}
+	switch b := fw.body; {
+	case len(b) < 5:
+		a.Err = status.Error(codes.Internal, "the answer has no message")
+	case b[0] != 0:
+		a.Err = status.Error(codes.Internal, "the answer is compressed; podgate asked for none")
+	case int(binary.BigEndian.Uint32(b[1:5])) != len(b)-5:
+		a.Err = status.Errorf(codes.Internal, "the answer's message is %d bytes, its prefix says %d", len(b)-5, binary.BigEndian.Uint32(b[1:5]))
+	default:
+		a.Message = b[5:]
+	}
+	return a
+}
+
+// trailerStatus is the status the trailers carry.
+func trailerStatus(trailer []hpack.HeaderField) (*status.Status, error) {
+	v := headerValue(trailer, "grpc-status")
+	if v == "" {
+		return nil, status.Error(codes.Internal, "the answer ended without a grpc-status")
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "malformed grpc-status %q", v)
+	}
+	if d := headerValue(trailer, "grpc-status-details-bin"); d != "" {
+		b, err := decodeBinary(d)
+		p := new(spb.Status)
+		if err == nil && proto.Unmarshal(b, p) == nil && p.GetCode() == int32(n) {
+			return status.FromProto(p), nil
+		}
+	}
+	return status.New(codes.Code(n), decodeGrpcMessage(headerValue(trailer, "grpc-message"))), nil
+}
+
+// answerMetadata is an answer's header block as the metadata a gRPC client hands its caller:
+// pseudo-headers and the headers gRPC sets itself left out, binary values decoded (one that
+// does not decode is left out).
+func answerMetadata(block []hpack.HeaderField) metadata.MD {
+	if len(block) == 0 {
+		return nil
+	}
+	md := metadata.MD{}
+	for _, f := range block {
+		if GRPCSetsItself(f.Name) {
+			continue
+		}
+		v := f.Value
+		if strings.HasSuffix(f.Name, "-bin") {
+			b, err := decodeBinary(v)
+			if err != nil {
+				continue
+			}
+			v = string(b)
+		}
+		md[f.Name] = append(md[f.Name], v)
+	}
+	return md
+}
+
+// httpStatusCode is the gRPC code of an HTTP status other than 200, as gRPC maps it.
+func httpStatusCode(v string) codes.Code {
+	switch v {
+	case "400":
+		return codes.Internal
+	case "401":
+		return codes.Unauthenticated
+	case "403":
+		return codes.PermissionDenied
+	case "404":
+		return codes.Unimplemented
+	case "429", "502", "503", "504":
+		return codes.Unavailable
+	}
+	return codes.Unknown
+}
+
+// decodeGrpcMessage undoes grpc-message's percent-encoding; a malformed one is taken as it is.
+func decodeGrpcMessage(v string) string {
+	if !strings.Contains(v, "%") {
+		return v
+	}
+	if s, err := url.PathUnescape(v); err == nil {
+		return s
+	}
+	return v
+}
+
+// encodeTimeout is d as a grpc-timeout value: at most 8 digits, in the finest unit that holds
+// it, rounded up.
+func encodeTimeout(d time.Duration) string {
+	if d <= 0 {
+		return "0n"
+	}
+	const most = 1e8 - 1
+	for _, u := range []struct {
+		d    time.Duration
+		unit string
+	}{{time.Nanosecond, "n"}, {time.Microsecond, "u"}, {time.Millisecond, "m"}, {time.Second, "S"}, {time.Minute, "M"}, {time.Hour, "H"}} {
+		n := d / u.d
+		if d%u.d != 0 {
+			n++
+		}
+		if n <= most || u.unit == "H" {
+			return fmt.Sprintf("%d%s", min(n, most), u.unit)
+		}
+	}
+	panic("unreachable")
+}
