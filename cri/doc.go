@@ -6,17 +6,19 @@
 // not intercept go through it to the runtime frame by frame: never decoded, so fields and
 // methods newer than podgate's k8s.io/cri-api reach the backend unchanged, and a large List
 // answer reaches the kubelet while containerd is still sending it. A method that someone
-// registered an [Interceptor] for the relay answers in the process: it hands the request's
-// message, metadata and deadline to the method's handler, which decodes it with
-// k8s.io/cri-api, runs the interceptors and forwards; if they leave the request (or the
-// response) unchanged, the original bytes are forwarded, so the backend still sees exactly what
-// the kubelet sent. Calls of services that are not CRI are refused. Stats handlers (tracing)
-// see every call as a gRPC server's and client's would.
+// registered an [Interceptor] (or an observer, [Observe]) for the relay answers in the process:
+// it hands the request's message, metadata and deadline to the method's handler, which decodes
+// it with k8s.io/cri-api, runs the hooks and forwards, on the caller's own connection to the
+// backend (the one its passed-through calls take), so an intercepted call costs a
+// passed-through one's hop plus its hooks. If the hooks leave the request (or the response)
+// unchanged, or only observe, the original bytes are forwarded, so the backend still sees
+// exactly what the kubelet sent. Calls of services that are not CRI are refused. Stats
+// handlers (tracing) see every call as a gRPC server's and client's would.
 //
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
-// through [Intercept]. Errors are mapped to gRPC codes once, in the instrumented boundary
-// ([Server] records per-method metrics there); an error that already is a gRPC status, such as
-// one from containerd, passes through unchanged.
+// through [Intercept] and [Observe]. Errors are mapped to gRPC codes once, in the instrumented
+// boundary ([Server] records per-method metrics there); an error that already is a gRPC
+// status, such as one from containerd, passes through unchanged.
 //
 // [StopGracefully] is the one graceful stop with a deadline of podgate's gRPC servers (the
 // PodResources server's).

@@ -209,15 +209,20 @@ func (ss *session) removeLocked(s *stream) {
 	if s.up.streams[s.upID] == s {
 		delete(s.up.streams, s.upID)
 	}
-	from := ss.down
-	if s.fwd != nil {
-		from = ss.self // a handler's bytes: no window to give back
-	}
-	ss.credit(dir{src: from}, nil, s.toUp.q.drop())
+	ss.credit(dir{src: ss.fromClient(s)}, nil, s.toUp.q.drop())
 	ss.credit(dir{src: s.up.ep}, nil, s.toDown.q.drop())
 	if s.up.gone && len(s.up.streams) == 0 {
 		ss.closeUpstreamLocked(s.up)
 	}
+}
+
+// fromClient is where what s sends to its server comes from: the client, or for a forwarded
+// call the handler, whose bytes have no window to give back.
+func (ss *session) fromClient(s *stream) *endpoint {
+	if s.fwd != nil {
+		return ss.self
+	}
+	return ss.down
 }
 
 func (ss *session) observeEnd(s *stream) {
@@ -395,10 +400,8 @@ func (ss *session) sendPending(e *endpoint, u *upstream, id uint32) {
 		}
 		d := dir{dst: e, toUp: u != nil}
 		switch {
-		case u != nil && s.fwd != nil:
-			d.src = ss.self
 		case u != nil:
-			d.src = ss.down
+			d.src = ss.fromClient(s)
 		case s.up != nil:
 			d.src = s.up.ep
 		case s.unary != nil:

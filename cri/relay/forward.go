@@ -145,6 +145,13 @@ func (ss *session) collectLocked(d dir, s *stream, it item) error {
 		fail = status.Errorf(codes.ResourceExhausted, "received message larger than max (%d)", fw.limit)
 	default:
 		fw.body = append(fw.body, it.data...)
+		if len(fw.body) >= 5 {
+			// The prefix says how much comes: room for it at once, within the limit.
+			n := min(int(binary.BigEndian.Uint32(fw.body[1:5])), fw.limit)
+			if more := 5 + n - len(fw.body); more > 0 {
+				fw.body = slices.Grow(fw.body, more)
+			}
+		}
 	}
 	if fail != nil {
 		ss.mu.Unlock()

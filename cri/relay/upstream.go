@@ -260,7 +260,7 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 func (ss *session) stopUpLocked(s *stream) {
 	s.dropUp = true
 	if s.up != nil {
-		ss.credit(dir{src: ss.down}, nil, s.toUp.q.drop())
+		ss.credit(dir{src: ss.fromClient(s)}, nil, s.toUp.q.drop())
 		if s.up.streams[s.upID] == s {
 			delete(s.up.streams, s.upID)
 		}
