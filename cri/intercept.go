@@ -79,7 +79,8 @@ type Forward[Req, Resp proto.Message] func(ctx context.Context, req Req) (Resp, 
 //
 // Messages are compared, not trusted: if req and the response come back unchanged, the bytes
 // the kubelet sent and the bytes the backend answered are forwarded as they were; if an
-// interceptor changed either, the changed message is encoded.
+// interceptor changed either, the changed message is encoded. A hook that only reads is
+// registered with Observe instead, and its method spared the comparison.
 type Interceptor[Req, Resp proto.Message] func(ctx context.Context, req Req, next Forward[Req, Resp]) (Resp, error)
 
 // Intercept adds fn around method m. Interceptors of one method nest in the order they are

@@ -243,15 +243,9 @@ func answerMetadata(block []hpack.HeaderField) metadata.MD {
 		if GRPCSetsItself(f.Name) {
 			continue
 		}
-		v := f.Value
-		if strings.HasSuffix(f.Name, "-bin") {
-			b, err := decodeBinary(v)
-			if err != nil {
-				continue
-			}
-			v = string(b)
+		if v, err := metadataValue(f); err == nil {
+			md[f.Name] = append(md[f.Name], v)
 		}
-		md[f.Name] = append(md[f.Name], v)
 	}
 	return md
 }

@@ -253,3 +253,55 @@ func TestEncodeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardBadAnswers: what a gRPC client refuses in an answer, Forward refuses too, naming
+// why, and a trailers-only answer's status reaches the client with its message decoded.
+func TestForwardBadAnswers(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		answer  func(srv *rawPeer, id uint32)
+		code    codes.Code
+		message string
+	}{
+		{"HTTP 503", func(srv *rawPeer, id uint32) {
+			srv.headers(id, true, ":status", "503", "content-type", "text/plain")
+		}, codes.Unavailable, "HTTP status 503"},
+		{"no grpc-status", func(srv *rawPeer, id uint32) {
+			srv.headers(id, true, ":status", "200", "content-type", "application/grpc")
+		}, codes.Internal, "without a grpc-status"},
+		{"compressed", func(srv *rawPeer, id uint32) {
+			srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+			srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, []byte{1, 0, 0, 0, 1, 'x'}) })
+			srv.headers(id, true, "grpc-status", "0")
+		}, codes.Internal, "compressed"},
+		{"short message", func(srv *rawPeer, id uint32) {
+			srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
+			srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, []byte{0, 0, 0, 0, 9, 'x'}) })
+			srv.headers(id, true, "grpc-status", "0")
+		}, codes.Internal, "prefix says 9"},
+		{"OK without a message", func(srv *rawPeer, id uint32) {
+			srv.headers(id, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "0")
+		}, codes.Internal, "no message"},
+		{"trailers-only status", func(srv *rawPeer, id uint32) {
+			srv.headers(id, true, ":status", "200", "content-type", "application/grpc", "grpc-status", "5", "grpc-message", "no such container %E2%9C%97")
+		}, codes.NotFound, "no such container ✗"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := shortDir(t)
+			up := startRawUpstream(t, dir)
+			backend := up.target()
+			c := unaryClient(t, forwardingRelay(t, dir, backend, backend))
+			done := make(chan error, 1)
+			in, out := []byte("x"), []byte(nil)
+			go func() { done <- c.Invoke(t.Context(), "/svc/Echo", &in, &out) }()
+			srv := up.accept()
+			id := srv.readUntil(isHeaders).Header().StreamID
+			srv.readUntil(func(f http2.Frame) bool { return isData(f) && f.Header().Flags.Has(http2.FlagDataEndStream) })
+			tt.answer(srv, id)
+			err := <-done
+			if st := status.Convert(err); st.Code() != tt.code || !strings.Contains(st.Message(), tt.message) {
+				t.Errorf("got %v, want %v saying %q", err, tt.code, tt.message)
+			}
+		})
+	}
+}

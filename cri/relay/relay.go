@@ -101,17 +101,26 @@ func (c *Call) SetMetadata(md metadata.MD) {
 func (c *Call) Metadata() (metadata.MD, error) {
 	md := make(metadata.MD, len(c.Header))
 	for _, f := range c.Header {
-		v := f.Value
-		if strings.HasSuffix(f.Name, "-bin") {
-			b, err := decodeBinary(v)
-			if err != nil {
-				return nil, fmt.Errorf("malformed binary metadata %q in header %q", v, f.Name)
-			}
-			v = string(b)
+		v, err := metadataValue(f)
+		if err != nil {
+			return nil, err
 		}
 		md[f.Name] = append(md[f.Name], v)
 	}
 	return md, nil
+}
+
+// metadataValue is a header field's value as gRPC metadata holds it: a binary ("-bin") one
+// decoded.
+func metadataValue(f hpack.HeaderField) (string, error) {
+	if !strings.HasSuffix(f.Name, "-bin") {
+		return f.Value, nil
+	}
+	b, err := decodeBinary(f.Value)
+	if err != nil {
+		return "", fmt.Errorf("malformed binary metadata %q in header %q", f.Value, f.Name)
+	}
+	return string(b), nil
 }
 
 // forwarded is the header block the call goes to its target with.
