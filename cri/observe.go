@@ -90,43 +90,46 @@ func (o *observer) traceEnd(rc *relayedCall, code codes.Code) {
 // does, and returns the context they tagged: its outgoing metadata is what they add to the
 // call (the trace context of podgate's span).
 func (b *Backend) statsBegin(ctx context.Context, path string) context.Context {
-	if len(b.statsHandlers) == 0 {
-		return ctx
-	}
-	info, now := &stats.RPCTagInfo{FullMethodName: path}, time.Now()
-	for _, h := range b.statsHandlers {
-		ctx = h.TagRPC(ctx, info)
-		h.HandleRPC(ctx, &stats.Begin{Client: true, BeginTime: now})
-	}
-	return ctx
+	return statsBegin(ctx, b.statsHandlers, path, stats.Begin{Client: true})
 }
 
 // statsEnd tells the backend's stats handlers that the call of ctx (statsBegin's) ended.
 func (b *Backend) statsEnd(ctx context.Context, err error) {
-	now := time.Now()
-	for _, h := range b.statsHandlers {
-		h.HandleRPC(ctx, &stats.End{Client: true, EndTime: now, Error: err})
-	}
+	statsEnd(ctx, b.statsHandlers, true, err)
 }
 
 // statsBegin shows a call coming in to the stats handlers, as a gRPC server does, and returns
 // the context they tagged.
 func (s *Server) statsBegin(ctx context.Context, path string, serverStream bool) context.Context {
-	if len(s.statsHandlers) == 0 {
-		return ctx
-	}
-	info, now := &stats.RPCTagInfo{FullMethodName: path}, time.Now()
-	for _, h := range s.statsHandlers {
-		ctx = h.TagRPC(ctx, info)
-		h.HandleRPC(ctx, &stats.Begin{BeginTime: now, IsServerStream: serverStream})
-	}
-	return ctx
+	return statsBegin(ctx, s.statsHandlers, path, stats.Begin{IsServerStream: serverStream})
 }
 
 // statsEnd tells the stats handlers that the call of ctx (statsBegin's) ended, with err.
 func (s *Server) statsEnd(ctx context.Context, err error) {
+	statsEnd(ctx, s.statsHandlers, false, err)
+}
+
+// statsBegin tags a call for handlers and tells them it began (begin, its time set now), and
+// returns the context they tagged.
+func statsBegin(ctx context.Context, handlers []stats.Handler, path string, begin stats.Begin) context.Context {
+	if len(handlers) == 0 {
+		return ctx
+	}
+	info := &stats.RPCTagInfo{FullMethodName: path}
+	begin.BeginTime = time.Now()
+	for _, h := range handlers {
+		ctx = h.TagRPC(ctx, info)
+		ev := begin
+		h.HandleRPC(ctx, &ev)
+	}
+	return ctx
+}
+
+// statsEnd tells handlers that the call of ctx (statsBegin's) ended, with err; client says on
+// which side.
+func statsEnd(ctx context.Context, handlers []stats.Handler, client bool, err error) {
 	now := time.Now()
-	for _, h := range s.statsHandlers {
-		h.HandleRPC(ctx, &stats.End{EndTime: now, Error: err})
+	for _, h := range handlers {
+		h.HandleRPC(ctx, &stats.End{Client: client, EndTime: now, Error: err})
 	}
 }

@@ -199,19 +199,11 @@ func TestForwardWhenTheServerFails(t *testing.T) {
 		}, "REFUSED_STREAM"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := shortDir(t)
-			up := startRawUpstream(t, dir)
-			backend := up.target()
-			c := unaryClient(t, forwardingRelay(t, dir, backend, backend))
-			done := make(chan error, 1)
-			in, out := []byte("x"), []byte(nil)
-			go func() { done <- c.Invoke(t.Context(), "/svc/Echo", &in, &out) }()
-			srv := up.accept()
-			h := srv.readUntil(isHeaders)
+			srv, h, done := forwardToRawServer(t)
 			if field(h, ":path") != "/svc/Echo" || field(h, "x-added") != "podgate" {
-				t.Errorf("the server got %v", h.(*http2.MetaHeadersFrame).Fields)
+				t.Errorf("the server got %v", h.Fields)
 			}
-			tt.fail(srv, h.Header().StreamID)
+			tt.fail(srv, h.StreamID)
 			err := <-done
 			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("got %v, want Unavailable saying %q", err, tt.want)
@@ -287,21 +279,29 @@ func TestForwardBadAnswers(t *testing.T) {
 		}, codes.NotFound, "no such container ✗"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			dir := shortDir(t)
-			up := startRawUpstream(t, dir)
-			backend := up.target()
-			c := unaryClient(t, forwardingRelay(t, dir, backend, backend))
-			done := make(chan error, 1)
-			in, out := []byte("x"), []byte(nil)
-			go func() { done <- c.Invoke(t.Context(), "/svc/Echo", &in, &out) }()
-			srv := up.accept()
-			id := srv.readUntil(isHeaders).Header().StreamID
+			srv, h, done := forwardToRawServer(t)
 			srv.readUntil(func(f http2.Frame) bool { return isData(f) && f.Header().Flags.Has(http2.FlagDataEndStream) })
-			tt.answer(srv, id)
+			tt.answer(srv, h.StreamID)
 			err := <-done
 			if st := status.Convert(err); st.Code() != tt.code || !strings.Contains(st.Message(), tt.message) {
 				t.Errorf("got %v, want %v saying %q", err, tt.code, tt.message)
 			}
 		})
 	}
+}
+
+// forwardToRawServer makes a client's /svc/Echo call that a handler forwards to a server the
+// test drives frame by frame, and returns that server, the call's headers as it got them, and
+// the client's result to come.
+func forwardToRawServer(t *testing.T) (*rawPeer, *http2.MetaHeadersFrame, <-chan error) {
+	t.Helper()
+	dir := shortDir(t)
+	up := startRawUpstream(t, dir)
+	backend := up.target()
+	c := unaryClient(t, forwardingRelay(t, dir, backend, backend))
+	done := make(chan error, 1)
+	in, out := []byte("x"), []byte(nil)
+	go func() { done <- c.Invoke(t.Context(), "/svc/Echo", &in, &out) }()
+	srv := up.accept()
+	return srv, srv.readUntil(isHeaders).(*http2.MetaHeadersFrame), done
 }
