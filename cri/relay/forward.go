@@ -118,11 +118,13 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 }
 
 // forwardFields is the header block a forwarded call goes with: the client's, md set in it,
-// the deadline ctx's.
+// the deadline ctx's, and no compression accepted (the answer is read here, not passed on).
 func (c *UnaryCall) forwardFields(ctx context.Context, md metadata.MD) []hpack.HeaderField {
 	call := &Call{Header: c.fields}
 	call.SetMetadata(md)
-	fields := slices.DeleteFunc(slices.Clone(call.forwarded()), func(f hpack.HeaderField) bool { return f.Name == "grpc-timeout" })
+	fields := slices.DeleteFunc(slices.Clone(call.forwarded()), func(f hpack.HeaderField) bool {
+		return f.Name == "grpc-timeout" || f.Name == "grpc-accept-encoding"
+	})
 	if dl, ok := ctx.Deadline(); ok {
 		fields = append(fields, hpack.HeaderField{Name: "grpc-timeout", Value: encodeTimeout(time.Until(dl))})
 	}

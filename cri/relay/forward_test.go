@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -304,4 +305,43 @@ func forwardToRawServer(t *testing.T) (*rawPeer, *http2.MetaHeadersFrame, <-chan
 	go func() { done <- c.Invoke(t.Context(), "/svc/Echo", &in, &out) }()
 	srv := up.accept()
 	return srv, srv.readUntil(isHeaders).(*http2.MetaHeadersFrame), done
+}
+
+// TestForwardFields: a forwarded call goes with the client's header fields, the handler's
+// metadata in place of the client's of the same name, the deadline of the handler's context
+// (not the client's grpc-timeout, which counted from the client's send) and no compression
+// accepted, since the relay reads the answer itself.
+func TestForwardFields(t *testing.T) {
+	c := &UnaryCall{fields: []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":path", Value: "/svc/M"}, {Name: "content-type", Value: "application/grpc"},
+		{Name: "grpc-timeout", Value: "2S"}, {Name: "grpc-accept-encoding", Value: "gzip"},
+		{Name: "traceparent", Value: "kubelet's"}, {Name: "x-caller", Value: "kubelet"},
+	}}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+	defer cancel()
+	got := c.forwardFields(ctx, metadata.Pairs("traceparent", "podgate's"))
+	want := map[string]string{":method": "POST", ":path": "/svc/M", "content-type": "application/grpc", "traceparent": "podgate's", "x-caller": "kubelet"}
+	seen := map[string]int{}
+	for _, f := range got {
+		seen[f.Name]++
+		switch {
+		case f.Name == "grpc-timeout":
+			if d, err := parseTimeout(f.Value); err != nil || d < 59*time.Minute || d > time.Hour {
+				t.Errorf("grpc-timeout %q, want the hour left of the handler's context", f.Value)
+			}
+		case want[f.Name] != f.Value:
+			t.Errorf("%s: %q, want %q", f.Name, f.Value, want[f.Name])
+		}
+	}
+	for name := range want {
+		if seen[name] != 1 {
+			t.Errorf("%s sent %d times, want once", name, seen[name])
+		}
+	}
+	if seen["grpc-timeout"] != 1 || seen["grpc-accept-encoding"] != 0 {
+		t.Errorf("grpc-timeout sent %d times (want once), grpc-accept-encoding %d (want never): %v", seen["grpc-timeout"], seen["grpc-accept-encoding"], got)
+	}
+	if got[0].Name != ":method" || got[1].Name != ":path" {
+		t.Errorf("pseudo-headers not first: %v", got)
+	}
 }
