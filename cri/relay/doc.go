@@ -13,6 +13,7 @@
 //
 // Each client connection gets its own connection to each server it calls (a Target), so a
 // client that stops reading holds up only its own calls. podgate's CRI server (package cri)
-// routes the calls it does not intercept to the runtime this way, and the calls it intercepts
-// to its own gRPC server in the same process.
+// routes the calls it does not intercept to the runtime this way, and answers the calls it
+// intercepts in the process (Target.Unary), whose handlers send them on to the runtime on the
+// same client's connection to it (UnaryCall.Forward).
 package relay

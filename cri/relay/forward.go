@@ -57,7 +57,7 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 		return &UnaryAnswer{Err: status.Error(codes.Internal, "relay: Forward of a call the relay did not dispatch")}
 	case ctx.Err() != nil:
 		return &UnaryAnswer{Err: status.FromContextError(ctx.Err()).Err()}
-	case len(msg) > math.MaxUint32:
+	case uint64(len(msg)) > math.MaxUint32:
 		return &UnaryAnswer{Err: status.Errorf(codes.ResourceExhausted, "a request of %d bytes", len(msg))}
 	}
 	if t.Unavailable != nil {
