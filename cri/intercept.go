@@ -152,9 +152,9 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.Unar
 	name := h.m.FullName()
 	ctx = klog.NewContext(ctx, h.s.logger)
 	err := h.s.instrument(ctx, name, func() error {
-		c := &interceptedCall[Req, Resp]{h: h, call: uc, reqBytes: uc.Message}
+		c := &interceptedCall[Req, Resp]{h: h, call: uc}
 		req := h.m.newReq()
-		if err := proto.Unmarshal(c.reqBytes, req); err != nil {
+		if err := proto.Unmarshal(uc.Message, req); err != nil {
 			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
 		}
 		c.req = req
@@ -179,10 +179,9 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.Unar
 // interceptedCall is the state of one intercepted call. next may be called again (a retry),
 // but not concurrently.
 type interceptedCall[Req, Resp proto.Message] struct {
-	h        *interceptedMethod[Req, Resp]
-	call     *relay.UnaryCall
-	reqBytes []byte
-	req      Req
+	h    *interceptedMethod[Req, Resp]
+	call *relay.UnaryCall // the request's bytes as the client sent them: call.Message
+	req  Req
 	// pristineReq and pristineResp are copies to find changes in, made only when a hook may
 	// change the messages (changes).
 	pristineReq proto.Message
@@ -195,7 +194,7 @@ type interceptedCall[Req, Resp proto.Message] struct {
 func (c *interceptedCall[Req, Resp]) forward(ctx context.Context, r Req) (Resp, error) {
 	var zero Resp
 	m := c.h.m
-	send := c.reqBytes
+	send := c.call.Message
 	if c.h.changes && (proto.Message(r) != proto.Message(c.req) || !proto.Equal(r, c.pristineReq)) {
 		b, err := proto.Marshal(r)
 		if err != nil {

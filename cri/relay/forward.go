@@ -215,22 +215,24 @@ func (fw *forwarded) answer() *UnaryAnswer {
 
 // trailerStatus is the status the trailers carry.
 func trailerStatus(trailer []hpack.HeaderField) (*status.Status, error) {
-	v := headerValue(trailer, "grpc-status")
-	if v == "" {
-		return nil, status.Error(codes.Internal, "the answer ended without a grpc-status")
-	}
-	n, err := strconv.ParseUint(v, 10, 32)
-	if err != nil {
-		return nil, status.Errorf(codes.Internal, "malformed grpc-status %q", v)
+	code, ok := grpcStatusCode(trailer)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "the answer ended without a valid grpc-status (%q)", headerValue(trailer, "grpc-status"))
 	}
 	if d := headerValue(trailer, "grpc-status-details-bin"); d != "" {
 		b, err := decodeBinary(d)
 		p := new(spb.Status)
-		if err == nil && proto.Unmarshal(b, p) == nil && p.GetCode() == int32(n) {
+		if err == nil && proto.Unmarshal(b, p) == nil && p.GetCode() == int32(code) {
 			return status.FromProto(p), nil
 		}
 	}
-	return status.New(codes.Code(n), decodeGrpcMessage(headerValue(trailer, "grpc-message"))), nil
+	return status.New(code, decodeGrpcMessage(headerValue(trailer, "grpc-message"))), nil
+}
+
+// grpcStatusCode is the code a header block's grpc-status carries; false without a valid one.
+func grpcStatusCode(block []hpack.HeaderField) (codes.Code, bool) {
+	n, err := strconv.ParseUint(headerValue(block, "grpc-status"), 10, 32)
+	return codes.Code(n), err == nil
 }
 
 // answerMetadata is an answer's header block as the metadata a gRPC client hands its caller:

@@ -261,7 +261,7 @@ func TestForwardBadAnswers(t *testing.T) {
 		}, codes.Unavailable, "HTTP status 503"},
 		{"no grpc-status", func(srv *rawPeer, id uint32) {
 			srv.headers(id, true, ":status", "200", "content-type", "application/grpc")
-		}, codes.Internal, "without a grpc-status"},
+		}, codes.Internal, "without a valid grpc-status"},
 		{"compressed", func(srv *rawPeer, id uint32) {
 			srv.headers(id, false, ":status", "200", "content-type", "application/grpc")
 			srv.write(func(fr *http2.Framer) error { return fr.WriteData(id, false, []byte{1, 0, 0, 0, 1, 'x'}) })

@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -118,10 +117,8 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 			return nil
 		}
 		s.headersSent = true
-		if v := headerValue(f.Fields, "grpc-status"); v != "" {
-			if n, err := strconv.ParseUint(v, 10, 32); err == nil {
-				s.code = codes.Code(n)
-			}
+		if code, ok := grpcStatusCode(f.Fields); ok {
+			s.code = code
 		}
 		s.toDown.done = end
 		return ss.sendLocked(d, s, item{headers: f.Fields, end: end})
