@@ -23,6 +23,7 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
@@ -162,7 +163,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if s.name == criServiceName {
 			// No call comes in any more: let the work the last calls started end, so that
 			// its results reach the registry.
-			for _, w := range []func(context.Context) error{p.pipeline.wait, p.sysctls.wait, p.resources.wait} {
+			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.wait, p.resources.wait} {
 				if err := w(shutdownCtx); err != nil {
 					logger.Error(err, "Shutdown")
 				}
@@ -216,7 +217,9 @@ type proxy struct {
 	backends []*cri.Backend
 	runtime  runtimeapi.RuntimeServiceClient
 	sysctls  *sysctlStages
-	pipeline *sandboxPipeline
+	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
+	core     *pipeline.Core
+	pipeline *pipeline.Runner
 	dra      *draStages
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
@@ -260,8 +263,12 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
 	a.buildDRA(ctx, p)
-	p.pipeline = newSandboxPipeline(a.sandboxes, p.runtime, p.sysctls, p.dra, a.registry)
-	p.pipeline.events, p.pipeline.heldAfter = a.events, a.cfg.Events.SandboxHeldAfter.Duration
+	p.core = pipeline.NewCore(a.sandboxes, p.runtime, pipeline.Quiet(p.server))
+	var opts []pipeline.RunnerOption
+	if a.events != nil {
+		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
+	}
+	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra), a.sandboxes, a.registry, opts...)
 	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, a.sandboxes, p.runtime, a.registry)
 	p.resources.logNode(klog.FromContext(ctx))
 	if err := a.newImagePulls(ctx, p); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/podresources"
 )
 
@@ -159,19 +160,20 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 func draOff(why string) *draStages { return &draStages{off: why} }
 
 // prepareStage prepares the pod's claims before RunPodSandbox is forwarded.
-func (d *draStages) prepareStage() stage {
-	return stage{name: "dra-prepare", run: d.prepare, removed: d.sandboxRemoved}
+func (d *draStages) prepareStage() pipeline.Stage {
+	return pipeline.Stage{Name: "dra-prepare", Run: d.prepare, Removed: d.sandboxRemoved,
+		Holds: "the DRA drivers prepare the pod's claims", RefusedReason: "FailedDRAPrepare"}
 }
 
-func (d *draStages) prepare(ctx context.Context, sb *sandboxRun) error {
+func (d *draStages) prepare(ctx context.Context, sb *pipeline.Sandbox) error {
 	if d.off != "" {
 		return nil
 	}
-	cfg := sb.req.GetConfig()
+	cfg := sb.Req.GetConfig()
 	if src, ok := cfg.GetAnnotations()[configSourceAnnotation]; ok && src != "api" {
 		return nil // a static pod: no claims
 	}
-	ref := sb.rec.Pod
+	ref := sb.Rec.Pod
 	if ref.UID == "" {
 		return nil // not a kubelet pod; nothing to look up
 	}
@@ -189,7 +191,7 @@ func (d *draStages) prepare(ctx context.Context, sb *sandboxRun) error {
 	// Until the sandbox is recorded (or the call failed), the reconciler must not take the
 	// pod for gone: it has no sandbox yet, and the informer may not know it.
 	d.begin(ref.UID)
-	sb.onEnd(func() { d.done(ref.UID) })
+	sb.OnEnd(func() { d.done(ref.UID) })
 	return d.prepareClaims(ctx, ref, pod)
 }
 
@@ -491,9 +493,9 @@ func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map
 				return
 			}
 			// A span per driver: the pod start's trace shows which driver took how long.
-			sctx, span := startSpan(ctx, "dra prepare", attribute.String("driver", name), attribute.Int("claims", len(cls)))
+			sctx, span := pipeline.StartSpan(ctx, "dra prepare", attribute.String("driver", name), attribute.Int("claims", len(cls)))
 			res, err := drv.Prepare(sctx, cls)
-			endSpan(span, err)
+			pipeline.EndSpan(span, err)
 			answers <- answer{driver: name, results: res, err: err}
 		}()
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/pipeline"
 )
 
 // draAttach moves the prepared network devices of the drivers named in dra.attach into the
@@ -43,16 +44,17 @@ func newDRAAttach(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.Cla
 }
 
 // attachStage runs after the sysctl verification, before the record.
-func (d *draStages) attachStage() stage {
-	return stage{name: "dra-attach", run: d.attach, undo: d.attachUndo, stop: d.detach}
+func (d *draStages) attachStage() pipeline.Stage {
+	return pipeline.Stage{Name: "dra-attach", Run: d.attach, Undo: d.attachUndo, Stop: d.detach,
+		Holds: "moving the pod's DRA network devices into its network namespace", RefusedReason: "FailedDRAAttach"}
 }
 
-func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
+func (d *draStages) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 	a := d.attacher
 	if d.off != "" || a == nil {
 		return nil
 	}
-	pc, ok := d.registry.PodClaims(sb.rec.Pod.UID)
+	pc, ok := d.registry.PodClaims(sb.Rec.Pod.UID)
 	if !ok {
 		return nil
 	}
@@ -67,13 +69,13 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	if err := sb.fromRuntime(); err != nil {
+	if err := sb.FromRuntime(); err != nil {
 		// The devices were asked for and cannot be moved without the pod's namespace.
-		return fmt.Errorf("attach DRA devices to sandbox %s: %w", sb.rec.ID, err)
+		return fmt.Errorf("attach DRA devices to sandbox %s: %w", sb.Rec.ID, err)
 	}
-	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
-	if sb.rec.HostNetwork || sb.rec.NetNS == "" {
-		logger.Info("DRA network devices not attached: the pod has no network namespace of its own", "devices", len(todo), "status", sb.rec.Status)
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.Rec.ID)
+	if sb.Rec.HostNetwork || sb.Rec.NetNS == "" {
+		logger.Info("DRA network devices not attached: the pod has no network namespace of its own", "devices", len(todo), "status", sb.Rec.Status)
 		return nil
 	}
 	// Each move is an obligation to give the device back, on disk before the move (an attach
@@ -83,26 +85,26 @@ func (d *draStages) attach(ctx context.Context, sb *sandboxRun) error {
 	// (a give back failed), or that a crash left, is settled later (settleAttaches): the
 	// device stays recorded when it is in the pod of a sandbox that still runs, and is given
 	// back otherwise, found by podgate's mark (dra.Attach).
-	id := sb.rec.ID
-	sb.onEnd(func() { d.registry.LeaveAttaches(id) })
+	id := sb.Rec.ID
+	sb.OnEnd(func() { d.registry.LeaveAttaches(id) })
 	for _, t := range todo {
-		dev, err := d.attachOne(ctx, sb.rec, t)
+		dev, err := d.attachOne(ctx, sb.Rec, t)
 		if err != nil {
 			d.count("attach", "error")
-			err = fmt.Errorf("pod %s/%s claim %s/%s device %s/%s/%s: %w", sb.rec.Pod.Namespace, sb.rec.Pod.Name,
+			err = fmt.Errorf("pod %s/%s claim %s/%s device %s/%s/%s: %w", sb.Rec.Pod.Namespace, sb.Rec.Pod.Name,
 				t.claim.Namespace, t.claim.Name, t.device.Driver, t.device.Pool, t.device.Device, err)
 			// A stage that fails leaves nothing behind: the devices moved before go back too.
-			if undo := d.giveBack(ctx, sb.rec); undo != nil {
+			if undo := d.giveBack(ctx, sb.Rec); undo != nil {
 				err = errors.Join(err, fmt.Errorf("give back: %w", undo))
 			}
 			return err
 		}
 		d.count("attach", "success")
-		sb.rec.Attached = append(sb.rec.Attached, dev)
+		sb.Rec.Attached = append(sb.Rec.Attached, dev)
 		logger.Info("Attached DRA network device", "claim", klog.KRef(t.claim.Namespace, t.claim.Name), "device", t.device.Driver+"/"+t.device.Pool+"/"+t.device.Device,
 			"hostInterface", dev.Interface.HostName, "podInterface", dev.Interface.PodName, "addresses", dev.Interface.Addresses)
 		if a.publish != nil {
-			d.publishOne(ctx, &sb.rec.Attached[len(sb.rec.Attached)-1])
+			d.publishOne(ctx, &sb.Rec.Attached[len(sb.Rec.Attached)-1])
 		}
 	}
 	return nil
@@ -188,8 +190,8 @@ func (d *draStages) publishOne(ctx context.Context, dev *registry.AttachedDevice
 }
 
 // attachUndo gives back what the stage attached when a later stage fails.
-func (d *draStages) attachUndo(ctx context.Context, sb *sandboxRun) error {
-	return d.giveBack(ctx, sb.rec)
+func (d *draStages) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error {
+	return d.giveBack(ctx, sb.Rec)
 }
 
 // detach gives the sandbox's devices back before StopPodSandbox is forwarded: those its record

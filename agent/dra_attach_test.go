@@ -26,6 +26,7 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testnet"
 )
@@ -183,7 +184,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	// The kubelet stops the sandbox (twice: Stop is idempotent) and removes it.
 	stopAndRemove := func() {
 		t.Helper()
-		p := newSandboxPipeline(restarted, dr.runtimeClient, dr.sys, d, prometheus.NewRegistry())
+		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d), restarted, prometheus.NewRegistry())
 		// containerd's stop tears the pod's network namespace down, and a veth end in it.
 		stop := func(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 			resp, err := dr.runtimeClient.StopPodSandbox(ctx, req)
@@ -196,11 +197,11 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 			return dr.runtimeClient.RemovePodSandbox(ctx, req)
 		}
 		for range 2 {
-			if _, err := p.stopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}, stop); err != nil {
+			if _, err := p.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}, stop); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if _, err := p.removePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}, remove); err != nil {
+		if _, err := p.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}, remove); err != nil {
 			t.Fatal(err)
 		}
 	}

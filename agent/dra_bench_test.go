@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -46,19 +46,13 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 			for b.Loop() {
 				p := podList[i%pods]
 				i++
-				sb := &sandboxRun{
-					req: &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
-						Metadata: &runtimeapi.PodSandboxMetadata{Name: p.Name, Namespace: p.Namespace, Uid: string(p.UID)},
-					}},
-					rec:    registry.SandboxRecord{Pod: registry.PodRef{UID: p.UID, Name: p.Name, Namespace: p.Namespace}},
-					logger: klog.Background(),
-				}
-				if err := stage.run(ctx, sb); err != nil {
+				sb := pipeline.NewSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+					Metadata: &runtimeapi.PodSandboxMetadata{Name: p.Name, Namespace: p.Namespace, Uid: string(p.UID)},
+				}}, nil)
+				if err := stage.Run(ctx, sb); err != nil {
 					b.Fatal(err)
 				}
-				for _, fn := range sb.ended {
-					fn()
-				}
+				sb.End()
 				if i > maxPods {
 					forgetPodClaims(b, dr.registry, podList[(i-maxPods)%pods].UID)
 				}

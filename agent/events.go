@@ -6,6 +6,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/pipeline"
 )
 
 // startEvents creates the pod Event recorder when podgate has the Kubernetes API (Events are
@@ -25,4 +27,11 @@ func (a *Agent) startEvents(ctx context.Context) {
 		kube.WithEventRate(a.cfg.Events.QPS, a.cfg.Events.Burst), kube.WithEventMetrics(a.registry))
 	logger.Info("Pod Events on", "reportingController", kube.ReportingController, "reportingInstance", a.pods.NodeName(),
 		"qps", a.cfg.Events.QPS, "burst", a.cfg.Events.Burst)
+}
+
+// sandboxEvents adapts the recorder to the pipeline's EventFunc.
+func sandboxEvents(r *kube.EventRecorder) pipeline.EventFunc {
+	return func(pod registry.PodRef, eventType, reason, action, note string) {
+		r.Eventf(kube.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}, eventType, reason, action, "%s", note)
+	}
 }

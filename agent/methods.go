@@ -13,87 +13,64 @@ package agent
 // finding a change costs (cri.Observe).
 
 import (
-	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/pipeline"
 )
 
-// hook is one feature's part in one CRI method.
-type hook[Req, Resp proto.Message] struct {
-	// feature names the feature (sysctl, resources, image-pulls), for logs and docs.
-	feature string
-	// before and after say what it does before forwarding and with the answer.
-	before, after string
-	fn            cri.Interceptor[Req, Resp]
-	// readOnly: fn changes neither the request nor the answer (TestReadOnlyHooksChangeNothing
-	// holds it to that).
-	readOnly bool
-}
-
 type (
-	createContainerHook = hook[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]
-	startContainerHook  = hook[*runtimeapi.StartContainerRequest, *runtimeapi.StartContainerResponse]
-	updateResourcesHook = hook[*runtimeapi.UpdateContainerResourcesRequest, *runtimeapi.UpdateContainerResourcesResponse]
-	removeContainerHook = hook[*runtimeapi.RemoveContainerRequest, *runtimeapi.RemoveContainerResponse]
-	pullImageHook       = hook[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
+	createContainerHook = pipeline.Hook[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]
+	startContainerHook  = pipeline.Hook[*runtimeapi.StartContainerRequest, *runtimeapi.StartContainerResponse]
+	updateResourcesHook = pipeline.Hook[*runtimeapi.UpdateContainerResourcesRequest, *runtimeapi.UpdateContainerResourcesResponse]
+	removeContainerHook = pipeline.Hook[*runtimeapi.RemoveContainerRequest, *runtimeapi.RemoveContainerResponse]
+	pullImageHook       = pipeline.Hook[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
 )
 
 // createContainerHooks: CreateContainer.
 func (p *proxy) createContainerHooks() []createContainerHook {
 	return []createContainerHook{
-		{feature: "sysctl", before: "wait while the sandbox's sysctls are verified (verify: fail)", fn: p.sysctls.createContainer, readOnly: true},
-		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "record the container in its sandbox", fn: p.resources.createContainer, readOnly: !p.resources.memoryQoS},
+		{Feature: "sysctl", Before: "wait while the sandbox's sysctls are verified (verify: fail)", Fn: p.sysctls.createContainer, ReadOnly: true},
+		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "record the container in its sandbox", Fn: p.resources.createContainer, ReadOnly: !p.resources.memoryQoS},
 	}
 }
 
 // startContainerHooks: StartContainer.
 func (p *proxy) startContainerHooks() []startContainerHook {
 	return []startContainerHook{
-		{feature: "resources", after: "verify the container's cgroup, in the background once the calls pause", fn: p.resources.startContainer, readOnly: true},
+		{Feature: "resources", After: "verify the container's cgroup, in the background once the calls pause", Fn: p.resources.startContainer, ReadOnly: true},
 	}
 }
 
 // updateContainerResourcesHooks: UpdateContainerResources.
 func (p *proxy) updateContainerResourcesHooks() []updateResourcesHook {
 	return []updateResourcesHook{
-		{feature: "resources", before: "add memory.min/memory.high (memory QoS)", after: "verify the container's cgroup (in the answer with verify: fail)", fn: p.resources.updateContainerResources, readOnly: !p.resources.memoryQoS},
+		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "verify the container's cgroup (in the answer with verify: fail)", Fn: p.resources.updateContainerResources, ReadOnly: !p.resources.memoryQoS},
 	}
 }
 
 // removeContainerHooks: RemoveContainer.
 func (p *proxy) removeContainerHooks() []removeContainerHook {
 	return []removeContainerHook{
-		{feature: "resources", after: "forget the container", fn: p.resources.removeContainer, readOnly: true},
+		{Feature: "resources", After: "forget the container", Fn: p.resources.removeContainer, ReadOnly: true},
 	}
 }
 
 // pullImageHooks: PullImage.
 func (p *proxy) pullImageHooks() []pullImageHook {
 	return []pullImageHook{
-		{feature: "image-pulls", before: "refuse a bad reference; queue under the caps by priority; share an identical pull; drop the pull of a deleted pod", fn: p.pullInterceptor},
-	}
-}
-
-// intercept plugs a method's hooks into the CRI server, in the table's order.
-func intercept[Req, Resp proto.Message](s *cri.Server, m cri.Method[Req, Resp], hooks []hook[Req, Resp]) {
-	for _, h := range hooks {
-		if h.readOnly {
-			cri.Observe(s, m, h.fn)
-		} else {
-			cri.Intercept(s, m, h.fn)
-		}
+		{Feature: "image-pulls", Before: "refuse a bad reference; queue under the caps by priority; share an identical pull; drop the pull of a deleted pod", Fn: p.pullInterceptor},
 	}
 }
 
 // register plugs every table into the CRI server: the sandbox pipeline's methods, then the
 // tables above.
 func (p *proxy) register() {
-	p.pipeline.register(p.server)
-	p.resources.quiet = quietOf(p.server)
-	intercept(p.server, cri.CreateContainer, p.createContainerHooks())
-	intercept(p.server, cri.StartContainer, p.startContainerHooks())
-	intercept(p.server, cri.UpdateContainerResources, p.updateContainerResourcesHooks())
-	intercept(p.server, cri.RemoveContainer, p.removeContainerHooks())
-	intercept(p.server, cri.PullImage, p.pullImageHooks())
+	p.pipeline.Register(p.server)
+	p.resources.quiet = pipeline.Quiet(p.server)
+	pipeline.Intercept(p.server, cri.CreateContainer, p.createContainerHooks())
+	pipeline.Intercept(p.server, cri.StartContainer, p.startContainerHooks())
+	pipeline.Intercept(p.server, cri.UpdateContainerResources, p.updateContainerResourcesHooks())
+	pipeline.Intercept(p.server, cri.RemoveContainer, p.removeContainerHooks())
+	pipeline.Intercept(p.server, cri.PullImage, p.pullImageHooks())
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/pipeline"
 )
 
 // TestReadOnlyHooksChangeNothing: a hook the tables mark readOnly is registered with
@@ -50,11 +51,11 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 
 // checkReadOnly runs each of hooks marked readOnly and reports a change it made; it returns
 // how many it ran.
-func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks []hook[Req, Resp]) int {
+func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks []pipeline.Hook[Req, Resp]) int {
 	t.Helper()
 	n := 0
 	for _, h := range hooks {
-		if !h.readOnly {
+		if !h.ReadOnly {
 			continue
 		}
 		n++
@@ -66,19 +67,19 @@ func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks [
 		fillAll(resp.ProtoReflect(), 0)
 		wantReq, wantResp := proto.Clone(req), proto.Clone(resp)
 		var sent Req
-		got, err := h.fn(t.Context(), req, func(_ context.Context, r Req) (Resp, error) {
+		got, err := h.Fn(t.Context(), req, func(_ context.Context, r Req) (Resp, error) {
 			sent = r
 			return resp, nil
 		})
 		if err != nil {
-			t.Errorf("%s, %s hook: %v", method, h.feature, err)
+			t.Errorf("%s, %s hook: %v", method, h.Feature, err)
 			continue
 		}
 		if proto.Message(sent) != proto.Message(req) || !proto.Equal(req, wantReq) {
-			t.Errorf("%s, %s hook: forwarded a changed request:\n got %v\nwant %v", method, h.feature, sent, wantReq)
+			t.Errorf("%s, %s hook: forwarded a changed request:\n got %v\nwant %v", method, h.Feature, sent, wantReq)
 		}
 		if proto.Message(got) != proto.Message(resp) || !proto.Equal(resp, wantResp) {
-			t.Errorf("%s, %s hook: answered a changed response:\n got %v\nwant %v", method, h.feature, got, wantResp)
+			t.Errorf("%s, %s hook: answered a changed response:\n got %v\nwant %v", method, h.Feature, got, wantResp)
 		}
 	}
 	return n

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/test/kubefake"
 )
 
@@ -30,19 +31,19 @@ func TestPipelineEvents(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "held", UID: types.UID("uid-held")}}
-	r := newPipelineRig(t, func(p *sandboxPipeline) {
-		p.events, p.heldAfter = rec, 50*time.Millisecond
-		for i, st := range p.stages {
-			if st.name != "dra-prepare" {
+	change := func(stages []pipeline.Stage) {
+		for i, st := range stages {
+			if st.Name != "dra-prepare" {
 				continue
 			}
-			p.stages[i].run = func(context.Context, *sandboxRun) error {
+			stages[i].Run = func(context.Context, *pipeline.Sandbox) error {
 				// Held until the pod has been told so.
 				awaitEvent(t, client, pod, "SandboxHeld", `stage "dra-prepare" has held the pod sandbox`, "DRA drivers prepare")
 				return fmt.Errorf("prepare claim ns/gpu: driver gpu.example.com: not registered: %w", errdefs.ErrUnavailable)
 			}
 		}
-	})
+	}
+	r := newPipelineRigWith(t, rigOptions{change: change, runner: []pipeline.RunnerOption{pipeline.WithEvents(sandboxEvents(rec), 50*time.Millisecond)}})
 	_, err := r.run(t, "held")
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("RunPodSandbox = %v, want Unavailable", err)

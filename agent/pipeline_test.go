@@ -21,6 +21,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -32,23 +33,26 @@ type pipelineRig struct {
 	sys     *sysctlStages
 	// runtimeClient talks to the runtime past podgate.
 	runtimeClient runtimeapi.RuntimeServiceClient
-	pipeline      *sandboxPipeline
+	pipeline      *pipeline.Runner
+	core          *pipeline.Core
 	registry      *registry.Registry
 	stateDir      string
 	client        runtimeapi.RuntimeServiceClient
 	metrics       *prometheus.Registry
 }
 
-// newPipelineRig builds the rig; change lets a test alter the pipeline before it serves.
-func newPipelineRig(t *testing.T, change func(*sandboxPipeline)) *pipelineRig {
+// newPipelineRig builds the rig; change lets a test alter the stages before they serve.
+func newPipelineRig(t *testing.T, change func([]pipeline.Stage)) *pipelineRig {
 	t.Helper()
 	return newPipelineRigWith(t, rigOptions{change: change})
 }
 
 // rigOptions vary the pipeline rig.
 type rigOptions struct {
-	// change alters the pipeline before it serves.
-	change func(*sandboxPipeline)
+	// change alters the stages before they serve.
+	change func([]pipeline.Stage)
+	// runner configures the pipeline's runner.
+	runner []pipeline.RunnerOption
 	// dra builds the DRA stages; nil: DRA off.
 	dra func(r *pipelineRig) *draStages
 	// onRun runs in the runtime's RunPodSandbox, before it creates the sandbox.
@@ -129,11 +133,13 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	if o.dra != nil {
 		d = o.dra(r)
 	}
-	r.pipeline = newSandboxPipeline(r.registry, r.runtimeClient, sys, d, r.metrics)
+	r.core = pipeline.NewCore(r.registry, r.runtimeClient, pipeline.Quiet(srv))
+	stages := sandboxStages(r.core, sys, d)
 	if o.change != nil {
-		o.change(r.pipeline)
+		o.change(stages)
 	}
-	r.pipeline.register(srv)
+	r.pipeline = pipeline.NewRunner(stages, r.registry, r.metrics, o.runner...)
+	r.pipeline.Register(srv)
 	cri.Observe(srv, cri.CreateContainer, sys.createContainer) // as createContainerHooks has it
 	l, err := cri.Listen(filepath.Join(dir, "pg.sock"), cri.SocketOptions{Mode: 0o600})
 	if err != nil {
@@ -143,7 +149,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	t.Cleanup(func() {
 		srv.Shutdown(context.Background())
 		// Background work ends before the state directory goes.
-		for _, wait := range []func(context.Context) error{r.pipeline.wait, sys.wait} {
+		for _, wait := range []func(context.Context) error{r.core.Wait, sys.wait} {
 			if err := wait(context.Background()); err != nil {
 				t.Error(err)
 			}
@@ -198,24 +204,24 @@ func (r *pipelineRig) checkNothingLeft(t *testing.T) {
 }
 
 func TestPipelineFailureAtEveryStageLeavesNothing(t *testing.T) {
-	stages := newPipelineRig(t, nil).pipeline.stages
+	stages := newPipelineRig(t, nil).pipeline.Stages()
 	if len(stages) < 4 {
 		t.Fatalf("pipeline has %d stages", len(stages))
 	}
 	for i, st := range stages {
-		t.Run(st.name, func(t *testing.T) {
-			r := newPipelineRig(t, func(p *sandboxPipeline) {
-				p.stages[i].run = func(context.Context, *sandboxRun) error {
-					return errdefs.ErrUnavailable.WithMessage("injected failure at " + st.name)
+		t.Run(st.Name, func(t *testing.T) {
+			r := newPipelineRig(t, func(stages []pipeline.Stage) {
+				stages[i].Run = func(context.Context, *pipeline.Sandbox) error {
+					return errdefs.ErrUnavailable.WithMessage("injected failure at " + st.Name)
 				}
 			})
 			_, err := r.run(t, "p")
-			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "injected failure at "+stages[i].name {
+			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "injected failure at "+stages[i].Name {
 				t.Fatalf("RunPodSandbox: %v, want the stage's own error", err)
 			}
 			r.checkNothingLeft(t)
-			if n := counterValue(t, r.metrics, "podgate_sandbox_stage_failures_total", "stage", st.name); n != 1 {
-				t.Errorf("stage_failures_total{stage=%q} = %v, want 1", st.name, n)
+			if n := counterValue(t, r.metrics, "podgate_sandbox_stage_failures_total", "stage", st.Name); n != 1 {
+				t.Errorf("stage_failures_total{stage=%q} = %v, want 1", st.Name, n)
 			}
 			// A stage after the forward one failed: the runtime's sandbox was removed
 			// through the forward stage's undo.
@@ -247,9 +253,9 @@ func TestRuntimeErrorsKeepTheirClass(t *testing.T) {
 	}
 }
 
-func slicesIndex(stages []stage, name string) int {
+func slicesIndex(stages []pipeline.Stage, name string) int {
 	for i, st := range stages {
-		if st.name == name {
+		if st.Name == name {
 			return i
 		}
 	}
@@ -291,7 +297,7 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The sandbox's status is read after the answer (no stage needed it before).
-	if err := r.pipeline.wait(t.Context()); err != nil {
+	if err := r.core.Wait(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	rec, ok := r.registry.Sandbox(id)

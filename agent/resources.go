@@ -26,6 +26,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
@@ -48,7 +49,7 @@ type resourceStages struct {
 	pageSize    int64
 	// containers are in the pod registry, with their sandboxes.
 	containers *registry.Registry
-	background backgroundWork
+	background *pipeline.Background
 	// quiet waits until the CRI server has served no call for a moment; nil: no wait.
 	quiet func(context.Context) error
 
@@ -64,7 +65,7 @@ func newResourceStages(cfg config.Resources, node cgroup.Node, pods *kube.PodLoo
 		node: node, factor: cfg.MemoryThrottlingFactor, policy: cfg.MemoryReservationPolicy, verify: cfg.Verify,
 		recheck: cfg.RecheckPeriod.Duration, pods: pods, runtime: rt,
 		pageSize: int64(os.Getpagesize()), containers: reg,
-		background: backgroundWork{name: "cgroup verifications"},
+		background: pipeline.NewBackground("cgroup verifications"),
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "verifications_total",
 			Help: "Containers' cgroups read back and compared with what was asked, by when (start, update) and result (ok, mismatch, error).",
@@ -291,8 +292,8 @@ func (s *resourceStages) removeContainer(ctx context.Context, req *runtimeapi.Re
 func (s *resourceStages) verifyContainer(ctx context.Context, id, after string) (err error) {
 	start := time.Now()
 	defer func() { s.verifyTime.Observe(time.Since(start).Seconds()) }()
-	ctx, span := startSpan(ctx, "cgroup verification", attribute.String("containerID", id), attribute.String("after", after))
-	defer func() { endSpan(span, err) }()
+	ctx, span := pipeline.StartSpan(ctx, "cgroup verification", attribute.String("containerID", id), attribute.String("after", after))
+	defer func() { pipeline.EndSpan(span, err) }()
 	logger := klog.FromContext(ctx).WithValues("containerID", id)
 	rec, ok := s.containers.Container(id)
 	if !ok {
@@ -429,4 +430,4 @@ func (s *resourceStages) run(ctx context.Context) {
 }
 
 // wait waits for the background verifications, until ctx ends (shutdown, tests).
-func (s *resourceStages) wait(ctx context.Context) error { return s.background.wait(ctx) }
+func (s *resourceStages) wait(ctx context.Context) error { return s.background.Wait(ctx) }

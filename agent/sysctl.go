@@ -19,6 +19,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
@@ -45,7 +46,7 @@ type sysctlStages struct {
 	mu      sync.Mutex
 	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
 	// background holds the verifications running after their RunPodSandbox answered.
-	background backgroundWork
+	background *pipeline.Background
 
 	rejected      prometheus.Counter
 	defaultsAdded prometheus.Counter
@@ -59,7 +60,7 @@ func newSysctlStages(policy *sysctl.Policy, verify string, registry *registry.Re
 		verify:     verify,
 		registry:   registry,
 		pending:    map[string]chan struct{}{},
-		background: backgroundWork{name: "sysctl verifications"},
+		background: pipeline.NewBackground("sysctl verifications"),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
 			Help: "RunPodSandbox calls refused because of a pod sysctl (name, namespace, allowlist, kernel or value).",
@@ -84,12 +85,13 @@ func newSysctlStages(policy *sysctl.Policy, verify string, registry *registry.Re
 
 // checkStage validates the pod's sysctls and completes them with the node's defaults. A
 // refusal is InvalidArgument, before anything reaches the runtime.
-func (g *sysctlStages) checkStage() stage {
-	return stage{name: "sysctl-check", run: g.check}
+func (g *sysctlStages) checkStage() pipeline.Stage {
+	return pipeline.Stage{Name: "sysctl-check", Run: g.check,
+		Holds: "checking the pod's sysctls", RefusedReason: "FailedSysctlCheck"}
 }
 
-func (g *sysctlStages) check(ctx context.Context, sb *sandboxRun) error {
-	cfg := sb.req.GetConfig()
+func (g *sysctlStages) check(ctx context.Context, sb *pipeline.Sandbox) error {
+	cfg := sb.Req.GetConfig()
 	nsOpts := cfg.GetLinux().GetSecurityContext().GetNamespaceOptions()
 	pod := sysctl.Pod{
 		Namespace:   cfg.GetMetadata().GetNamespace(),
@@ -106,18 +108,18 @@ func (g *sysctlStages) check(ctx context.Context, sb *sandboxRun) error {
 		logger.Info("Refused pod sandbox: sysctl", "err", err)
 		return err
 	}
-	sb.rec.Sysctls = registry.SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: registry.SysctlsNone}
+	sb.Rec.Sysctls = registry.SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: registry.SysctlsNone}
 	if len(want) > 0 {
-		sb.rec.Sysctls.Verification = registry.SysctlsPending
+		sb.Rec.Sysctls.Verification = registry.SysctlsPending
 	}
 	if len(added) > 0 {
 		// A changed copy: the cri package forwards the kubelet's bytes when req is unchanged.
-		req := proto.Clone(sb.req).(*runtimeapi.RunPodSandboxRequest)
+		req := proto.Clone(sb.Req).(*runtimeapi.RunPodSandboxRequest)
 		if req.Config.Linux == nil {
 			req.Config.Linux = &runtimeapi.LinuxPodSandboxConfig{}
 		}
 		req.Config.Linux.Sysctls = want
-		sb.req = req
+		sb.Req = req
 		g.defaultsAdded.Add(float64(len(added)))
 		logger.V(2).Info("Added node default sysctls", "sysctls", added)
 	}
@@ -126,39 +128,40 @@ func (g *sysctlStages) check(ctx context.Context, sb *sandboxRun) error {
 
 // verifyStage reads the sandbox's sysctls back inside the pod: now with verify: fail, whose
 // failure rolls the sandbox back; in the background otherwise.
-func (g *sysctlStages) verifyStage() stage {
-	return stage{name: "sysctl-verify", run: g.verifyRun}
+func (g *sysctlStages) verifyStage() pipeline.Stage {
+	return pipeline.Stage{Name: "sysctl-verify", Run: g.verifyRun,
+		Holds: "reading the pod's sysctls back in its network namespace", RefusedReason: "FailedSysctlVerify"}
 }
 
-func (g *sysctlStages) verifyRun(ctx context.Context, sb *sandboxRun) error {
-	want := sb.rec.Sysctls.Applied
+func (g *sysctlStages) verifyRun(ctx context.Context, sb *pipeline.Sandbox) error {
+	want := sb.Rec.Sysctls.Applied
 	if len(want) == 0 {
 		return nil
 	}
-	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.rec.ID)
+	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.Rec.ID)
 	if g.verify == config.VerifyFail {
-		if err := sb.fromRuntime(); err != nil {
+		if err := sb.FromRuntime(); err != nil {
 			// Without the sandbox's namespaces nothing can be verified; the runtime's error
 			// keeps its class (Unavailable, DeadlineExceeded) on its way to the kubelet.
-			verifyResult{verification: registry.SysctlsError, errText: err.Error()}.record(&sb.rec.Sysctls)
+			verifyResult{verification: registry.SysctlsError, errText: err.Error()}.record(&sb.Rec.Sysctls)
 			g.verified.WithLabelValues("error").Inc()
-			return fmt.Errorf("verify sysctls of sandbox %s: %w", sb.rec.ID, err)
+			return fmt.Errorf("verify sysctls of sandbox %s: %w", sb.Rec.ID, err)
 		}
-		res := g.timedVerify(ctx, logger, sb.rec, want)
-		res.record(&sb.rec.Sysctls)
+		res := g.timedVerify(ctx, logger, sb.Rec, want)
+		res.record(&sb.Rec.Sysctls)
 		if res.failure != nil {
 			logger.Info("Failing pod sandbox: sysctl verification failed", "err", res.failure)
 		}
 		return res.failure
 	}
-	if rec, ok := pauseFromCgroup(logger, sb.rec); ok {
+	if rec, ok := pauseFromCgroup(logger, sb.Rec); ok {
 		// A few file reads: done now, so that CreateContainer has nothing to wait for and
 		// nothing of it runs beside the kubelet's next calls. Repair and warn never fail it.
-		g.timedVerify(ctx, logger, rec, want).record(&sb.rec.Sysctls)
+		g.timedVerify(ctx, logger, rec, want).record(&sb.Rec.Sysctls)
 		return nil
 	}
-	rec, view := sb.rec.Clone(), sb.runtimeView
-	sb.onAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
+	rec, view := sb.Rec.Clone(), sb.RuntimeView()
+	sb.OnAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
 	return nil
 }
 
@@ -208,7 +211,7 @@ func (g *sysctlStages) verifyInBackground(ctx context.Context, logger klog.Logge
 }
 
 // wait waits for the background verifications, until ctx ends.
-func (g *sysctlStages) wait(ctx context.Context) error { return g.background.wait(ctx) }
+func (g *sysctlStages) wait(ctx context.Context) error { return g.background.Wait(ctx) }
 
 // verifyResult is a verification's outcome: the registry's verification result and
 // mismatches, and, with verify: fail, the error that fails the sandbox.
@@ -226,10 +229,10 @@ func (res verifyResult) record(r *registry.SysctlRecord) {
 func (g *sysctlStages) timedVerify(ctx context.Context, logger klog.Logger, rec registry.SandboxRecord, want map[string]string) verifyResult {
 	start := time.Now()
 	defer func() { g.duration.WithLabelValues("verify").Observe(time.Since(start).Seconds()) }()
-	ctx, span := startSpan(ctx, "sysctl verification", attribute.String("podSandboxID", rec.ID), attribute.Int("sysctls", len(want)))
+	ctx, span := pipeline.StartSpan(ctx, "sysctl verification", attribute.String("podSandboxID", rec.ID), attribute.Int("sysctls", len(want)))
 	res := g.verifyPod(ctx, logger, rec, want)
 	span.SetAttributes(attribute.String("verification", res.verification))
-	endSpan(span, res.failure)
+	pipeline.EndSpan(span, res.failure)
 	return res
 }
 

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/pipeline"
 )
 
 // tracing is podgate's OpenTelemetry set-up: spans exported over OTLP/gRPC, sampled as the
@@ -58,7 +59,7 @@ func (a *Agent) newTracing(ctx context.Context) (*tracing, error) {
 		sdktrace.WithResource(res),
 	)
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	tracer := tp.Tracer(tracerName)
+	tracer := tp.Tracer(pipeline.TracerName)
 	klog.FromContext(ctx).Info("Tracing on", "endpoint", tc.Endpoint, "samplingRatePerMillion", *tc.SamplingRatePerMillion)
 	return &tracing{
 		provider: tp,

@@ -1,4 +1,4 @@
-package agent
+package pipeline
 
 import (
 	"context"
@@ -19,18 +19,19 @@ const (
 	backgroundQuietMost = 2 * time.Second
 )
 
-// quietOf returns a wait for s to be quiet (cri.Server.Quiet) for background work.
-func quietOf(s *cri.Server) func(context.Context) error {
+// Quiet returns a wait for s to be quiet (cri.Server.Quiet) for background work: a feature's
+// work after an answer waits for it, so that it does not run beside the kubelet's next calls.
+func Quiet(s *cri.Server) func(context.Context) error {
 	return func(ctx context.Context) error { return s.Quiet(ctx, backgroundQuiet, backgroundQuietMost) }
 }
 
-// backgroundWork is work a CRI call starts and leaves running when it answers (a sysctl
+// Background is work a CRI call starts and leaves running when it answers (a sysctl
 // verification, the read of a new sandbox's status). Shutdown waits for it, within its grace
 // period, so that its results reach the registry.
 //
 // Unlike a WaitGroup, work may start while wait waits (a CRI call still finishing during
 // shutdown), and a wait that gives up leaves nothing behind.
-type backgroundWork struct {
+type Background struct {
 	name string
 
 	mu      sync.Mutex
@@ -39,8 +40,12 @@ type backgroundWork struct {
 	idle chan struct{}
 }
 
+// NewBackground returns an empty set of background work; name says what it is in the error
+// of a Wait that gave up ("sysctl verifications").
+func NewBackground(name string) *Background { return &Background{name: name} }
+
 // Go runs fn in the background.
-func (b *backgroundWork) Go(fn func()) {
+func (b *Background) Go(fn func()) {
 	b.mu.Lock()
 	if b.running == 0 {
 		b.idle = make(chan struct{})
@@ -53,7 +58,7 @@ func (b *backgroundWork) Go(fn func()) {
 	}()
 }
 
-func (b *backgroundWork) done() {
+func (b *Background) done() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.running--; b.running == 0 {
@@ -61,8 +66,8 @@ func (b *backgroundWork) done() {
 	}
 }
 
-// wait waits until no work runs, or until ctx ends.
-func (b *backgroundWork) wait(ctx context.Context) error {
+// Wait waits until no work runs, or until ctx ends.
+func (b *Background) Wait(ctx context.Context) error {
 	for {
 		b.mu.Lock()
 		if b.running == 0 {

@@ -1,4 +1,4 @@
-package agent
+package pipeline
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 // TestBackgroundWorkWaitLeavesNothing: a wait that gives up leaves no goroutine behind, and a
 // later wait sees the work end, including work started while it waited.
 func TestBackgroundWorkWaitLeavesNothing(t *testing.T) {
-	b := backgroundWork{name: "test work"}
+	b := NewBackground("test work")
 	release := make(chan struct{})
 	b.Go(func() { <-release })
 	before := runtime.NumGoroutine()
 	ctx, cancel := context.WithCancelCause(t.Context())
 	cancel(errors.New("grace period over"))
 	for range 100 {
-		if err := b.wait(ctx); err == nil || !strings.Contains(err.Error(), "test work still running (1): grace period over") {
+		if err := b.Wait(ctx); err == nil || !strings.Contains(err.Error(), "test work still running (1): grace period over") {
 			t.Fatalf("wait = %v, want the work still running and the cause", err)
 		}
 	}
@@ -27,7 +27,7 @@ func TestBackgroundWorkWaitLeavesNothing(t *testing.T) {
 	}
 
 	waited := make(chan error, 1)
-	go func() { waited <- b.wait(t.Context()) }()
+	go func() { waited <- b.Wait(t.Context()) }()
 	second := make(chan struct{})
 	b.Go(func() { <-second })
 	close(release)
