@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -131,32 +129,11 @@ func (s *resourceStages) createContainer(ctx context.Context, req *runtimeapi.Cr
 	s.containers.AddContainer(registry.ContainerRecord{
 		ID: id, Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid, Origin: registry.OriginStarted,
 		Asked:        cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()),
-		CgroupsPath:  containerdCgroupsPath(req.GetSandboxConfig().GetLinux().GetCgroupParent(), id),
+		CgroupsPath:  registry.ContainerdCgroupsPath(req.GetSandboxConfig().GetLinux().GetCgroupParent(), id),
 		Verification: registry.CgroupPending,
 	})
 	return resp, nil
 }
-
-// containerdCgroupsPath is the linux.cgroupsPath containerd gives a container (or a sandbox's
-// pause container) with this cgroup parent (internal/cri/server getCgroupsPath):
-// "slice:cri-containerd:id" under a systemd slice, parent/id otherwise; without a parent the
-// CRI plugin sets none and its default spec's /k8s.io/id stays (oci populateDefaultUnixSpec:
-// /namespace/id). Taking it from
-// the CreateContainer request saves the check after StartContainer a verbose ContainerStatus
-// (a JSON encoding of the whole runtime spec) beside the kubelet's own next call; a cgroup not
-// found there is looked up in the runtime's status after all (verifyContainer).
-func containerdCgroupsPath(parent, id string) string {
-	if parent == "" {
-		return path.Join("/", criNamespace, id)
-	}
-	if base := path.Base(parent); strings.HasSuffix(base, ".slice") {
-		return base + ":cri-containerd:" + id
-	}
-	return filepath.Join(parent, id)
-}
-
-// criNamespace is the containerd namespace of containerd's CRI plugin.
-const criNamespace = "k8s.io"
 
 // applyMemoryQoS adds the container's memory QoS to res.Unified as the kubelet 1.36 computes
 // it (cgroup.MemoryQoS), from the container's request and limit and the pod's QoS class in the

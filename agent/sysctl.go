@@ -169,13 +169,13 @@ func (g *sysctlStages) verifyRun(ctx context.Context, sb *pipeline.Sandbox) erro
 var cgroupProcs = cgroup.Procs
 
 // pauseFromCgroup finds the sandbox's pause process in the cgroup containerd gives the sandbox
-// (containerdCgroupsPath: the same as its containers'), the one process there, and returns rec
+// (registry.ContainerdCgroupsPath: the same as its containers'), the one process there, and returns rec
 // with it: its namespaces are the pod's. It costs a few system calls where the verbose
 // PodSandboxStatus costs containerd a JSON encoding of the sandbox's runtime spec, beside the
 // kubelet's own next call. With another runtime or layout it reports false, and the
 // verification waits for that status.
 func pauseFromCgroup(logger klog.Logger, rec registry.SandboxRecord) (registry.SandboxRecord, bool) {
-	path := containerdCgroupsPath(rec.CgroupParent, rec.ID)
+	path := registry.ContainerdCgroupsPath(rec.CgroupParent, rec.ID)
 	pids, err := cgroupProcs(path)
 	if err != nil || len(pids) != 1 {
 		logger.V(4).Info("Pause process not found in the sandbox's cgroup: its status is read", "cgroupsPath", path, "pids", pids, "err", err)
