@@ -6,7 +6,6 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
@@ -18,8 +17,7 @@ import (
 func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 	n := int64(f.Header().Length)
 	payload := f.Data()
-	d.src.recvWindow -= n
-	if d.src.recvWindow < 0 {
+	if d.src.recv.receive(n) != http2.ErrCodeNo {
 		ss.mu.Unlock()
 		return connError{http2.ErrCodeFlowControl, "sent more than the connection's window"}
 	}
@@ -30,8 +28,7 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
 		return nil
 	}
 	h := d.half(s)
-	h.recv -= n
-	if h.recv < 0 || h.done {
+	if h.recv.receive(n) != http2.ErrCodeNo || h.done {
 		ss.credit(d, nil, n)
 		ss.mu.Unlock()
 		ss.resetAndTell(s, http2.ErrCodeFlowControl)
@@ -70,11 +67,11 @@ func (ss *session) sendLocked(d dir, s *stream, it item) error {
 	h := d.half(s)
 	if h.q.empty() {
 		n := int64(len(it.data))
-		if it.headers != nil || (n <= h.send && n <= d.dst.sendWindow) {
+		if it.headers != nil || (n <= h.send.size() && n <= d.dst.send.size()) {
 			// The usual case: all of it goes now, from the framer's buffer.
 			if it.headers == nil {
-				h.send -= n
-				d.dst.sendWindow -= n
+				h.send.spend(n)
+				d.dst.send.spend(n)
 				ss.credit(d, s, n)
 			}
 			one := [1]item{it}
@@ -90,12 +87,12 @@ func (ss *session) sendLocked(d dir, s *stream, it item) error {
 // go back to the pool once written. mu is held.
 func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h := d.half(s)
-	n := max(min(h.send, d.dst.sendWindow), 0)
+	n := max(min(h.send.size(), d.dst.send.size()), 0)
 	before := h.q.size
 	out, done := h.q.take(n)
 	sent := before - h.q.size
-	h.send -= sent
-	d.dst.sendWindow -= sent
+	h.send.spend(sent)
+	d.dst.send.spend(sent)
 	ss.credit(d, s, sent)
 	return out, done
 }
@@ -150,11 +147,8 @@ func (ss *session) credit(d dir, s *stream, n int64) {
 		return // nothing to give back to the answers of a Unary target
 	}
 	src := d.src
-	src.recvUnacked += n
-	if src.recvUnacked >= connWindow/4 {
-		src.updates = append(src.updates, windowUpdate{0, uint32(src.recvUnacked)})
-		src.recvWindow += src.recvUnacked
-		src.recvUnacked = 0
+	if inc := src.recv.credit(n, connWindow/4); inc > 0 {
+		src.updates = append(src.updates, windowUpdate{0, inc})
 	}
 	if s == nil {
 		return
@@ -163,11 +157,8 @@ func (ss *session) credit(d dir, s *stream, n int64) {
 	if h.done {
 		return
 	}
-	h.unacked += n
-	if h.unacked >= streamWindow/4 {
-		src.updates = append(src.updates, windowUpdate{d.srcID(s), uint32(h.unacked)})
-		h.recv += h.unacked
-		h.unacked = 0
+	if inc := h.recv.credit(n, streamWindow/4); inc > 0 {
+		src.updates = append(src.updates, windowUpdate{d.srcID(s), inc})
 	}
 }
 
@@ -306,10 +297,9 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 			e.peerInitWindow = int64(st.Val)
 			for _, s := range ss.streamsToward(e, u) {
 				h := ss.halfToward(s, u)
-				h.send += delta
-				if h.send > math.MaxInt32 {
+				if code := h.send.shift(delta); code != http2.ErrCodeNo {
 					ss.mu.Unlock()
-					return connError{http2.ErrCodeFlowControl, "window above 2^31-1"}
+					return connError{code, "window above 2^31-1"}
 				}
 			}
 			ss.mu.Unlock()
@@ -350,10 +340,9 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateFrame) error {
 	ss.mu.Lock()
 	if f.StreamID == 0 {
-		e.sendWindow += int64(f.Increment)
-		if e.sendWindow > math.MaxInt32 {
+		if code := e.send.update(f.Increment); code != http2.ErrCodeNo {
 			ss.mu.Unlock()
-			return connError{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
+			return connError{code, "connection window above 2^31-1"}
 		}
 		ss.mu.Unlock()
 		ss.sendPending(e, u, 0)
@@ -368,10 +357,9 @@ func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateF
 		return nil
 	}
 	h := ss.halfToward(s, u)
-	h.send += int64(f.Increment)
-	if h.send > math.MaxInt32 {
+	if code := h.send.update(f.Increment); code != http2.ErrCodeNo {
 		ss.mu.Unlock()
-		ss.resetAndTell(s, http2.ErrCodeFlowControl)
+		ss.resetAndTell(s, code)
 		return nil
 	}
 	ss.mu.Unlock()

@@ -71,7 +71,7 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 	}
 	fw := &forwarded{done: make(chan struct{}), limit: t.maxMessage()}
 	s := &stream{path: c.Path, fwd: fw}
-	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
+	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
 	s.toUp.done = true // the handler sends the request whole
 
 	ss.mu.Lock()
@@ -89,7 +89,7 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 	s.up = up
 	s.upID = up.nextID
 	up.nextID += 2
-	s.toUp.send = up.ep.peerInitWindow
+	s.toUp.send = newWindow(up.ep.peerInitWindow)
 	up.streams[s.upID] = s
 	d := dir{src: ss.self, dst: up.ep, toUp: true}
 	_ = ss.sendLocked(d, s, item{headers: c.forwardFields(ctx, md)}) // a failed write ends s (upstreamFailed)

@@ -36,12 +36,11 @@ type session struct {
 
 // half is one direction of a stream: what src sends, on its way to dst.
 type half struct {
-	send    int64 // dst's window for this stream
-	recv    int64 // what src may still send on this stream
-	unacked int64 // passed on to dst, not yet given back to src
-	q       queue // what waits for dst's window
-	done    bool  // src ended its side (END_STREAM received)
-	sentEnd bool  // that end went out to dst
+	send    window // dst's window for this stream
+	recv    window // what src may still send on this stream
+	q       queue  // what waits for dst's window
+	done    bool   // src ended its side (END_STREAM received)
+	sentEnd bool   // that end went out to dst
 }
 
 // item is a frame waiting for dst's window: data, or a header block.
@@ -288,7 +287,7 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 
 	fields := f.Fields
 	s := &stream{downID: id, path: path}
-	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
+	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
 	s.toUp.done = f.StreamEnded()
 	target := ss.srv.Route(path)
 	if ss.srv.Observer != nil {
@@ -340,8 +339,8 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	s.up = up
 	s.upID = up.nextID
 	up.nextID += 2
-	s.toUp.send = up.ep.peerInitWindow
-	s.toDown.send = ss.down.peerInitWindow
+	s.toUp.send = newWindow(up.ep.peerInitWindow)
+	s.toDown.send = newWindow(ss.down.peerInitWindow)
 	s.toUp.sentEnd = s.toUp.done
 	ss.streams[id] = s
 	up.streams[s.upID] = s

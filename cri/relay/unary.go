@@ -85,7 +85,7 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 		ss.observeEnd(s)
 		return
 	}
-	s.toDown.send = ss.down.peerInitWindow
+	s.toDown.send = newWindow(ss.down.peerInitWindow)
 	ss.streams[s.downID] = s
 	if s.toUp.done {
 		ss.dispatchLocked(s)
