@@ -86,7 +86,8 @@ type todo struct {
 	done   []*[]byte
 	up     *upstream // the upstream a failed write of the frames ends
 	ended  *stream   // the stream the step forgot: the observer's End
-	then   func()    // run after the frames and the End
+	// handler is a Unary target's call, run in a goroutine of its own after the End.
+	handler func()
 	// reset is reset on both sides, last, with code: an error in what a side sent.
 	reset *stream
 	code  http2.ErrCode
@@ -113,8 +114,8 @@ func (ss *session) unlock(t todo) {
 		ss.upstreamFailed(t.up, err)
 	}
 	release(t.done)
-	if t.then != nil {
-		t.then()
+	if t.handler != nil {
+		ss.srv.handlers.Go(t.handler)
 	}
 	if t.reset != nil {
 		ss.resetAndTell(t.reset, t.code)

@@ -130,17 +130,15 @@ func (ss *session) dispatchLocked(s *stream, u *unaryCall) todo {
 	msg, err := u.message()
 	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg, ss: ss, fields: u.fields}
 	u.buf = nil
-	return todo{then: func() {
-		ss.srv.handlers.Go(func() {
-			defer cancel()
-			var a *UnaryAnswer
-			if err != nil {
-				a = &UnaryAnswer{Err: err}
-			} else {
-				a = u.target.Unary(ctx, call)
-			}
-			ss.answerUnary(s, u, a)
-		})
+	return todo{handler: func() {
+		defer cancel()
+		var a *UnaryAnswer
+		if err != nil {
+			a = &UnaryAnswer{Err: err}
+		} else {
+			a = u.target.Unary(ctx, call)
+		}
+		ss.answerUnary(s, u, a)
 	}}
 }
 
