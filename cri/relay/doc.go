@@ -16,4 +16,22 @@
 // routes the calls it does not intercept to the runtime this way, and answers the calls it
 // intercepts in the process (Target.Unary), whose handlers send them on to the runtime on the
 // same client's connection to it (UnaryCall.Forward).
+//
+// Inside, a call is a stream of one of three kinds (streamKind): passthrough, between the
+// client and a server; answered in the process (unaryCall), whose request a handler takes and
+// whose answer it gives; forwarded (forwarded), a handler's call to a server, whose answer the
+// handler takes. A fourth, answered, is a call whose answer is settled while the client may
+// still send: the relay answered it itself, or its server answered whole and reset the
+// request (a passthrough becomes one then); what the client sends on it is dropped. The flow
+// functions hand a stream's frames to its kind, request or answer, along the two ways the
+// stream fixes as it begins (stream.req, stream.ans: which endpoints each goes between), so
+// none of them tests which kind a stream is. The kinds are an interface rather than a struct of
+// handlers because each is already a type with state of its own (the request's bytes, the
+// handler's wait), and an interface value of an empty struct costs the passthrough nothing.
+//
+// Flow control keeps its arithmetic in one type (window, RFC 9113 §6.9). The steps that move
+// windows and frames run under the session's mu and return what is left to do (a todo: frames
+// to write, a stream's end to tell); session.unlock lets mu go and does it, taking the
+// frames' endpoint's write lock first so that frames leave in the order their windows were
+// counted: mu is held while that lock is taken, never across a write.
 package relay

@@ -24,11 +24,10 @@ type endpoint struct {
 	hbuf bytes.Buffer
 
 	// Under the session's mu:
-	sendWindow     int64  // the peer's connection-level window for what podgate sends
+	send           window // the peer's connection-level window for what podgate sends
 	peerInitWindow int64  // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	peerMaxFrame   uint32 // the peer's SETTINGS_MAX_FRAME_SIZE
-	recvWindow     int64  // what the peer may still send on the connection
-	recvUnacked    int64  // received and passed on, not yet given back to the peer
+	recv           window // what the peer may still send on the connection
 	updates        []windowUpdate
 }
 
@@ -44,10 +43,10 @@ func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
 	e.fr.SetMaxReadFrameSize(maxFrame)
 	e.fr.SetReuseFrames() // a DATA frame is passed on or queued (copied) before the next is read
 	e.henc = hpack.NewEncoder(&e.hbuf)
-	e.sendWindow = initialWindow
+	e.send = newWindow(initialWindow)
 	e.peerInitWindow = initialWindow
 	e.peerMaxFrame = 16384
-	e.recvWindow = connWindow
+	e.recv = newWindow(connWindow)
 	return e
 }
 

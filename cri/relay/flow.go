@@ -1,145 +1,118 @@
 package relay
 
 // Passing frames between the sides: HTTP/2 flow control both ways, the queues of what waits for
-// a window, and a stream's end.
+// a window, and a stream's end. The steps here run under the session's mu and return what is
+// left to do once it is let go (a todo, for ss.unlock).
 
 import (
 	"errors"
 	"fmt"
-	"math"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// dataLocked handles a DATA frame from d.src on s (nil when the stream is unknown or gone);
-// called with mu held, it releases it.
-func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) error {
+// dataLocked takes a DATA frame from d.src (d.toUp when it is the client's) on s, nil when the
+// stream is unknown or gone. mu is held.
+func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) (todo, error) {
 	n := int64(f.Header().Length)
 	payload := f.Data()
-	d.src.recvWindow -= n
-	if d.src.recvWindow < 0 {
-		ss.mu.Unlock()
-		return connError{http2.ErrCodeFlowControl, "sent more than the connection's window"}
+	if d.src.recv.receive(n) != http2.ErrCodeNo {
+		return todo{}, connError{http2.ErrCodeFlowControl, "sent more than the connection's window"}
 	}
 	if s == nil || s.removed {
 		// A stream that ended (or was reset): the bytes go back to the connection's window.
 		ss.credit(d, nil, n)
-		ss.mu.Unlock()
-		return nil
+		return todo{}, nil
 	}
 	h := d.half(s)
-	h.recv -= n
-	if h.recv < 0 || h.done {
+	if h.recv.receive(n) != http2.ErrCodeNo || h.done {
 		ss.credit(d, nil, n)
-		ss.mu.Unlock()
-		ss.resetAndTell(s, http2.ErrCodeFlowControl)
-		return nil
+		return todo{reset: s, code: http2.ErrCodeFlowControl}, nil
 	}
 	// Padding is not passed on: it goes back at once.
 	ss.credit(d, s, n-int64(len(payload)))
 	h.done = f.StreamEnded()
-	if s.unary != nil && d.toUp {
-		return ss.unaryDataLocked(d, s, payload, h.done)
-	}
 	if len(payload) == 0 && !h.done {
-		// Nothing to pass on.
-		ss.mu.Unlock()
-		return nil
+		return todo{}, nil // nothing to pass on
 	}
-	if s.local || (d.toUp && s.dropUp) {
-		ss.credit(d, s, int64(len(payload)))
-		if h.done {
-			h.sentEnd = true
-			ss.endLocked(s)
-			return nil
-		}
-		ss.mu.Unlock()
-		return nil
+	it := item{data: payload, end: h.done}
+	if d.toUp {
+		return s.kind.request(ss, s, it), nil
 	}
-	return ss.sendLocked(d, s, item{data: payload, end: h.done})
+	return s.kind.answer(ss, s, it), nil
+}
+
+// dropLocked drops it, from the client, on a stream that wants no more of the request: its
+// window goes back at once, and its end ends the stream's request. mu is held.
+func (ss *session) dropLocked(s *stream, it item) todo {
+	ss.credit(s.req, s, int64(len(it.data)))
+	if !it.end {
+		return todo{}
+	}
+	s.toUp.sentEnd = true
+	return ss.endLocked(s)
 }
 
 // sendLocked sends it to d.dst as far as the windows allow and queues the rest (copied: the
-// framer reuses its buffers). Called with mu held, it releases it.
-func (ss *session) sendLocked(d dir, s *stream, it item) error {
-	if s.fwd != nil && !d.toUp {
-		return ss.collectLocked(d, s, it)
-	}
+// framer reuses its buffers). mu is held.
+func (ss *session) sendLocked(d dir, s *stream, it item) todo {
 	h := d.half(s)
 	if h.q.empty() {
 		n := int64(len(it.data))
-		if it.headers != nil || (n <= h.send && n <= d.dst.sendWindow) {
+		if it.headers != nil || (n <= h.send.size() && n <= d.dst.send.size()) {
 			// The usual case: all of it goes now, from the framer's buffer.
 			if it.headers == nil {
-				h.send -= n
-				d.dst.sendWindow -= n
+				h.send.spend(n)
+				d.dst.send.spend(n)
 				ss.credit(d, s, n)
 			}
-			one := [1]item{it}
-			return ss.writeLocked(d, s, one[:], nil)
+			return ss.writeLocked(d, s, todo{one: it, hasOne: true})
 		}
 	}
 	h.q.push(it)
 	out, done := ss.takeLocked(d, s)
-	return ss.writeLocked(d, s, out, done)
+	return ss.writeLocked(d, s, todo{out: out, done: done})
 }
 
 // takeLocked takes from s's queue toward d.dst what the windows allow; the chunks it returns
 // go back to the pool once written. mu is held.
 func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h := d.half(s)
-	n := max(min(h.send, d.dst.sendWindow), 0)
+	n := max(min(h.send.size(), d.dst.send.size()), 0)
 	before := h.q.size
 	out, done := h.q.take(n)
 	sent := before - h.q.size
-	h.send -= sent
-	d.dst.sendWindow -= sent
+	h.send.spend(sent)
+	d.dst.send.spend(sent)
 	ss.credit(d, s, sent)
 	return out, done
 }
 
-// writeLocked writes out to d.dst and then gives done back to the pool. Called with mu held,
-// it takes dst's write lock before it lets mu go, so that frames leave in the order their
-// windows were counted.
-func (ss *session) writeLocked(d dir, s *stream, out []item, done []*[]byte) error {
-	defer release(done)
-	if len(out) == 0 {
-		ss.mu.Unlock()
-		return nil
+// writeLocked readies t's frames to go to d.dst on s: the ends they carry count as sent, and
+// s is forgotten once both its directions have ended. mu is held; ss.unlock writes them.
+func (ss *session) writeLocked(d dir, s *stream, t todo) todo {
+	if !t.hasOne && len(t.out) == 0 {
+		return t
 	}
 	h := d.half(s)
-	for _, it := range out {
+	if t.one.end {
+		h.sentEnd = true
+	}
+	for _, it := range t.out {
 		if it.end {
 			h.sentEnd = true
 		}
 	}
-	ended := ss.removeIfDone(s)
-	id := d.dstID(s)
-	d.dst.wmu.Lock()
-	maxFrame := d.dst.peerMaxFrame
-	ss.mu.Unlock()
-	var err error
-	for _, it := range out {
-		if it.headers != nil {
-			err = d.dst.writeHeaders(id, it.headers, it.end, maxFrame)
-		} else {
-			err = d.dst.fr.WriteData(id, it.end, it.data)
-		}
-		if err != nil {
-			break
-		}
+	if ss.removeIfDone(s) {
+		t.ended = s
 	}
-	d.dst.wmu.Unlock()
-	if ended {
-		ss.observeEnd(s)
+	t.dst, t.id = d.dst, d.dstID(s)
+	if d.toUp {
+		t.up = s.up
 	}
-	if err != nil && d.toUp {
-		ss.upstreamFailed(s.up, err)
-	}
-	// A client that cannot be written to shows in the client's reader, which ends the session.
-	return nil
+	return t
 }
 
 // credit gives n bytes back to d.src's windows: the connection's, and s's stream's when s is
@@ -150,11 +123,8 @@ func (ss *session) credit(d dir, s *stream, n int64) {
 		return // nothing to give back to the answers of a Unary target
 	}
 	src := d.src
-	src.recvUnacked += n
-	if src.recvUnacked >= connWindow/4 {
-		src.updates = append(src.updates, windowUpdate{0, uint32(src.recvUnacked)})
-		src.recvWindow += src.recvUnacked
-		src.recvUnacked = 0
+	if inc := src.recv.credit(n, connWindow/4); inc > 0 {
+		src.updates = append(src.updates, windowUpdate{0, inc})
 	}
 	if s == nil {
 		return
@@ -163,11 +133,8 @@ func (ss *session) credit(d dir, s *stream, n int64) {
 	if h.done {
 		return
 	}
-	h.unacked += n
-	if h.unacked >= streamWindow/4 {
-		src.updates = append(src.updates, windowUpdate{d.srcID(s), uint32(h.unacked)})
-		h.recv += h.unacked
-		h.unacked = 0
+	if inc := h.recv.credit(n, streamWindow/4); inc > 0 {
+		src.updates = append(src.updates, windowUpdate{d.srcID(s), inc})
 	}
 }
 
@@ -181,52 +148,37 @@ func (ss *session) removeIfDone(s *stream) bool {
 	return true
 }
 
-// endLocked is removeIfDone followed by the observer's End; called with mu held, it releases
-// it.
-func (ss *session) endLocked(s *stream) {
-	ended := ss.removeIfDone(s)
-	ss.mu.Unlock()
-	if ended {
-		ss.observeEnd(s)
+// endLocked is removeIfDone, with the observer's End to follow. mu is held.
+func (ss *session) endLocked(s *stream) todo {
+	if ss.removeIfDone(s) {
+		return todo{ended: s}
 	}
+	return todo{}
 }
 
-// removeLocked forgets s; what it still held in its queues goes back to the connections'
-// windows. mu is held.
+// removeLocked forgets s; what it still held in its queues goes back to the windows of where
+// it came from. mu is held.
 func (ss *session) removeLocked(s *stream) {
-	if s.unary != nil && s.unary.cancel != nil {
-		s.unary.cancel() // the handler's call ends with it
-	}
+	s.kind.removed()
 	s.removed = true
 	if ss.streams[s.downID] == s {
 		delete(ss.streams, s.downID)
 	}
+	ss.credit(s.req, nil, s.toUp.q.drop())
+	ss.credit(s.ans, nil, s.toDown.q.drop())
 	if s.up == nil {
-		// Answered in the process: what it still held goes back to the pool.
-		s.toDown.q.drop()
 		return
 	}
 	if s.up.streams[s.upID] == s {
 		delete(s.up.streams, s.upID)
 	}
-	ss.credit(dir{src: ss.fromClient(s)}, nil, s.toUp.q.drop())
-	ss.credit(dir{src: s.up.ep}, nil, s.toDown.q.drop())
 	if s.up.gone && len(s.up.streams) == 0 {
 		ss.closeUpstreamLocked(s.up)
 	}
 }
 
-// fromClient is where what s sends to its server comes from: the client, or for a forwarded
-// call the handler, whose bytes have no window to give back.
-func (ss *session) fromClient(s *stream) *endpoint {
-	if s.fwd != nil {
-		return ss.self
-	}
-	return ss.down
-}
-
 func (ss *session) observeEnd(s *stream) {
-	if ss.srv.Observer != nil && s.fwd == nil { // a forwarded call is its handler's to count
+	if s.observed {
 		ss.srv.Observer.End(s.token, s.code)
 	}
 }
@@ -247,28 +199,32 @@ func (ss *session) resetStream(s *stream, code http2.ErrCode, toClient, toUp boo
 	if s == nil {
 		return
 	}
-	ss.mu.Lock()
-	if s.removed {
-		ss.mu.Unlock()
+	client, ok := ss.endReset(s, code)
+	if !ok {
 		return
+	}
+	if toClient && client {
+		ss.rstClient(s.downID, code)
+	}
+	if toUp && s.up != nil {
+		s.up.ep.writeRST(s.upID, upCode)
+	}
+	ss.observeEnd(s)
+}
+
+// endReset forgets s, reset with code; it says whether s was still there, and whether its
+// client has a stream to be told.
+func (ss *session) endReset(s *stream, code http2.ErrCode) (client, ok bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s.removed {
+		return false, false
 	}
 	if !s.toDown.done {
 		s.code = resetCode(code)
 	}
 	ss.removeLocked(s)
-	up := s.up
-	ss.mu.Unlock()
-	if s.fwd != nil {
-		s.fwd.end(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code))
-		toClient = false // it has none
-	}
-	if toClient {
-		ss.rstClient(s.downID, code)
-	}
-	if toUp && up != nil {
-		up.ep.writeRST(s.upID, upCode)
-	}
-	ss.observeEnd(s)
+	return s.kind.abort(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code)), true
 }
 
 // resetCode is the gRPC code a client sees for a stream reset with code.
@@ -299,37 +255,17 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 			}
 			return connError{code, fmt.Sprintf("setting %v: %v", st, err)}
 		}
-		switch st.ID {
-		case http2.SettingInitialWindowSize:
-			ss.mu.Lock()
-			delta := int64(st.Val) - e.peerInitWindow
-			e.peerInitWindow = int64(st.Val)
-			for _, s := range ss.streamsToward(e, u) {
-				h := ss.halfToward(s, u)
-				h.send += delta
-				if h.send > math.MaxInt32 {
-					ss.mu.Unlock()
-					return connError{http2.ErrCodeFlowControl, "window above 2^31-1"}
-				}
-			}
-			ss.mu.Unlock()
-			grow = grow || delta > 0
-		case http2.SettingMaxConcurrentStreams:
-			if u != nil {
-				ss.mu.Lock()
-				u.maxStreams = st.Val
-				ss.mu.Unlock()
-			}
-		case http2.SettingMaxFrameSize:
-			ss.mu.Lock()
-			e.peerMaxFrame = st.Val
-			ss.mu.Unlock()
-		case http2.SettingHeaderTableSize:
+		if st.ID == http2.SettingHeaderTableSize {
 			e.wmu.Lock()
+			defer e.wmu.Unlock()
 			e.henc.SetMaxDynamicTableSize(st.Val)
-			e.wmu.Unlock()
+			return nil
 		}
-		return nil
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		more, err := ss.settingLocked(e, u, st)
+		grow = grow || more
+		return err
 	})
 	if err != nil {
 		return err
@@ -341,89 +277,95 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 		return err
 	}
 	if grow {
-		ss.sendPending(e, u, 0)
+		ss.sendPending(u)
 	}
 	return nil
+}
+
+// settingLocked applies one of the peer's settings that the session's state holds; it says
+// whether the streams' windows grew. mu is held.
+func (ss *session) settingLocked(e *endpoint, u *upstream, st http2.Setting) (grow bool, err error) {
+	switch st.ID {
+	case http2.SettingInitialWindowSize:
+		delta := int64(st.Val) - e.peerInitWindow
+		e.peerInitWindow = int64(st.Val)
+		for _, s := range ss.towardLocked(u) {
+			if code := ss.halfToward(s, u).send.shift(delta); code != http2.ErrCodeNo {
+				return false, connError{code, "window above 2^31-1"}
+			}
+		}
+		return delta > 0, nil
+	case http2.SettingMaxConcurrentStreams:
+		if u != nil {
+			u.maxStreams = st.Val
+		}
+	case http2.SettingMaxFrameSize:
+		e.peerMaxFrame = st.Val
+	}
+	return false, nil
 }
 
 // windowUpdate applies a peer's WINDOW_UPDATE and sends what waited for it.
 func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateFrame) error {
 	ss.mu.Lock()
 	if f.StreamID == 0 {
-		e.sendWindow += int64(f.Increment)
-		if e.sendWindow > math.MaxInt32 {
-			ss.mu.Unlock()
-			return connError{http2.ErrCodeFlowControl, "connection window above 2^31-1"}
-		}
+		code := e.send.update(f.Increment)
 		ss.mu.Unlock()
-		ss.sendPending(e, u, 0)
+		if code != http2.ErrCodeNo {
+			return connError{code, "connection window above 2^31-1"}
+		}
+		ss.sendPending(u)
 		return nil
 	}
+	ss.unlock(ss.streamUpdateLocked(u, f))
+	return nil
+}
+
+// streamUpdateLocked applies a WINDOW_UPDATE of a stream toward u (the client when nil) and
+// takes what waited for it. mu is held.
+func (ss *session) streamUpdateLocked(u *upstream, f *http2.WindowUpdateFrame) todo {
 	s := ss.streams[f.StreamID]
 	if u != nil {
 		s = u.streams[f.StreamID]
 	}
 	if s == nil {
-		ss.mu.Unlock()
-		return nil
+		return todo{}
 	}
-	h := ss.halfToward(s, u)
-	h.send += int64(f.Increment)
-	if h.send > math.MaxInt32 {
-		ss.mu.Unlock()
-		ss.resetAndTell(s, http2.ErrCodeFlowControl)
-		return nil
+	if code := ss.halfToward(s, u).send.update(f.Increment); code != http2.ErrCodeNo {
+		return todo{reset: s, code: code}
 	}
-	ss.mu.Unlock()
-	ss.sendPending(e, u, f.StreamID)
-	return nil
+	return ss.pendingLocked(s, u != nil)
 }
 
-// sendPending sends what waits for e's windows: on the stream id (e's own id), or on every
-// stream when id is 0.
-func (ss *session) sendPending(e *endpoint, u *upstream, id uint32) {
+// sendPending sends what waits for the windows on every stream toward u (the client when u is
+// nil), a stream at a time.
+func (ss *session) sendPending(u *upstream) {
 	ss.mu.Lock()
-	var ids []*stream
-	if id != 0 {
-		if s := ss.lookupToward(u, id); s != nil {
-			ids = append(ids, s)
-		}
-	} else {
-		ids = ss.streamsToward(e, u)
-	}
+	streams := ss.towardLocked(u)
 	ss.mu.Unlock()
-	for _, s := range ids {
+	for _, s := range streams {
 		ss.mu.Lock()
-		if s.removed {
-			ss.mu.Unlock()
-			continue
-		}
-		d := dir{dst: e, toUp: u != nil}
-		switch {
-		case u != nil:
-			d.src = ss.fromClient(s)
-		case s.up != nil:
-			d.src = s.up.ep
-		case s.unary != nil:
-			d.src = ss.self
-		default:
-			ss.mu.Unlock()
-			continue
-		}
-		out, done := ss.takeLocked(d, s)
-		_ = ss.writeLocked(d, s, out, done) // a broken connection shows in its reader
+		ss.unlock(ss.pendingLocked(s, u != nil))
 	}
 }
 
-func (ss *session) lookupToward(u *upstream, id uint32) *stream {
-	if u != nil {
-		return u.streams[id]
+// pendingLocked takes what waits on s toward its server (toUp) or its client, as far as the
+// windows allow. mu is held.
+func (ss *session) pendingLocked(s *stream, toUp bool) todo {
+	if s.removed {
+		return todo{}
 	}
-	return ss.streams[id]
+	d := s.ans
+	if toUp {
+		d = s.req
+	}
+	out, done := ss.takeLocked(d, s)
+	return ss.writeLocked(d, s, todo{out: out, done: done})
 }
 
-// streamsToward lists the streams whose data goes to e (the client when u is nil). mu is held.
-func (ss *session) streamsToward(e *endpoint, u *upstream) []*stream {
+// towardLocked lists the streams whose data goes to u, or to the client when u is nil. mu is
+// held.
+func (ss *session) towardLocked(u *upstream) []*stream {
 	m := ss.streams
 	if u != nil {
 		m = u.streams

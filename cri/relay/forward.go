@@ -24,10 +24,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// forwarded is the answer of a forwarded call as it arrives, for the handler that waits for it.
+// forwarded is the kind of a forwarded call's stream, and its answer as it arrives, for the
+// handler that waits for it.
 type forwarded struct {
-	done chan struct{}
-	once sync.Once
+	relayed // its request goes to the server as a client's would
+	done    chan struct{}
+	once    sync.Once
 	// limit bounds the answer's message.
 	limit int
 	// Under the session's mu until done is closed, the handler's after:
@@ -70,40 +72,27 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 		return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
 	}
 	fw := &forwarded{done: make(chan struct{}), limit: t.maxMessage()}
-	s := &stream{path: c.Path, fwd: fw}
-	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
+	s := &stream{path: c.Path, kind: fw, up: up}
+	s.req = dir{src: ss.self, dst: up.ep, toUp: true}
+	s.ans = dir{src: up.ep} // to the handler, through fw
+	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
 	s.toUp.done = true // the handler sends the request whole
 
+	// A failed write ends s (upstreamFailed).
 	ss.mu.Lock()
-	switch {
-	case ss.closed:
-		ss.mu.Unlock()
-		return &UnaryAnswer{Err: status.Error(codes.Unavailable, "client connection ended")}
-	case up.gone:
-		ss.mu.Unlock()
-		return &UnaryAnswer{Err: status.Errorf(codes.Unavailable, "connection to %s ended", t.Name)}
-	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
-		ss.mu.Unlock()
-		return &UnaryAnswer{Err: status.Errorf(codes.Unavailable, "%s allows %d calls at once on a connection", t.Name, up.maxStreams)}
+	opened, err := ss.openForwardLocked(s, up, item{headers: c.forwardFields(ctx, md)})
+	ss.unlock(opened)
+	if err != nil {
+		return &UnaryAnswer{Err: err}
 	}
-	s.up = up
-	s.upID = up.nextID
-	up.nextID += 2
-	s.toUp.send = up.ep.peerInitWindow
-	up.streams[s.upID] = s
-	d := dir{src: ss.self, dst: up.ep, toUp: true}
-	_ = ss.sendLocked(d, s, item{headers: c.forwardFields(ctx, md)}) // a failed write ends s (upstreamFailed)
 	framed := make([]byte, 5+len(msg))
 	binary.BigEndian.PutUint32(framed[1:5], uint32(len(msg)))
 	copy(framed[5:], msg)
 	for len(framed) > 0 {
 		n := min(len(framed), maxFrame)
-		ss.mu.Lock()
-		if s.removed {
-			ss.mu.Unlock()
+		if !ss.request(s, item{data: framed[:n], end: n == len(framed)}) {
 			break
 		}
-		_ = ss.sendLocked(d, s, item{data: framed[:n], end: n == len(framed)})
 		framed = framed[n:]
 	}
 	ss.flush(up.ep)
@@ -114,7 +103,37 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 		ss.resetStream(s, http2.ErrCodeCancel, false, true, http2.ErrCodeCancel)
 		return &UnaryAnswer{Err: status.FromContextError(ctx.Err()).Err()}
 	}
-	return fw.answer()
+	return fw.result()
+}
+
+// openForwardLocked opens s, a forwarded call, on up and sends its header block. mu is held.
+func (ss *session) openForwardLocked(s *stream, up *upstream, headers item) (todo, error) {
+	t := up.target
+	switch {
+	case ss.closed:
+		return todo{}, status.Error(codes.Unavailable, "client connection ended")
+	case up.gone:
+		return todo{}, status.Errorf(codes.Unavailable, "connection to %s ended", t.Name)
+	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
+		return todo{}, status.Errorf(codes.Unavailable, "%s allows %d calls at once on a connection", t.Name, up.maxStreams)
+	}
+	s.upID = up.nextID
+	up.nextID += 2
+	s.toUp.send = newWindow(up.ep.peerInitWindow)
+	up.streams[s.upID] = s
+	return s.kind.request(ss, s, headers), nil
+}
+
+// request sends it on s toward its server unless s has gone; it says whether s is still there.
+func (ss *session) request(s *stream, it item) bool {
+	ss.mu.Lock()
+	var t todo
+	there := !s.removed
+	if there {
+		t = s.kind.request(ss, s, it)
+	}
+	ss.unlock(t)
+	return there
 }
 
 // forwardFields is the header block a forwarded call goes with: the client's, md set in it,
@@ -132,11 +151,9 @@ func (c *UnaryCall) forwardFields(ctx context.Context, md metadata.MD) []hpack.H
 }
 
 // collectLocked takes it, from the target, for the handler that waits for the answer; the
-// bytes are taken at once, so their window goes back at once. Called with mu held, it
-// releases it.
-func (ss *session) collectLocked(d dir, s *stream, it item) error {
-	fw := s.fwd
-	ss.credit(d, s, int64(len(it.data)))
+// bytes are taken at once, so their window goes back at once. mu is held.
+func (ss *session) collectLocked(s *stream, fw *forwarded, it item) todo {
+	ss.credit(s.ans, s, int64(len(it.data)))
 	var fail error
 	switch {
 	case it.headers != nil && fw.header == nil:
@@ -156,24 +173,21 @@ func (ss *session) collectLocked(d dir, s *stream, it item) error {
 		}
 	}
 	if fail != nil {
-		ss.mu.Unlock()
+		// The first end counts: the handler sees fail, and the server is told CANCEL.
 		fw.end(fail)
-		ss.resetStream(s, http2.ErrCodeCancel, false, true, http2.ErrCodeCancel)
-		return nil
+		return todo{reset: s, code: http2.ErrCodeCancel}
 	}
 	if !it.end {
-		ss.mu.Unlock()
-		return nil
+		return todo{}
 	}
 	s.toDown.sentEnd = true
 	ss.removeIfDone(s)
-	ss.mu.Unlock()
 	fw.end(nil)
-	return nil
+	return todo{}
 }
 
-// answer reads the answer that came: a gRPC status, metadata, the message.
-func (fw *forwarded) answer() *UnaryAnswer {
+// result reads the answer that came: a gRPC status, metadata, the message.
+func (fw *forwarded) result() *UnaryAnswer {
 	if fw.err != nil {
 		return &UnaryAnswer{Err: fw.err}
 	}

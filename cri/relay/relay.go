@@ -308,7 +308,7 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
 	ss.down = newEndpoint(c, br)
 	// The source of what Unary targets answer: no connection, windows nobody counts.
-	ss.self = &endpoint{recvWindow: math.MaxInt64}
+	ss.self = &endpoint{recv: newWindow(math.MaxInt64)}
 	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	ss.down.fr.MaxHeaderListSize = maxHeaderList
 	if !s.addSession(ss) {

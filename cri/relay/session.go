@@ -36,12 +36,11 @@ type session struct {
 
 // half is one direction of a stream: what src sends, on its way to dst.
 type half struct {
-	send    int64 // dst's window for this stream
-	recv    int64 // what src may still send on this stream
-	unacked int64 // passed on to dst, not yet given back to src
-	q       queue // what waits for dst's window
-	done    bool  // src ended its side (END_STREAM received)
-	sentEnd bool  // that end went out to dst
+	send    window // dst's window for this stream
+	recv    window // what src may still send on this stream
+	q       queue  // what waits for dst's window
+	done    bool   // src ended its side (END_STREAM received)
+	sentEnd bool   // that end went out to dst
 }
 
 // item is a frame waiting for dst's window: data, or a header block.
@@ -51,21 +50,21 @@ type item struct {
 	end     bool
 }
 
+// stream is one call the relay carries, whatever its kind.
 type stream struct {
 	path         string
-	downID, upID uint32
+	downID, upID uint32 // the client's id (0 for a forwarded call, which has none), the server's
 	up           *upstream
+	kind         streamKind
+	// req and ans are the ways the request and the answer take, set as the stream begins: from
+	// the client (or a handler, Forward) to a server (or a handler, Unary), and back.
+	req, ans     dir
 	toUp, toDown half
 	token        any
+	observed     bool // the observer's Begin saw the call: its End will
 	code         codes.Code
-	headersSent  bool       // the client has the response headers
-	local        bool       // answered by the relay itself; the client's data is dropped
-	unary        *unaryCall // answered by a Unary target in the process
-	fwd          *forwarded // a Unary target's handler's call to a target (Forward): no client stream
-	// dropUp: the server ended the call and wants no more of the client's data, which is
-	// dropped; the answer still goes out.
-	dropUp  bool
-	removed bool
+	headersSent  bool // the client has the response headers
+	removed      bool
 }
 
 // dir is one direction of forwarding: from src to dst.
@@ -151,11 +150,15 @@ func goAwayCode(err error) (http2.ErrCode, bool) {
 // rstClient resets the client's stream id and remembers it, so that the frames the client
 // sent before it learnt of the reset are ignored, as HTTP/2 wants.
 func (ss *session) rstClient(id uint32, code http2.ErrCode) {
+	ss.noteReset(id)
+	ss.down.writeRST(id, code)
+}
+
+func (ss *session) noteReset(id uint32) {
 	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	ss.resets[ss.nreset%len(ss.resets)] = id
 	ss.nreset++
-	ss.mu.Unlock()
-	ss.down.writeRST(id, code)
 }
 
 // wasReset says whether podgate reset the client's stream id lately. mu is held.
@@ -184,15 +187,20 @@ func (ss *session) streamByDown(id uint32) *stream {
 // together leave together, in one write.
 func (ss *session) flushAll() {
 	var buf [4]*endpoint
+	for _, e := range ss.endpoints(buf[:0]) {
+		ss.flush(e)
+	}
+}
+
+// endpoints appends the session's connections to eps: the client's, and its upstreams.
+func (ss *session) endpoints(eps []*endpoint) []*endpoint {
 	ss.mu.Lock()
-	eps := append(buf[:0], ss.down)
+	defer ss.mu.Unlock()
+	eps = append(eps, ss.down)
 	for u := range ss.upConns {
 		eps = append(eps, u.ep)
 	}
-	ss.mu.Unlock()
-	for _, e := range eps {
-		ss.flush(e)
-	}
+	return eps
 }
 
 // flush writes e's queued WINDOW_UPDATEs and everything buffered.
@@ -219,12 +227,9 @@ func (ss *session) clientFrame(f http2.Frame) error {
 		return ss.clientHeaders(f)
 	case *http2.DataFrame:
 		ss.mu.Lock()
-		s := ss.streams[f.StreamID]
-		d := dir{src: ss.down, toUp: true}
-		if s != nil && s.up != nil {
-			d.dst = s.up.ep
-		}
-		return ss.dataLocked(d, s, f)
+		t, err := ss.dataLocked(dir{src: ss.down, toUp: true}, ss.streams[f.StreamID], f)
+		ss.unlock(t)
+		return err
 	case *http2.SettingsFrame:
 		return ss.settings(ss.down, nil, f)
 	case *http2.WindowUpdateFrame:
@@ -243,69 +248,82 @@ func (ss *session) clientFrame(f http2.Frame) error {
 
 // clientHeaders starts a call, or forwards the client's trailers.
 func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
 	ss.mu.Lock()
-	if s := ss.streams[id]; s != nil {
-		// Trailers of a client stream: they end it.
-		if !f.StreamEnded() || s.toUp.done {
-			ss.mu.Unlock()
-			ss.resetAndTell(s, http2.ErrCodeProtocol)
-			return nil
-		}
-		s.toUp.done = true
-		if s.unary != nil {
-			ss.dispatchLocked(s)
-			return nil
-		}
-		if s.local || s.dropUp {
-			s.toUp.sentEnd = true
-			ss.endLocked(s)
-			return nil
-		}
-		return ss.sendLocked(dir{src: ss.down, dst: s.up.ep, toUp: true}, s, item{headers: f.Fields, end: true})
-	}
-	if id%2 == 1 && id <= ss.lastID && ss.wasReset(id) {
-		// Trailers the client sent before it learnt of podgate's reset.
-		ss.mu.Unlock()
+	if s := ss.streams[f.StreamID]; s != nil {
+		ss.unlock(ss.clientTrailersLocked(s, f))
 		return nil
 	}
-	if id%2 == 0 || id <= ss.lastID {
-		ss.mu.Unlock()
-		return connError{http2.ErrCodeProtocol, fmt.Sprintf("stream %d is not a new client stream", id)}
-	}
-	ss.lastID = id
-	full := len(ss.streams) >= maxStreams || ss.draining
+	open, full, err := ss.admitLocked(f.StreamID)
 	ss.mu.Unlock()
-	if full {
-		ss.rstClient(id, http2.ErrCodeRefusedStream)
+	switch {
+	case !open:
+		return err
+	case full:
+		ss.rstClient(f.StreamID, http2.ErrCodeRefusedStream)
 		return nil
 	}
 	path := f.PseudoValue("path")
 	if f.PseudoValue("method") != "POST" || path == "" || f.Truncated {
-		ss.rstClient(id, http2.ErrCodeProtocol)
+		ss.rstClient(f.StreamID, http2.ErrCodeProtocol)
 		return nil
 	}
-
-	fields := f.Fields
-	s := &stream{downID: id, path: path}
-	s.toUp.recv, s.toDown.recv = streamWindow, streamWindow
-	s.toUp.done = f.StreamEnded()
+	s := ss.newClientStream(f.StreamID, path, f.StreamEnded())
 	target := ss.srv.Route(path)
+	fields := f.Fields
 	if ss.srv.Observer != nil {
 		call := &Call{Path: path, Target: target, Header: f.Fields}
-		s.token = ss.srv.Observer.Begin(call)
+		s.token, s.observed = ss.srv.Observer.Begin(call), true
 		fields = call.forwarded()
 	}
-	if target == nil {
-		ss.answerLocal(s, codes.Unimplemented, "unknown method "+path)
-		return nil
+	return ss.route(s, f, target, fields)
+}
+
+// clientTrailersLocked takes the client's trailers on s: they end its request. mu is held.
+func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) todo {
+	if !f.StreamEnded() || s.toUp.done {
+		return todo{reset: s, code: http2.ErrCodeProtocol}
 	}
-	if target.Refuse != nil {
-		st := status.Convert(target.Refuse(path))
+	s.toUp.done = true
+	return s.kind.request(ss, s, item{headers: f.Fields, end: true})
+}
+
+// admitLocked says whether the client's header block on id opens a new stream, and whether
+// that is refused because the session is full or draining; a block that opens none is a
+// connection error, or left alone when podgate reset the stream lately. mu is held.
+func (ss *session) admitLocked(id uint32) (open, full bool, err error) {
+	switch {
+	case id%2 == 1 && id <= ss.lastID && ss.wasReset(id):
+		return false, false, nil // trailers the client sent before it learnt of podgate's reset
+	case id%2 == 0 || id <= ss.lastID:
+		return false, false, connError{http2.ErrCodeProtocol, fmt.Sprintf("stream %d is not a new client stream", id)}
+	}
+	ss.lastID = id
+	return true, len(ss.streams) >= maxStreams || ss.draining, nil
+}
+
+// newClientStream is a client's new call before it is routed, with the ways of a call the
+// relay answers itself (the passthrough route changes them).
+func (ss *session) newClientStream(id uint32, path string, ended bool) *stream {
+	s := &stream{downID: id, path: path}
+	s.req = dir{src: ss.down, toUp: true}
+	s.ans = dir{src: ss.self, dst: ss.down}
+	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
+	s.toUp.done = ended
+	return s
+}
+
+// route starts s where its target says: answered at once, answered in the process, or passed
+// to a server.
+func (ss *session) route(s *stream, f *http2.MetaHeadersFrame, target *Target, fields []hpack.HeaderField) error {
+	switch {
+	case target == nil:
+		ss.answerLocal(s, codes.Unimplemented, "unknown method "+s.path)
+		return nil
+	case target.Refuse != nil:
+		st := status.Convert(target.Refuse(s.path))
 		ss.answerLocal(s, st.Code(), st.Message())
 		return nil
-	}
-	if target.Unary != nil {
+	case target.Unary != nil:
 		ss.startUnary(s, f, target)
 		return nil
 	}
@@ -321,83 +339,65 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	ss.mu.Lock()
-	if ss.closed {
-		ss.mu.Unlock()
-		ss.observeEnd(s)
-		return errors.New("session closed")
-	}
-	if up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams {
-		ss.mu.Unlock()
-		ss.answerLocal(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", target.Name, up.maxStreams))
-		return nil
-	}
-	if ss.draining && ss.srv.LongLived != nil && ss.srv.LongLived(path) {
+	t, err := ss.passLocked(s, up, fields)
+	ss.unlock(t)
+	return err
+}
+
+// passLocked opens s on up, the connection to its server, and sends the client's header block
+// on. mu is held.
+func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderField) (todo, error) {
+	switch {
+	case ss.closed:
+		return todo{ended: s}, errors.New("session closed")
+	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
+		return ss.answerLocalLocked(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", up.target.Name, up.maxStreams)), nil
+	case ss.draining && ss.srv.LongLived != nil && ss.srv.LongLived(s.path):
 		// Shutdown began while the call was routed: it ends as drain ends the others.
-		ss.mu.Unlock()
-		ss.answerLocal(s, codes.Unavailable, ss.srv.ShutdownMessage)
-		return nil
+		return ss.answerLocalLocked(s, codes.Unavailable, ss.srv.ShutdownMessage), nil
 	}
-	s.up = up
-	s.upID = up.nextID
+	s.kind, s.up, s.upID = passthrough{}, up, up.nextID
 	up.nextID += 2
-	s.toUp.send = up.ep.peerInitWindow
-	s.toDown.send = ss.down.peerInitWindow
+	s.req.dst, s.ans.src = up.ep, up.ep
+	s.toUp.send = newWindow(up.ep.peerInitWindow)
+	s.toDown.send = newWindow(ss.down.peerInitWindow)
 	s.toUp.sentEnd = s.toUp.done
-	ss.streams[id] = s
+	ss.streams[s.downID] = s
 	up.streams[s.upID] = s
-	up.ep.wmu.Lock()
-	maxFrame := up.ep.peerMaxFrame
-	ss.mu.Unlock()
-	err = up.ep.writeHeaders(s.upID, fields, s.toUp.done, maxFrame)
-	up.ep.wmu.Unlock()
-	if err != nil {
-		ss.upstreamFailed(up, err)
-	}
-	return nil
+	return todo{up: up}.frame(up.ep, s.upID, item{headers: fields, end: s.toUp.done}), nil
 }
 
 // answerLocal answers a call with a gRPC status and no message; what the client still sends
 // on it is dropped.
 func (ss *session) answerLocal(s *stream, code codes.Code, msg string) {
-	s.local, s.code, s.headersSent = true, code, true
+	ss.mu.Lock()
+	ss.unlock(ss.answerLocalLocked(s, code, msg))
+}
+
+// answerLocalLocked is answerLocal under mu.
+func (ss *session) answerLocalLocked(s *stream, code codes.Code, msg string) todo {
+	s.kind, s.code, s.headersSent = answered{}, code, true
 	s.toDown.done, s.toDown.sentEnd = true, true
 	s.toUp.sentEnd = s.toUp.done
-	ss.mu.Lock()
-	ended := s.toUp.done
-	if ended {
+	t := todo{}.frame(ss.down, s.downID, item{headers: grpcStatus(code, msg, true), end: true})
+	if s.toUp.done {
 		s.removed = true
+		t.ended = s
 	} else {
 		ss.streams[s.downID] = s
 	}
-	ss.down.wmu.Lock()
-	maxFrame := ss.down.peerMaxFrame
-	ss.mu.Unlock()
-	_ = ss.down.writeHeaders(s.downID, grpcStatus(code, msg, true), true, maxFrame) // a broken connection shows in its reader
-	ss.down.wmu.Unlock()
-	if ended {
-		ss.observeEnd(s)
-	}
+	return t
 }
 
 // drain starts the session's end for Shutdown: the client is told to open no more calls, the
 // long-lived ones end with Unavailable, and the connection closes once the last call ended.
 func (ss *session) drain() {
-	ss.mu.Lock()
-	ss.draining = true
-	if !ss.started {
+	last, long, started := ss.beginDrain()
+	if !started {
 		// Not past the preface yet: there is nothing to tell it.
-		ss.mu.Unlock()
 		_ = ss.down.conn.Close()
 		return
 	}
-	last := ss.lastID
-	var long []*stream
-	for _, s := range ss.streams {
-		if ss.srv.LongLived != nil && ss.srv.LongLived(s.path) {
-			long = append(long, s)
-		}
-	}
-	ss.mu.Unlock()
 	ss.down.goAway(last, http2.ErrCodeNo)
 	for _, s := range long {
 		ss.failStream(s, codes.Unavailable, ss.srv.ShutdownMessage)
@@ -407,6 +407,23 @@ func (ss *session) drain() {
 	}
 	ss.flushAll()
 	ss.closeIfDrained()
+}
+
+// beginDrain marks the session draining and returns the client's last stream id and the
+// long-lived calls, unless the client's preface has not come yet (started false).
+func (ss *session) beginDrain() (last uint32, long []*stream, started bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.draining = true
+	if !ss.started {
+		return 0, nil, false
+	}
+	for _, s := range ss.streams {
+		if ss.srv.LongLived != nil && ss.srv.LongLived(s.path) {
+			long = append(long, s)
+		}
+	}
+	return ss.lastID, long, true
 }
 
 // closeIfDrained closes the client's connection once a draining session has no call left; its

@@ -41,12 +41,13 @@ type UnaryAnswer struct {
 	Err error
 }
 
-// unaryCall is a stream a Target answers in the process: the request as it arrives, then the
-// handler's run.
+// unaryCall is the kind of a stream a Target answers in the process: the request as it
+// arrives, then the handler's run.
 type unaryCall struct {
-	target *Target
-	header metadata.MD
-	fields []hpack.HeaderField
+	relayed // its answer goes to the client as a server's would
+	target  *Target
+	header  metadata.MD
+	fields  []hpack.HeaderField
 	// deadline is the client's grpc-timeout, zero without one.
 	deadline    time.Time
 	contentType string
@@ -78,46 +79,45 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 		return
 	}
 	u.header, u.fields = md, f.Fields
-	s.unary = u
+	s.kind = u
 	ss.mu.Lock()
+	ss.unlock(ss.openUnaryLocked(s, u))
+}
+
+// openUnaryLocked registers s, answered in the process by u, and runs the handler when the
+// request is already whole. mu is held.
+func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 	if ss.closed {
-		ss.mu.Unlock()
-		ss.observeEnd(s)
-		return
+		return todo{ended: s}
 	}
-	s.toDown.send = ss.down.peerInitWindow
+	s.toDown.send = newWindow(ss.down.peerInitWindow)
 	ss.streams[s.downID] = s
 	if s.toUp.done {
-		ss.dispatchLocked(s)
-		return
+		return ss.dispatchLocked(s, u)
 	}
-	ss.mu.Unlock()
+	return todo{}
 }
 
-// unaryDataLocked takes the request's bytes of a call answered in the process: they are
-// consumed as they come (their window goes back at once). Called with mu held, it releases it.
-func (ss *session) unaryDataLocked(d dir, s *stream, payload []byte, end bool) error {
-	u := s.unary
-	ss.credit(d, s, int64(len(payload)))
+// unaryRequestLocked takes the request's bytes of a call answered in the process: they are
+// consumed as they come (their window goes back at once). mu is held.
+func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, it item) todo {
+	ss.credit(s.req, s, int64(len(it.data)))
 	switch {
 	case u.tooBig:
-	case len(u.buf)+len(payload) > 5+u.target.maxMessage():
+	case len(u.buf)+len(it.data) > 5+u.target.maxMessage():
 		u.tooBig, u.buf = true, nil
 	default:
-		u.buf = append(u.buf, payload...)
+		u.buf = append(u.buf, it.data...)
 	}
-	if end {
-		ss.dispatchLocked(s)
-		return nil
+	if it.end {
+		return ss.dispatchLocked(s, u)
 	}
-	ss.mu.Unlock()
-	return nil
+	return todo{}
 }
 
-// dispatchLocked runs the target's handler on the whole request, in a goroutine of its own, and
-// answers the client when it returns. Called with mu held, it releases it.
-func (ss *session) dispatchLocked(s *stream) {
-	u := s.unary
+// dispatchLocked readies the target's handler to run on the whole request, in a goroutine of
+// its own once mu is let go, and to answer the client when it returns. mu is held.
+func (ss *session) dispatchLocked(s *stream, u *unaryCall) todo {
 	s.toUp.done, s.toUp.sentEnd = true, true
 	var ctx context.Context
 	var cancel context.CancelFunc
@@ -130,8 +130,7 @@ func (ss *session) dispatchLocked(s *stream) {
 	msg, err := u.message()
 	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg, ss: ss, fields: u.fields}
 	u.buf = nil
-	ss.mu.Unlock()
-	ss.srv.handlers.Go(func() {
+	return todo{handler: func() {
 		defer cancel()
 		var a *UnaryAnswer
 		if err != nil {
@@ -139,8 +138,8 @@ func (ss *session) dispatchLocked(s *stream) {
 		} else {
 			a = u.target.Unary(ctx, call)
 		}
-		ss.answerUnary(s, a)
-	})
+		ss.answerUnary(s, u, a)
+	}}
 }
 
 // message is the request's one message, or the status a gRPC server answers a bad one with.
@@ -165,54 +164,59 @@ func (u *unaryCall) message() ([]byte, error) {
 
 // answerUnary sends a's answer on s, within the client's windows, unless the client reset the
 // call or left meanwhile.
-func (ss *session) answerUnary(s *stream, a *UnaryAnswer) {
-	d := dir{src: ss.self, dst: ss.down}
+func (ss *session) answerUnary(s *stream, u *unaryCall, a *UnaryAnswer) {
 	// Not a reader's loop, which flushes after each frame: what this writes leaves at once.
 	defer ss.flush(ss.down)
-	code := status.Code(a.Err)
-	ss.mu.Lock()
-	if !s.removed {
-		s.code = code // the observer's; a reset after this wins
-	}
-	ss.mu.Unlock()
+	ss.setCode(s, status.Code(a.Err)) // the observer's; a reset after this wins
 	if a.Err != nil {
 		st := status.Convert(a.Err)
-		fields := append(answerHeaders(s.unary.contentType, a.Header), statusFields(st)...)
+		fields := append(answerHeaders(u.contentType, a.Header), statusFields(st)...)
 		fields = append(fields, metadataFields(a.Trailer)...)
-		ss.sendUnaryItem(d, s, item{headers: fields, end: true})
+		ss.sendUnaryItem(s, item{headers: fields, end: true})
 		return
 	}
 	msg := make([]byte, 5+len(a.Message))
 	binary.BigEndian.PutUint32(msg[1:5], uint32(len(a.Message)))
 	copy(msg[5:], a.Message)
-	if !ss.sendUnaryItem(d, s, item{headers: answerHeaders(s.unary.contentType, a.Header)}) {
+	if !ss.sendUnaryItem(s, item{headers: answerHeaders(u.contentType, a.Header)}) {
 		return
 	}
 	for len(msg) > 0 {
 		n := min(len(msg), maxFrame)
-		if !ss.sendUnaryItem(d, s, item{data: msg[:n]}) {
+		if !ss.sendUnaryItem(s, item{data: msg[:n]}) {
 			return
 		}
 		msg = msg[n:]
 	}
-	ss.sendUnaryItem(d, s, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
+	ss.sendUnaryItem(s, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
+}
+
+// setCode sets the code s ends with, unless s has ended already.
+func (ss *session) setCode(s *stream, code codes.Code) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if !s.removed {
+		s.code = code
+	}
 }
 
 // sendUnaryItem sends (or queues) it on s unless s has gone; it says whether s is still there.
-func (ss *session) sendUnaryItem(d dir, s *stream, it item) bool {
+// A broken connection shows in the client's reader.
+func (ss *session) sendUnaryItem(s *stream, it item) bool {
 	ss.mu.Lock()
-	if s.removed {
-		ss.mu.Unlock()
-		return false
+	var t todo
+	there := !s.removed
+	if there {
+		if it.headers != nil && !it.end {
+			s.headersSent = true
+		}
+		if it.end {
+			s.toDown.done = true
+		}
+		t = s.kind.answer(ss, s, it)
 	}
-	if it.headers != nil && !it.end {
-		s.headersSent = true
-	}
-	if it.end {
-		s.toDown.done = true
-	}
-	_ = ss.sendLocked(d, s, it) // a broken connection shows in the client's reader
-	return true
+	ss.unlock(t)
+	return there
 }
 
 func answerHeaders(contentType string, md metadata.MD) []hpack.HeaderField {

@@ -28,12 +28,9 @@ type upstream struct {
 
 // upstreamFor returns the session's connection to t, connecting when there is none.
 func (ss *session) upstreamFor(t *Target) (*upstream, error) {
-	ss.mu.Lock()
-	if u := ss.ups[t]; u != nil {
-		ss.mu.Unlock()
+	if u := ss.upstreamOf(t); u != nil {
 		return u, nil
 	}
-	ss.mu.Unlock()
 	c, err := t.Dial(ss.ctx)
 	if err != nil {
 		return nil, err
@@ -69,6 +66,18 @@ func (ss *session) upstreamFor(t *Target) (*upstream, error) {
 	return u, nil
 }
 
+func (ss *session) upstreamOf(t *Target) *upstream {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.ups[t]
+}
+
+func (ss *session) streamByUp(u *upstream, id uint32) *stream {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return u.streams[id]
+}
+
 // readUpstream reads an upstream connection's frames until it ends.
 func (ss *session) readUpstream(u *upstream) {
 	defer ss.upReaders.Done()
@@ -77,10 +86,7 @@ func (ss *session) readUpstream(u *upstream) {
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
-			ss.mu.Lock()
-			s := u.streams[se.StreamID]
-			ss.mu.Unlock()
-			ss.resetAndTell(s, se.Code)
+			ss.resetAndTell(ss.streamByUp(u, se.StreamID), se.Code)
 			u.ep.writeRST(se.StreamID, se.Code)
 		case err == nil:
 			err = ss.upstreamFrame(u, f)
@@ -101,31 +107,15 @@ func (ss *session) readUpstream(u *upstream) {
 }
 
 func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
-	d := dir{src: u.ep, dst: ss.down}
 	switch f := f.(type) {
 	case *http2.MetaHeadersFrame:
 		ss.mu.Lock()
-		s := u.streams[f.StreamID]
-		if s == nil || s.toDown.done {
-			ss.mu.Unlock()
-			return nil
-		}
-		end := f.StreamEnded()
-		if s.headersSent && !end {
-			ss.mu.Unlock()
-			ss.resetAndTell(s, http2.ErrCodeProtocol)
-			return nil
-		}
-		s.headersSent = true
-		if code, ok := grpcStatusCode(f.Fields); ok {
-			s.code = code
-		}
-		s.toDown.done = end
-		return ss.sendLocked(d, s, item{headers: f.Fields, end: end})
+		ss.unlock(ss.answerHeadersLocked(u.streams[f.StreamID], f))
 	case *http2.DataFrame:
 		ss.mu.Lock()
-		s := u.streams[f.StreamID]
-		return ss.dataLocked(d, s, f)
+		t, err := ss.dataLocked(dir{src: u.ep}, u.streams[f.StreamID], f)
+		ss.unlock(t)
+		return err
 	case *http2.SettingsFrame:
 		return ss.settings(u.ep, u, f)
 	case *http2.WindowUpdateFrame:
@@ -134,23 +124,43 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 		u.ep.pong(f)
 	case *http2.RSTStreamFrame:
 		ss.mu.Lock()
-		s := u.streams[f.StreamID]
-		if s != nil && s.toDown.done {
-			// The server answered whole and wants no more of the request (grpc-go resets
-			// with NO_ERROR when a handler returns before the client's end): the answer
-			// goes out as it came.
-			ss.stopUpLocked(s)
-			ss.endLocked(s)
-			return nil
-		}
-		ss.mu.Unlock()
-		ss.resetAndTell(s, f.ErrCode)
+		ss.unlock(ss.upResetLocked(u.streams[f.StreamID], f.ErrCode))
 	case *http2.GoAwayFrame:
 		ss.upstreamGoAway(u, f.LastStreamID)
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE after SETTINGS_ENABLE_PUSH=0"}
 	}
 	return nil
+}
+
+// answerHeadersLocked takes a header block of s's server (s nil when unknown): the answer's
+// headers or its trailers. mu is held.
+func (ss *session) answerHeadersLocked(s *stream, f *http2.MetaHeadersFrame) todo {
+	if s == nil || s.toDown.done {
+		return todo{}
+	}
+	end := f.StreamEnded()
+	if s.headersSent && !end {
+		return todo{reset: s, code: http2.ErrCodeProtocol}
+	}
+	s.headersSent = true
+	if code, ok := grpcStatusCode(f.Fields); ok {
+		s.code = code
+	}
+	s.toDown.done = end
+	return s.kind.answer(ss, s, item{headers: f.Fields, end: end})
+}
+
+// upResetLocked takes the server's RST_STREAM of s (nil when unknown). mu is held.
+func (ss *session) upResetLocked(s *stream, code http2.ErrCode) todo {
+	if s == nil || !s.toDown.done {
+		return todo{reset: s, code: code}
+	}
+	// The server answered whole and wants no more of the request (grpc-go resets with
+	// NO_ERROR when a handler returns before the client's end): the answer goes out as it
+	// came.
+	ss.stopUpLocked(s)
+	return ss.endLocked(s)
 }
 
 // upstreamFailed ends u: its calls end with Unavailable, and the client's next call connects
@@ -161,16 +171,16 @@ func (ss *session) upstreamFailed(u *upstream, err error) {
 		delete(ss.ups, u.target)
 	}
 	u.gone = true
-	var ended, answered []*stream
+	var ended, whole []*stream
 	for _, s := range u.streams {
 		if s.toDown.done {
 			// Its whole answer came: it still goes out, as far as the client reads.
-			answered = append(answered, s)
+			whole = append(whole, s)
 		} else {
 			ended = append(ended, s)
 		}
 	}
-	for _, s := range answered {
+	for _, s := range whole {
 		ss.stopUpLocked(s)
 		if ss.removeIfDone(s) {
 			defer ss.observeEnd(s)
@@ -184,35 +194,26 @@ func (ss *session) upstreamFailed(u *upstream, err error) {
 	}
 }
 
-// failStream ends s toward the client with a gRPC status, dropping what it still held.
+// failStream ends s with a gRPC status, dropping what it still held: the client is told
+// unless its answer went out whole already.
 func (ss *session) failStream(s *stream, code codes.Code, msg string) {
 	ss.mu.Lock()
+	ss.unlock(ss.failLocked(s, code, msg))
+}
+
+// failLocked is failStream under mu.
+func (ss *session) failLocked(s *stream, code codes.Code, msg string) todo {
 	if s.removed {
-		ss.mu.Unlock()
-		return
+		return todo{}
 	}
-	if s.fwd != nil {
-		s.code = code
-		ss.removeLocked(s)
-		ss.mu.Unlock()
-		s.fwd.end(status.Error(code, msg))
-		return
-	}
-	trailersOnly := !s.headersSent
-	answered := s.toDown.sentEnd
+	trailersOnly, answered := !s.headersSent, s.toDown.sentEnd
 	s.code = code
 	ss.removeLocked(s)
-	if answered {
-		ss.mu.Unlock()
-		ss.observeEnd(s)
-		return
+	t := todo{ended: s}
+	if s.kind.abort(status.Error(code, msg)) && !answered {
+		t = t.frame(ss.down, s.downID, item{headers: grpcStatus(code, msg, trailersOnly), end: true})
 	}
-	ss.down.wmu.Lock()
-	maxFrame := ss.down.peerMaxFrame
-	ss.mu.Unlock()
-	_ = ss.down.writeHeaders(s.downID, grpcStatus(code, msg, trailersOnly), true, maxFrame)
-	ss.down.wmu.Unlock()
-	ss.observeEnd(s)
+	return t
 }
 
 // upstreamGoAway takes u out of use; its calls the server did not take are refused to the
@@ -255,9 +256,9 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 // stopUpLocked stops passing the client's data to the server, which has answered and wants no
 // more: what waits is dropped, what comes is dropped. mu is held.
 func (ss *session) stopUpLocked(s *stream) {
-	s.dropUp = true
+	s.kind = s.kind.stop()
 	if s.up != nil {
-		ss.credit(dir{src: ss.fromClient(s)}, nil, s.toUp.q.drop())
+		ss.credit(s.req, nil, s.toUp.q.drop())
 		if s.up.streams[s.upID] == s {
 			delete(s.up.streams, s.upID)
 		}

@@ -1,0 +1,153 @@
+package relay
+
+// The kinds of stream the relay carries, and what a step taken under the session's mu leaves
+// for after it.
+
+import "golang.org/x/net/http2"
+
+// streamKind is what differs between the kinds of stream: where a call's request goes and
+// where its answer comes from. The flow functions hand a stream's frames to its kind, so that
+// none of them tests which kind of stream it holds.
+type streamKind interface {
+	// request takes it on its way to s's server (along s.req). mu is held.
+	request(ss *session, s *stream, it item) todo
+	// answer takes it on its way to s's client (along s.ans). mu is held.
+	answer(ss *session, s *stream, it item) todo
+	// stop is the kind s becomes when its server answered whole and reset the request: the
+	// answer still goes out, what comes for the server does not. mu is held.
+	stop() streamKind
+	// removed is told that s is forgotten. mu is held.
+	removed()
+	// abort tells whoever waits for s's answer that s ended without it, with err (a gRPC
+	// status); it says whether that is the client, for the caller to tell on the client's
+	// stream. mu is held.
+	abort(err error) (client bool)
+}
+
+// relayed is what the kinds do unless they do otherwise: pass each direction on within the
+// windows, and nothing more when the stream ends. The kinds embed it.
+type relayed struct{}
+
+func (relayed) request(ss *session, s *stream, it item) todo { return ss.sendLocked(s.req, s, it) }
+func (relayed) answer(ss *session, s *stream, it item) todo  { return ss.sendLocked(s.ans, s, it) }
+func (relayed) removed()                                     {}
+func (relayed) abort(error) bool                             { return true }
+
+// passthrough is a call the relay passes between the client and a server, both ways, frame by
+// frame: the relay's usual call.
+type passthrough struct{ relayed }
+
+func (passthrough) stop() streamKind { return answered{} }
+
+// answered is a call whose answer is settled while the client may still send: the relay
+// answered it itself (a status), or its server answered whole and reset the request. What the
+// client still sends is dropped, and its window given back at once, as a server does.
+type answered struct{ relayed }
+
+func (answered) request(ss *session, s *stream, it item) todo { return ss.dropLocked(s, it) }
+func (answered) stop() streamKind                             { return answered{} }
+
+// request takes the request's bytes of a call answered in the process, and runs the handler
+// once they are all there.
+func (u *unaryCall) request(ss *session, s *stream, it item) todo {
+	return ss.unaryRequestLocked(s, u, it)
+}
+func (u *unaryCall) stop() streamKind { return u }
+func (u *unaryCall) removed() {
+	if u.cancel != nil {
+		u.cancel() // the handler's call ends with it
+	}
+}
+
+// answer takes the answer of a forwarded call for the handler that waits for it.
+func (fw *forwarded) answer(ss *session, s *stream, it item) todo {
+	return ss.collectLocked(s, fw, it)
+}
+func (fw *forwarded) stop() streamKind { return fw }
+
+// abort ends the handler's wait: a forwarded call has no client stream of its own.
+func (fw *forwarded) abort(err error) bool {
+	fw.end(err)
+	return false
+}
+
+// todo is what a step taken under the session's mu leaves for after mu is let go: frames to
+// write, and what the stream's end sets off. The steps return it rather than let mu go
+// themselves, so that each is a plain function under the lock, and the one place that hands
+// mu over to an endpoint's write lock is unlock.
+type todo struct {
+	dst *endpoint // where the frames go, nil when there are none
+	id  uint32    // dst's stream id
+	// one is the usual case, one frame written straight from the framer's buffer (no slice
+	// to hold it); out the frames taken from a queue, with done their chunks.
+	one    item
+	hasOne bool
+	out    []item
+	done   []*[]byte
+	up     *upstream // the upstream a failed write of the frames ends
+	ended  *stream   // the stream the step forgot: the observer's End
+	// handler is a Unary target's call, run in a goroutine of its own after the End.
+	handler func()
+	// reset is reset on both sides, last, with code: an error in what a side sent.
+	reset *stream
+	code  http2.ErrCode
+}
+
+func (t todo) frame(dst *endpoint, id uint32, it item) todo {
+	t.dst, t.id, t.one, t.hasOne = dst, id, it, true
+	return t
+}
+
+// unlock lets mu go and then does t. When t has frames it takes their endpoint's write lock
+// before mu goes, so that frames leave in the order their windows were counted under mu.
+func (ss *session) unlock(t todo) {
+	var err error
+	if t.dst != nil {
+		err = ss.writeUnlock(&t)
+	} else {
+		ss.mu.Unlock()
+	}
+	if t.ended != nil {
+		ss.observeEnd(t.ended)
+	}
+	if err != nil && t.up != nil {
+		ss.upstreamFailed(t.up, err)
+	}
+	release(t.done)
+	if t.handler != nil {
+		ss.srv.handlers.Go(t.handler)
+	}
+	if t.reset != nil {
+		ss.resetAndTell(t.reset, t.code)
+	}
+}
+
+// writeUnlock writes t's frames; called with mu held, it releases it once it holds the write
+// lock. A write error is for the caller: an upstream's ends its calls, the client's shows in
+// the client's reader.
+func (ss *session) writeUnlock(t *todo) error {
+	e := t.dst
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	maxFrame := e.peerMaxFrame
+	ss.mu.Unlock()
+	if t.hasOne {
+		if err := e.writeItem(t.id, t.one, maxFrame); err != nil {
+			return err
+		}
+	}
+	for _, it := range t.out {
+		if err := e.writeItem(t.id, it, maxFrame); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeItem writes it on stream id; the caller holds wmu.
+func (e *endpoint) writeItem(id uint32, it item, maxFrame uint32) error {
+	if it.headers != nil {
+		return e.writeHeaders(id, it.headers, it.end, maxFrame)
+	}
+	return e.fr.WriteData(id, it.end, it.data)
+}

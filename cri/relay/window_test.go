@@ -1,0 +1,116 @@
+package relay
+
+import (
+	"testing"
+
+	"golang.org/x/net/http2"
+)
+
+// TestWindow holds the window arithmetic of RFC 9113 §6.9 step by step: each case starts
+// from a window of start, applies its steps in order, and checks each step's code and the
+// size after it.
+func TestWindow(t *testing.T) {
+	type step struct {
+		op   string // receive, spend, update, shift, credit
+		n    int64  // bytes, increment or delta
+		want http2.ErrCode
+		size int64 // after the step
+		inc  uint32
+	}
+	const ok = http2.ErrCodeNo
+	cases := []struct {
+		name  string
+		start int64
+		steps []step
+	}{
+		{"a peer's first window is 65535 (§6.9.2)", initialWindow, []step{
+			{op: "receive", n: 65535, want: ok, size: 0},
+		}},
+		{"DATA within the window", 100, []step{
+			{op: "receive", n: 40, want: ok, size: 60},
+			{op: "receive", n: 60, want: ok, size: 0},
+		}},
+		{"DATA past the window is a FLOW_CONTROL_ERROR (§6.9.1)", 100, []step{
+			{op: "receive", n: 101, want: http2.ErrCodeFlowControl, size: -1},
+		}},
+		{"DATA after the window ran out", 0, []step{
+			{op: "receive", n: 1, want: http2.ErrCodeFlowControl, size: -1},
+		}},
+		{"an empty DATA frame on an empty window", 0, []step{
+			{op: "receive", n: 0, want: ok, size: 0},
+		}},
+		{"sending spends", initialWindow, []step{
+			{op: "spend", n: 65535, size: 0},
+		}},
+		{"WINDOW_UPDATE adds its increment", 0, []step{
+			{op: "update", n: 1000, want: ok, size: 1000},
+			{op: "update", n: 24, want: ok, size: 1024},
+		}},
+		{"WINDOW_UPDATE of 0 is a PROTOCOL_ERROR (§6.9)", 10, []step{
+			{op: "update", n: 0, want: http2.ErrCodeProtocol, size: 10},
+		}},
+		{"WINDOW_UPDATE up to 2^31-1", initialWindow, []step{
+			{op: "update", n: maxWindow - initialWindow, want: ok, size: maxWindow},
+		}},
+		{"WINDOW_UPDATE past 2^31-1 is a FLOW_CONTROL_ERROR (§6.9.1)", initialWindow, []step{
+			{op: "update", n: maxWindow - initialWindow + 1, want: http2.ErrCodeFlowControl, size: maxWindow + 1},
+		}},
+		{"the largest increment on a full window overflows", maxWindow, []step{
+			{op: "update", n: maxWindow, want: http2.ErrCodeFlowControl, size: 2 * maxWindow},
+		}},
+		{"WINDOW_UPDATE on a negative window", -100, []step{
+			{op: "update", n: 50, want: ok, size: -50},
+			{op: "update", n: 51, want: ok, size: 1},
+		}},
+		{"a larger SETTINGS_INITIAL_WINDOW_SIZE grows the window (§6.9.2)", initialWindow, []step{
+			{op: "shift", n: streamWindow - initialWindow, want: ok, size: streamWindow},
+		}},
+		{"a smaller one may make it negative (§6.9.2)", 1000, []step{
+			{op: "spend", n: 900, size: 100},
+			{op: "shift", n: -500, want: ok, size: -400},
+			{op: "update", n: 400, want: ok, size: 0},
+		}},
+		{"a SETTINGS change past 2^31-1 is a FLOW_CONTROL_ERROR (§6.9.2)", maxWindow - 10, []step{
+			{op: "shift", n: 10, want: ok, size: maxWindow},
+			{op: "shift", n: 1, want: http2.ErrCodeFlowControl, size: maxWindow + 1},
+		}},
+		{"credit waits for a batch", 1000, []step{
+			{op: "receive", n: 300, want: ok, size: 700},
+			{op: "credit", n: 100, size: 700},
+			{op: "credit", n: 149, size: 700},
+			{op: "credit", n: 1, size: 950, inc: 250},
+			{op: "credit", n: 50, size: 950},
+		}},
+		{"credit gives back a batch and more at once", 1000, []step{
+			{op: "receive", n: 1000, want: ok, size: 0},
+			{op: "credit", n: 999, size: 999, inc: 999},
+		}},
+	}
+	const batch = 250
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWindow(c.start)
+			for i, st := range c.steps {
+				var code http2.ErrCode
+				var inc uint32
+				switch st.op {
+				case "receive":
+					code = w.receive(st.n)
+				case "spend":
+					w.spend(st.n)
+				case "update":
+					code = w.update(uint32(st.n))
+				case "shift":
+					code = w.shift(st.n)
+				case "credit":
+					inc = w.credit(st.n, batch)
+				default:
+					t.Fatalf("unknown op %q", st.op)
+				}
+				if code != st.want || w.size() != st.size || inc != st.inc {
+					t.Errorf("step %d (%s %d): code %v, size %d, increment %d; want %v, %d, %d", i, st.op, st.n, code, w.size(), inc, st.want, st.size, st.inc)
+				}
+			}
+		})
+	}
+}
