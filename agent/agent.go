@@ -25,6 +25,7 @@ import (
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/sysctl"
 )
 
 // Agent is one running podgate.
@@ -163,7 +164,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if s.name == criServiceName {
 			// No call comes in any more: let the work the last calls started end, so that
 			// its results reach the registry.
-			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.wait, p.resources.wait} {
+			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.Wait, p.resources.wait} {
 				if err := w(shutdownCtx); err != nil {
 					logger.Error(err, "Shutdown")
 				}
@@ -216,7 +217,7 @@ type proxy struct {
 	server   *cri.Server
 	backends []*cri.Backend
 	runtime  runtimeapi.RuntimeServiceClient
-	sysctls  *sysctlStages
+	sysctls  *sysctl.Stages
 	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
 	core     *pipeline.Core
 	pipeline *pipeline.Runner
@@ -233,6 +234,10 @@ type proxy struct {
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resourceStages
 }
+
+// cgroupProcs lists the processes of a cgroup, for the sysctl verification's pause process
+// lookup (cgroup.Procs; tests replace it).
+var cgroupProcs = cgroup.Procs
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
 // podgate's other interceptors.
@@ -261,7 +266,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 	}
 	p.server = cri.NewServer(runtime, image, append(tr.serverOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))...)
 	p.runtime = p.server.RuntimeClient()
-	p.sysctls = newSysctlStages(policy, a.cfg.Sysctls.Verify, a.sandboxes, a.registry)
+	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
 	a.buildDRA(ctx, p)
 	p.core = pipeline.NewCore(a.sandboxes, p.runtime, pipeline.Quiet(p.server))
 	var opts []pipeline.RunnerOption

@@ -30,7 +30,7 @@ type (
 // createContainerHooks: CreateContainer.
 func (p *proxy) createContainerHooks() []createContainerHook {
 	return []createContainerHook{
-		{Feature: "sysctl", Before: "wait while the sandbox's sysctls are verified (verify: fail)", Fn: p.sysctls.createContainer, ReadOnly: true},
+		{Feature: "sysctl", Before: "wait while the sandbox's sysctls are verified (verify: fail)", Fn: p.sysctls.CreateContainer, ReadOnly: true},
 		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "record the container in its sandbox", Fn: p.resources.createContainer, ReadOnly: !p.resources.memoryQoS},
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/sysctl"
 )
 
 // TestReadOnlyHooksChangeNothing: a hook the tables mark readOnly is registered with
@@ -27,13 +28,13 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 	}
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
 	p := &proxy{
-		sysctls: newSysctlStages(policy, config.VerifyFail, reg, prometheus.NewRegistry()),
+		sysctls: sysctl.NewStages(policy, sysctl.VerifyMode(config.VerifyFail), reg, prometheus.NewRegistry()),
 		// Memory QoS off, podgate's default: the resources hooks only read then.
 		resources: newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
 			v2Node, nil, reg, noStatus{}, prometheus.NewRegistry()),
 	}
 	t.Cleanup(func() {
-		for _, wait := range []func(context.Context) error{p.sysctls.wait, p.resources.wait} {
+		for _, wait := range []func(context.Context) error{p.sysctls.Wait, p.resources.wait} {
 			if err := wait(context.Background()); err != nil {
 				t.Error(err)
 			}

@@ -5,16 +5,17 @@ package agent
 
 import (
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/sysctl"
 )
 
 // sandboxStages returns the pipeline's stages in order. This list is the order.
-func sandboxStages(core *pipeline.Core, sys *sysctlStages, dra *draStages) []pipeline.Stage {
+func sandboxStages(core *pipeline.Core, sys *sysctl.Stages, dra *draStages) []pipeline.Stage {
 	return []pipeline.Stage{
-		sys.checkStage(),   // sysctls: validate the pod's, add the node defaults; may refuse the pod
+		sys.CheckStage(),   // sysctls: validate the pod's, add the node defaults; may refuse the pod
 		dra.prepareStage(), // DRA claims prepared by their drivers: the devices exist before CNI
 		core.Forward(),     // containerd creates the sandbox: network namespace, CNI, pause
 		core.Status(),      // the sandbox's verbose status, read once (now, or after the answer)
-		sys.verifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
+		sys.VerifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
 		dra.attachStage(),  // DRA network devices moved into the pod, where configured
 		core.Record(),      // the pod registry and its checkpoint
 	}

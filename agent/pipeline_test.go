@@ -22,6 +22,7 @@ import (
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -30,7 +31,7 @@ import (
 type pipelineRig struct {
 	dir     string
 	runtime *fake.RemoteRuntime
-	sys     *sysctlStages
+	sys     *sysctl.Stages
 	// runtimeClient talks to the runtime past podgate.
 	runtimeClient runtimeapi.RuntimeServiceClient
 	pipeline      *pipeline.Runner
@@ -127,7 +128,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	if o.verify != "" {
 		verify = o.verify
 	}
-	sys := newSysctlStages(policy, verify, r.registry, r.metrics)
+	sys := sysctl.NewStages(policy, sysctl.VerifyMode(verify), r.registry, r.metrics, sysctl.WithCgroupProcs(cgroupProcs))
 	r.sys = sys
 	d := draOff("test")
 	if o.dra != nil {
@@ -140,7 +141,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	}
 	r.pipeline = pipeline.NewRunner(stages, r.registry, r.metrics, o.runner...)
 	r.pipeline.Register(srv)
-	cri.Observe(srv, cri.CreateContainer, sys.createContainer) // as createContainerHooks has it
+	cri.Observe(srv, cri.CreateContainer, sys.CreateContainer) // as createContainerHooks has it
 	l, err := cri.Listen(filepath.Join(dir, "pg.sock"), cri.SocketOptions{Mode: 0o600})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +150,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	t.Cleanup(func() {
 		srv.Shutdown(context.Background())
 		// Background work ends before the state directory goes.
-		for _, wait := range []func(context.Context) error{r.core.Wait, sys.wait} {
+		for _, wait := range []func(context.Context) error{r.core.Wait, sys.Wait} {
 			if err := wait(context.Background()); err != nil {
 				t.Error(err)
 			}
@@ -316,7 +317,7 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 	}
 	ctx := t.Context()
 	// The background verification ends with its result in the record, then the writes.
-	if err := r.sys.wait(ctx); err != nil {
+	if err := r.sys.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r.registry.Flush()

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/sysctl"
 )
 
 // criServiceName names the CRI server in the list of services.
@@ -50,7 +51,7 @@ func (a *Agent) openServices(ctx context.Context, p *proxy) (services []service,
 	if err != nil {
 		return services, err
 	}
-	if _, err := applyNodeSysctls(klog.FromContext(ctx), nodeSysctls); err != nil {
+	if _, err := sysctl.ApplyNode(klog.FromContext(ctx), nodeSysctls); err != nil {
 		return services, err
 	}
 	if a.cfg.PodResources.Enabled() {

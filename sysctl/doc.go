@@ -16,7 +16,12 @@
 // A sysctl name maps to a file under /proc/sys. Every name accepted here maps to a path inside
 // that tree: see [Name.Path].
 //
-// A refusal is a [RejectedError], an errdefs.ErrInvalidArgument; the package speaks no gRPC.
+// The sysctl feature's part in podgate is [Stages]: the sandbox pipeline's sysctl-check and
+// sysctl-verify stages and CreateContainer's wait for a background verification. [ApplyNode]
+// sets the node's own sysctls at start-up.
+//
+// A refusal is a [RejectedError], an errdefs.ErrInvalidArgument: the policy speaks no gRPC. A
+// failed verification keeps the class the runtime's error had, or is FailedPrecondition.
 // Reading and writing sysctls (and [RunningKernel]) need Linux; elsewhere the package builds and
 // those functions fail.
 package sysctl
