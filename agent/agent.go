@@ -24,7 +24,7 @@ import (
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // Agent is one running podgate.

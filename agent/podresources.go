@@ -16,7 +16,7 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to

@@ -25,7 +25,7 @@ import (
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // resourceStages do memory QoS on CreateContainer and UpdateContainerResources, and check

@@ -12,7 +12,7 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // describe adds the node's cgroups and the pod's containers' resources to a pod's message.

@@ -20,7 +20,7 @@ import (
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
 
