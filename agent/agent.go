@@ -24,7 +24,8 @@ import (
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources"
+	"github.com/podgate/podgate/resources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
 
@@ -117,9 +118,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer p.pullView.progress.Close()
 		running.Go(func() { p.pullView.progress.Run(ctx) })
 	}
-	running.Go(func() { p.resources.run(ctx) })
-	if p.resources.memoryQoS {
-		p.resources.resolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
+	running.Go(func() { p.resources.Run(ctx) })
+	if p.resources.MemoryQoS() {
+		p.resources.ResolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
 	}
 	if a.needNode(p) {
 		running.Go(func() { a.readNode(ctx, p) })
@@ -164,7 +165,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if s.name == criServiceName {
 			// No call comes in any more: let the work the last calls started end, so that
 			// its results reach the registry.
-			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.Wait, p.resources.wait} {
+			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.Wait, p.resources.Wait} {
 				if err := w(shutdownCtx); err != nil {
 					logger.Error(err, "Shutdown")
 				}
@@ -232,7 +233,7 @@ type proxy struct {
 	// pullInterceptor is the governor as PullImage's hook.
 	pullInterceptor cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
 	// resources: memory QoS and cgroup verification of containers.
-	resources *resourceStages
+	resources *resources.Hooks
 }
 
 // cgroupProcs lists the processes of a cgroup, for the sysctl verification's pause process
@@ -274,14 +275,23 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
 	}
 	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra), a.sandboxes, a.registry, opts...)
-	p.resources = newResourceStages(a.cfg.Resources, cgroup.Detect(), a.pods, a.sandboxes, p.runtime, a.registry)
-	p.resources.logNode(klog.FromContext(ctx))
+	p.resources = resources.New(resourcesConfig(a.cfg.Resources), cgroup.Detect(), a.sandboxes, p.runtime, a.registry,
+		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)))
+	p.resources.LogNode(klog.FromContext(ctx))
 	if err := a.newImagePulls(ctx, p); err != nil {
 		closeAll(p.backends)
 		return nil, err
 	}
 	p.register()
 	return p, nil
+}
+
+// resourcesConfig is the resources feature's part of the configuration.
+func resourcesConfig(c config.Resources) resources.Config {
+	return resources.Config{
+		MemoryQoS: c.MemoryQoS, MemoryThrottlingFactor: c.MemoryThrottlingFactor, MemoryReservationPolicy: c.MemoryReservationPolicy,
+		VerifyFail: c.Verify == config.ResourcesVerifyFail, RecheckPeriod: c.RecheckPeriod.Duration,
+	}
 }
 
 // buildDRA sets up the DRA stages: on with the Kubernetes API, off (saying so once) without.
@@ -346,7 +356,7 @@ func (a *Agent) needNode(p *proxy) bool {
 	if a.pods == nil {
 		return false
 	}
-	return (p.resources.memoryQoS && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && p.dra.mode == config.PrepareAuto)
+	return (p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && p.dra.mode == config.PrepareAuto)
 }
 
 // readNode reads this node's Node object once — one GET at start-up, retried with a backoff
@@ -368,8 +378,8 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	if err != nil {
 		return // ctx ended
 	}
-	if p.resources.memoryQoS && a.cfg.Resources.KubeletConfig == "" {
-		p.resources.resolveAllocatable(ctx, "", node)
+	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
+		p.resources.ResolveAllocatable(ctx, "", node)
 	}
 	if p.drivers != nil {
 		p.dra.setKubeletVersion(ctx, node)

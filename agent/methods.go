@@ -31,28 +31,28 @@ type (
 func (p *proxy) createContainerHooks() []createContainerHook {
 	return []createContainerHook{
 		{Feature: "sysctl", Before: "wait while the sandbox's sysctls are verified (verify: fail)", Fn: p.sysctls.CreateContainer, ReadOnly: true},
-		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "record the container in its sandbox", Fn: p.resources.createContainer, ReadOnly: !p.resources.memoryQoS},
+		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "record the container in its sandbox", Fn: p.resources.CreateContainer, ReadOnly: !p.resources.MemoryQoS()},
 	}
 }
 
 // startContainerHooks: StartContainer.
 func (p *proxy) startContainerHooks() []startContainerHook {
 	return []startContainerHook{
-		{Feature: "resources", After: "verify the container's cgroup, in the background once the calls pause", Fn: p.resources.startContainer, ReadOnly: true},
+		{Feature: "resources", After: "verify the container's cgroup, in the background once the calls pause", Fn: p.resources.StartContainer, ReadOnly: true},
 	}
 }
 
 // updateContainerResourcesHooks: UpdateContainerResources.
 func (p *proxy) updateContainerResourcesHooks() []updateResourcesHook {
 	return []updateResourcesHook{
-		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "verify the container's cgroup (in the answer with verify: fail)", Fn: p.resources.updateContainerResources, ReadOnly: !p.resources.memoryQoS},
+		{Feature: "resources", Before: "add memory.min/memory.high (memory QoS)", After: "verify the container's cgroup (in the answer with verify: fail)", Fn: p.resources.UpdateContainerResources, ReadOnly: !p.resources.MemoryQoS()},
 	}
 }
 
 // removeContainerHooks: RemoveContainer.
 func (p *proxy) removeContainerHooks() []removeContainerHook {
 	return []removeContainerHook{
-		{Feature: "resources", After: "forget the container", Fn: p.resources.removeContainer, ReadOnly: true},
+		{Feature: "resources", After: "forget the container", Fn: p.resources.RemoveContainer, ReadOnly: true},
 	}
 }
 
@@ -67,7 +67,6 @@ func (p *proxy) pullImageHooks() []pullImageHook {
 // tables above.
 func (p *proxy) register() {
 	p.pipeline.Register(p.server)
-	p.resources.quiet = pipeline.Quiet(p.server)
 	pipeline.Intercept(p.server, cri.CreateContainer, p.createContainerHooks())
 	pipeline.Intercept(p.server, cri.StartContainer, p.startContainerHooks())
 	pipeline.Intercept(p.server, cri.UpdateContainerResources, p.updateContainerResourcesHooks())

@@ -6,14 +6,32 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/resources"
+	"github.com/podgate/podgate/resources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
+
+// noStatus is a runtime that knows no container: the cgroup check finds nothing to read.
+type noStatus struct {
+	runtimeapi.RuntimeServiceClient
+}
+
+func (noStatus) ContainerStatus(context.Context, *runtimeapi.ContainerStatusRequest, ...grpc.CallOption) (*runtimeapi.ContainerStatusResponse, error) {
+	return nil, status.Error(codes.NotFound, "no such container")
+}
+
+// v2Node is a cgroup v2 node with the memory controller: memory QoS applies.
+var v2Node = cgroup.Node{Mode: cgroup.ModeUnified, V2Controllers: []string{"cpu", "memory"}, MemoryQoS: true}
 
 // TestReadOnlyHooksChangeNothing: a hook the tables mark readOnly is registered with
 // cri.Observe, so a change it made to a message would silently not be sent. Each one runs here
@@ -30,11 +48,11 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 	p := &proxy{
 		sysctls: sysctl.NewStages(policy, sysctl.VerifyMode(config.VerifyFail), reg, prometheus.NewRegistry()),
 		// Memory QoS off, podgate's default: the resources hooks only read then.
-		resources: newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-			v2Node, nil, reg, noStatus{}, prometheus.NewRegistry()),
+		resources: resources.New(resourcesConfig(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}}),
+			v2Node, reg, noStatus{}, prometheus.NewRegistry()),
 	}
 	t.Cleanup(func() {
-		for _, wait := range []func(context.Context) error{p.sysctls.Wait, p.resources.wait} {
+		for _, wait := range []func(context.Context) error{p.sysctls.Wait, p.resources.Wait} {
 			if err := wait(context.Background()); err != nil {
 				t.Error(err)
 			}

@@ -16,16 +16,17 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
 // the PodResources services.
 type podResourcesSource struct {
 	registry  *registry.Registry
-	pulls     *pullView       // nil: no pulls shown
-	pods      *kube.PodLookup // nil without the Kubernetes API
-	resources *resourceStages // nil: no containers shown
+	pulls     *pullView        // nil: no pulls shown
+	pods      *kube.PodLookup  // nil without the Kubernetes API
+	resources *resources.Hooks // nil: no containers shown
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -76,7 +77,7 @@ func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bo
 // and the node's cgroups.
 func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 	if s.resources != nil {
-		s.resources.describe(p)
+		s.resources.Describe(p)
 	}
 	if s.pulls != nil {
 		p.ImagePulls = s.pulls.podPulls(p.GetUid())

@@ -8,7 +8,7 @@ import (
 
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // Check runs Validate and then resolves what start-up resolves without the running node: the

@@ -8,7 +8,7 @@ import (
 
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // Resources defaults.

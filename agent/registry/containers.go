@@ -6,8 +6,6 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // Cgroup verification results of a container, as recorded (and the result label of
@@ -32,7 +30,7 @@ type ContainerRecord struct {
 	// CRI request's, or for an adopted container the runtime's own spec.
 	Asked       *specs.LinuxResources
 	CgroupsPath string
-	Held        *cgroup.Held
+	Held        *CgroupHeld
 	// Verification is one of the Cgroup* results; Mismatches and Error say more.
 	Verification string
 	Mismatches   []string

@@ -1,4 +1,4 @@
-package agent
+package resources
 
 import (
 	"maps"
@@ -12,11 +12,12 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
-// describe adds the node's cgroups and the pod's containers' resources to a pod's message.
-func (s *resourceStages) describe(p *pb.Pod) {
+// Describe adds the node's cgroups and its containers' resources (asked, held, verification)
+// to a pod's message of the PodResources extension, whose readers see no other view of them.
+func (s *Hooks) Describe(p *pb.Pod) {
 	reason := s.qosOff
 	switch {
 	case s.memoryQoS || reason != "":
@@ -74,7 +75,7 @@ func askedResources(r *specs.LinuxResources) *pb.Resources {
 }
 
 // heldResources shows what a container's cgroup held.
-func heldResources(h *cgroup.Held) *pb.Resources {
+func heldResources(h *registry.CgroupHeld) *pb.Resources {
 	if h == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package agent
+package resources
 
 import (
 	"context"
@@ -26,9 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // noStatus is a runtime that knows no container: the cgroup check finds nothing to read.
@@ -68,15 +67,15 @@ func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
 
 // newMemoryQoSStages are the resource stages with memory QoS on, on a cgroup v2 node with 4 KiB
 // pages and 4 GiB of allocatable memory.
-func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPolicy, pods ...*corev1.Pod) *resourceStages {
+func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPolicy, pods ...*corev1.Pod) *Hooks {
 	t.Helper()
 	objs := make([]runtime.Object, len(pods))
 	for i, p := range pods {
 		objs[i] = p
 	}
 	_, lookup := startLookup(t, objs...)
-	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		v2Node, lookup, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry())
+	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy},
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
 	s.pageSize = 4096
 	s.allocatable.Store(4 << 30)
 	return s
@@ -126,7 +125,7 @@ func TestMemoryQoS(t *testing.T) {
 			}
 			// The CRI carries a limit of its own: memory QoS reads the container's in the pod.
 			res := &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 3 << 30, Unified: tt.unified}
-			if _, err := s.createContainer(t.Context(), createRequest(string(tt.pod.UID), tt.container, res), next); err != nil {
+			if _, err := s.CreateContainer(t.Context(), createRequest(string(tt.pod.UID), tt.container, res), next); err != nil {
 				t.Fatal(err)
 			}
 			if got := sent.GetConfig().GetLinux().GetResources().GetUnified(); !maps.Equal(got, tt.want) {
@@ -141,13 +140,13 @@ func TestMemoryQoSOnResize(t *testing.T) {
 	pod := memoryPod("resize", corev1.PodQOSBurstable)
 	objs := []runtime.Object{pod}
 	client, lookup := startLookup(t, objs...)
-	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		v2Node, lookup, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry())
+	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
 	s.pageSize = 4096
 	ok := func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 		return &runtimeapi.CreateContainerResponse{ContainerId: "ctr"}, nil
 	}
-	if _, err := s.createContainer(t.Context(), createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{}), ok); err != nil {
+	if _, err := s.CreateContainer(t.Context(), createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{}), ok); err != nil {
 		t.Fatal(err)
 	}
 	resized := pod.DeepCopy()
@@ -166,7 +165,7 @@ func TestMemoryQoSOnResize(t *testing.T) {
 		sent = req
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}
-	if _, err := s.updateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
+	if _, err := s.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
 		ContainerId: "ctr", Linux: &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 2 << 30},
 	}, next); err != nil {
 		t.Fatal(err)
@@ -176,7 +175,7 @@ func TestMemoryQoSOnResize(t *testing.T) {
 	if got := sent.GetLinux().GetUnified()["memory.high"]; got != "1959575552" {
 		t.Errorf("memory.high after the resize = %s, want 1959575552", got)
 	}
-	if err := s.wait(t.Context()); err != nil {
+	if err := s.Wait(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -185,8 +184,8 @@ func TestMemoryQoSOnResize(t *testing.T) {
 // (straight at the runtime) is forgotten at its next check instead of being read every period.
 func TestRecheckForgetsContainersGoneFromTheRuntime(t *testing.T) {
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
-	s := newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		cgroup.Detect(), nil, reg, noStatus{}, prometheus.NewRegistry())
+	s := New(Config{MemoryThrottlingFactor: 0.9},
+		cgroup.Detect(), reg, noStatus{}, prometheus.NewRegistry())
 	reg.AddContainer(registry.ContainerRecord{ID: "gone", SandboxID: "s", Verification: registry.CgroupOK})
 	if err := s.verifyContainer(t.Context(), "gone", "recheck"); err != nil {
 		t.Fatal(err)
@@ -202,12 +201,12 @@ func TestMemoryQoSNotApplicable(t *testing.T) {
 	pod := memoryPod("hybrid", corev1.PodQOSBurstable)
 	_, pods := startLookup(t, pod)
 	node := cgroup.Node{Mode: cgroup.ModeHybrid, V2Controllers: []string{"hugetlb"}, MemoryQoSReason: "hybrid hierarchy: the memory controller is on cgroup v1"}
-	s := newResourceStages(config.Resources{MemoryQoS: true, MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
-		node, pods, registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry())
+	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
+		node, registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry(), WithPods(pods))
 	req := createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{MemoryLimitInBytes: 1 << 30})
 	orig := proto.Clone(req)
 	var sent *runtimeapi.CreateContainerRequest
-	if _, err := s.createContainer(t.Context(), req, func(_ context.Context, r *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	if _, err := s.CreateContainer(t.Context(), req, func(_ context.Context, r *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 		sent = r
 		return &runtimeapi.CreateContainerResponse{ContainerId: "c"}, nil
 	}); err != nil {
@@ -244,14 +243,14 @@ func TestUpdateVerifyFail(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
-	s := newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyFail, RecheckPeriod: &config.Duration{}},
-		cgroup.Detect(), nil, reg, nil, prometheus.NewRegistry())
+	s := New(Config{MemoryThrottlingFactor: 0.9, VerifyFail: true},
+		cgroup.Detect(), reg, nil, prometheus.NewRegistry())
 	reg.AddContainer(registry.ContainerRecord{ID: "ctr", CgroupsPath: name, Verification: registry.CgroupOK})
 	ok := func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}
 	update := func(quota int64) error {
-		_, err := s.updateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
+		_, err := s.UpdateContainerResources(t.Context(), &runtimeapi.UpdateContainerResourcesRequest{
 			ContainerId: "ctr", Linux: &runtimeapi.LinuxContainerResources{CpuPeriod: 100000, CpuQuota: quota},
 		}, ok)
 		return err
