@@ -11,6 +11,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/pipeline"
 )
 
@@ -26,7 +27,12 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	pulls, err := imagepull.NewFeature(t.Context(), imagepull.Limits{}, imagepull.SandboxPriority{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := &proxy{
+		pulls:   pulls,
 		sysctls: newSysctlStages(policy, config.VerifyFail, reg, prometheus.NewRegistry()),
 		// Memory QoS off, podgate's default: the resources hooks only read then.
 		resources: newResourceStages(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}},
