@@ -111,13 +111,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.events != nil {
 		running.Go(func() { a.events.Run(ctx) })
 	}
-	if p.pullEvents != nil {
-		running.Go(func() { p.pullEvents.run(ctx) })
-	}
-	if p.pullView.progress != nil {
-		defer p.pullView.progress.Close()
-		running.Go(func() { p.pullView.progress.Run(ctx) })
-	}
+	defer p.pulls.Close()
+	running.Go(func() { p.pulls.Run(ctx) })
 	running.Go(func() { p.resources.Run(ctx) })
 	if p.resources.MemoryQoS() {
 		p.resources.ResolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
@@ -225,13 +220,8 @@ type proxy struct {
 	dra      *draStages
 	// drivers finds the node's DRA drivers; nil when DRA is off.
 	drivers *dra.Drivers
-	pulls   *imagepull.Governor
-	// pullView shows the pulls with their progress; pullEvents tells pods of them (nil
-	// without the Kubernetes API).
-	pullView   *pullView
-	pullEvents *pullEvents
-	// pullInterceptor is the governor as PullImage's hook.
-	pullInterceptor cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
+	// pulls is the image-pull feature: PullImage's hook, the pulls' progress and Events.
+	pulls *imagepull.Feature
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resources.Hooks
 }

@@ -18,33 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/test/testfs"
 )
-
-func TestPullPriority(t *testing.T) {
-	_, l := startLookup(t, testPod("1", "system-node-critical"))
-	prio := pullPriority(l, imagepull.SandboxPriority{Label: config.DefaultPriorityLabel, Namespaces: []string{"kube-system"}})
-	req := func(uid, ns string, labels map[string]string) *runtimeapi.PullImageRequest {
-		return &runtimeapi.PullImageRequest{SandboxConfig: &runtimeapi.PodSandboxConfig{
-			Metadata: &runtimeapi.PodSandboxMetadata{Uid: uid, Namespace: ns}, Labels: labels}}
-	}
-	tests := []struct {
-		name string
-		req  *runtimeapi.PullImageRequest
-		want imagepull.Priority
-	}{
-		{"from the API server", req("uid-1", "default", nil), imagepull.PriorityNodeCritical},
-		{"unknown pod: sandbox fallback", req("uid-x", "kube-system", map[string]string{config.DefaultPriorityLabel: "system-cluster-critical"}), imagepull.PriorityClusterCritical},
-		{"unknown pod, no label", req("uid-x", "kube-system", nil), imagepull.PriorityNormal},
-	}
-	for _, tt := range tests {
-		if got := prio(t.Context(), tt.req); got != tt.want {
-			t.Errorf("%s: priority %v, want %v", tt.name, got, tt.want)
-		}
-	}
-}
 
 // heldImages is an image service whose pulls wait until the test releases them. It records
 // the images it was asked for.

@@ -59,7 +59,7 @@ func (p *proxy) removeContainerHooks() []removeContainerHook {
 // pullImageHooks: PullImage.
 func (p *proxy) pullImageHooks() []pullImageHook {
 	return []pullImageHook{
-		{Feature: "image-pulls", Before: "refuse a bad reference; queue under the caps by priority; share an identical pull; drop the pull of a deleted pod", Fn: p.pullInterceptor},
+		{Feature: "image-pulls", Before: "refuse a bad reference; queue under the caps by priority; share an identical pull; drop the pull of a deleted pod", Fn: p.pulls.Interceptor()},
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/resources"
 	"github.com/podgate/podgate/resources/cgroup"
@@ -45,7 +46,12 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	pulls, err := imagepull.NewFeature(t.Context(), imagepull.Limits{}, imagepull.SandboxPriority{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := &proxy{
+		pulls:   pulls,
 		sysctls: sysctl.NewStages(policy, sysctl.VerifyMode(config.VerifyFail), reg, prometheus.NewRegistry()),
 		// Memory QoS off, podgate's default: the resources hooks only read then.
 		resources: resources.New(resourcesConfig(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}}),

@@ -14,6 +14,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/resources"
@@ -24,9 +25,9 @@ import (
 // the PodResources services.
 type podResourcesSource struct {
 	registry  *registry.Registry
-	pulls     *pullView        // nil: no pulls shown
-	pods      *kube.PodLookup  // nil without the Kubernetes API
-	resources *resources.Hooks // nil: no containers shown
+	pulls     *imagepull.Feature // nil: no pulls shown
+	pods      *kube.PodLookup    // nil without the Kubernetes API
+	resources *resources.Hooks   // nil: no containers shown
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -80,7 +81,7 @@ func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 		s.resources.Describe(p)
 	}
 	if s.pulls != nil {
-		p.ImagePulls = s.pulls.podPulls(p.GetUid())
+		p.ImagePulls = s.pulls.PodPulls(p.GetUid())
 	}
 	return p
 }
@@ -194,8 +195,8 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pullView, pods: a.pods, resources: p.resources},
-		Pulls:         p.pullView,
+		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
+		Pulls:         p.pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,

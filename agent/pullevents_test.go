@@ -24,6 +24,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/cri/imagepull"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -215,20 +216,20 @@ func TestAgentPullEvents(t *testing.T) {
 		t.Fatalf("backend pulls %s, want example.com/app:v1", got)
 	}
 	waitingDone := pull(waiting, "example.com/other:v1")
-	awaitEvent(t, client, waiting, reasonPullQueued, `"example.com/other:v1"`, "imagePulls.maxParallel 1, 1 running", "place 1 of 1")
+	awaitEvent(t, client, waiting, imagepull.ReasonPullQueued, `"example.com/other:v1"`, "imagePulls.maxParallel 1, 1 running", "place 1 of 1")
 	sharingDone := pull(sharing, "example.com/other:v1")
-	awaitEvent(t, client, sharing, reasonPullShared, "pod default/pod-waiting", "waiting in podgate's queue")
+	awaitEvent(t, client, sharing, imagepull.ReasonPullShared, "pod default/pod-waiting", "waiting in podgate's queue")
 	deletedDone := pull(deleted, "example.com/third:v1")
-	awaitEvent(t, client, deleted, reasonPullQueued, "place 2 of 2")
+	awaitEvent(t, client, deleted, imagepull.ReasonPullQueued, "place 2 of 2")
 	if err := client.CoreV1().Pods(deleted.Namespace).Delete(ctx, deleted.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-deletedDone; status.Code(err) != codes.Aborted {
 		t.Errorf("pull of the deleted pod: %v, want Aborted", err)
 	}
-	awaitEvent(t, client, deleted, reasonPullCancelled, `"example.com/third:v1"`, "never reached the runtime")
+	awaitEvent(t, client, deleted, imagepull.ReasonPullCancelled, `"example.com/third:v1"`, "never reached the runtime")
 	// 1 MiB of the 4 MiB layer written, the 1 KiB config committed.
-	awaitEvent(t, client, running, reasonPullProgress, `"example.com/app:v1"`, "1.0 MiB of 4.0 MiB (25%)")
+	awaitEvent(t, client, running, imagepull.ReasonPullProgress, `"example.com/app:v1"`, "1.0 MiB of 4.0 MiB (25%)")
 	checkPodPulls(t, *cfg.PodResources.Socket)
 
 	for range 2 {
@@ -239,7 +240,7 @@ func TestAgentPullEvents(t *testing.T) {
 			t.Errorf("pull: %v", err)
 		}
 	}
-	awaitEvent(t, client, running, reasonPullProgress, "Pulled image", "4.0 MiB of 4.0 MiB (100%)")
+	awaitEvent(t, client, running, imagepull.ReasonPullProgress, "Pulled image", "4.0 MiB of 4.0 MiB (100%)")
 	for _, p := range []*corev1.Pod{running, waiting, sharing, deleted} {
 		for _, e := range podEvents(t, client, p) {
 			if e.Series != nil {

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/cri/imagepull/progress"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
@@ -250,13 +251,13 @@ func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
 		if p.GetStarted() != nil {
 			waited = p.GetStarted().AsTime().Sub(p.GetSince().AsTime())
 		}
-		progress, rate := "-", "-"
+		fetched, rate := "-", "-"
 		if p.GetBytesTotal() > 0 {
-			progress = fmt.Sprintf("%s/%s", bytesOf(p.GetBytesDone()), bytesOf(p.GetBytesTotal()))
-			rate = bytesOf(uint64(p.GetBytesPerSecond())) + "/s"
+			fetched = progress.Bytes(p.GetBytesDone()).Short() + "/" + progress.Bytes(p.GetBytesTotal()).Short()
+			rate = progress.Bytes(p.GetBytesPerSecond()).Short() + "/s"
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pod, p.GetImage(), pullState(p), place, waitingFor,
-			max(0, waited).Round(time.Second), progress, rate, orDash(p.GetSharedWith()))
+			max(0, waited).Round(time.Second), fetched, rate, orDash(p.GetSharedWith()))
 	}
 }
 
@@ -298,7 +299,7 @@ func describePod(w io.Writer, p *pb.Pod, now time.Time) {
 			line += fmt.Sprintf(", place %d of %d, waiting for the %s cap", ip.GetPosition(), ip.GetQueued(), capOf(ip))
 		}
 		if ip.GetBytesTotal() > 0 {
-			line += fmt.Sprintf(", %s of %s", bytesOf(ip.GetBytesDone()), bytesOf(ip.GetBytesTotal()))
+			line += fmt.Sprintf(", %s of %s", progress.Bytes(ip.GetBytesDone()).Short(), progress.Bytes(ip.GetBytesTotal()).Short())
 		}
 		fmt.Fprintf(w, "  %s\t%s\n", ip.GetImage(), line)
 	}
@@ -355,20 +356,6 @@ func age(ts *timestamppb.Timestamp, now time.Time) string {
 		return fmt.Sprintf("%dh", int(d.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Hours()/24))
-}
-
-// bytesOf writes n bytes in binary units, as crictl images does.
-func bytesOf(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%dB", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 func orNone(s string) string {

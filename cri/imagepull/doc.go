@@ -34,6 +34,10 @@
 // who gave up context.Canceled or context.DeadlineExceeded. The cri package maps them to gRPC
 // codes at its boundary.
 //
-// The package knows nothing of the Kubernetes API: the agent derives each pull's [Priority] and
-// reports pod deletions.
+// [Feature] is the whole image-pull feature around the governor: PullImage's hook, with each
+// pull's [Priority] taken from its pod; the running pulls' bytes, read from containerd's
+// content store (package progress); the pods' pull Events (PullQueued, PullProgress,
+// PullShared, PullCancelled); and the pulls as PodResources' extension shows them (PodPulls,
+// each pod's image_pulls). It calls no Kubernetes API itself: it reads the node's pods
+// through [Pods] and writes Events through an [EventSink], which the agent gives it.
 package imagepull

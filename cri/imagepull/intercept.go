@@ -13,11 +13,6 @@ import (
 // pod). A nil Prioritizer makes every pull normal.
 type Prioritizer func(ctx context.Context, req *runtimeapi.PullImageRequest) Priority
 
-// Register plugs the governor into the CRI server's PullImage.
-func (g *Governor) Register(s *cri.Server, prio Prioritizer) {
-	cri.Intercept(s, cri.PullImage, g.Interceptor(prio))
-}
-
 // Interceptor is the governor as a PullImage interceptor: it rejects a bad image reference with
 // InvalidArgument before anything is queued, then holds the call in the governor.
 func (g *Governor) Interceptor(prio Prioritizer) cri.Interceptor[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse] {

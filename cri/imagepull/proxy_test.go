@@ -215,7 +215,7 @@ func startProxy(t testing.TB, backend runtimeapi.ImageServiceServer, g *imagepul
 	}
 	t.Cleanup(func() { _ = be.Close() })
 	s := cri.NewServer(be, be)
-	g.Register(s, prio)
+	cri.Intercept(s, cri.PullImage, g.Interceptor(prio))
 	l, err := cri.Listen(filepath.Join(dir, "cri.sock"), cri.SocketOptions{Mode: 0o600})
 	if err != nil {
 		t.Fatal(err)

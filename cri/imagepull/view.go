@@ -1,36 +1,33 @@
-package agent
+package imagepull
 
 import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/imagepull/progress"
-	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
-// pullView shows the pull governor's pulls, with the bytes containerd has fetched for them,
-// to the PodResources extension (PodPulls, and each pod's image_pulls) and to the pull Events.
-type pullView struct {
-	governor *imagepull.Governor
+// view shows the governor's pulls, with the bytes containerd has fetched for them, to the
+// PodResources extension (PodPulls, and each pod's image_pulls) and to the pull Events.
+type view struct {
+	governor *Governor
 	// progress is nil when pull progress is off (imagePulls.containerdAddress "").
 	progress *progress.Tracker
 }
 
-var _ podresources.PullLister = (*pullView)(nil)
-
 // pull is one caller's pull with its progress.
 type pull struct {
-	imagepull.PullStatus
+	PullStatus
 	progress progress.Progress
 }
 
-// Pulls implements podresources.PullLister.
-func (v *pullView) Pulls(namespace, name string) []*pb.ImagePull {
+// Pulls returns the pulls of the pod namespace/name, every caller's when namespace is "",
+// oldest first, as PodResources' extension shows them (its PullLister).
+func (f *Feature) Pulls(namespace, name string) []*pb.ImagePull {
 	var out []*pb.ImagePull
-	for _, p := range v.pulls() {
+	for _, p := range f.view.pulls() {
 		if namespace != "" && (p.Pod.Namespace != namespace || p.Pod.Name != name) {
 			continue
 		}
@@ -39,17 +36,18 @@ func (v *pullView) Pulls(namespace, name string) []*pb.ImagePull {
 	return out
 }
 
-// podPulls is the pulls of the pod with this UID.
-func (v *pullView) podPulls(uid string) []*pb.ImagePull {
+// PodPulls returns the pulls of the pod with this UID, oldest first, as PodResources shows
+// them in the pod's image_pulls.
+func (f *Feature) PodPulls(uid string) []*pb.ImagePull {
 	var out []*pb.ImagePull
-	for _, s := range v.governor.PodPulls(uid) {
-		out = append(out, pullMessage(v.withProgress(s)))
+	for _, s := range f.governor.PodPulls(uid) {
+		out = append(out, pullMessage(f.view.withProgress(s)))
 	}
 	return out
 }
 
 // pulls is every caller's pull, oldest first.
-func (v *pullView) pulls() []pull {
+func (v *view) pulls() []pull {
 	statuses := v.governor.Pulls()
 	out := make([]pull, 0, len(statuses))
 	for _, s := range statuses {
@@ -58,7 +56,7 @@ func (v *pullView) pulls() []pull {
 	return out
 }
 
-func (v *pullView) withProgress(s imagepull.PullStatus) pull {
+func (v *view) withProgress(s PullStatus) pull {
 	p := pull{PullStatus: s}
 	if v.progress != nil && !s.Started.IsZero() {
 		p.progress, _ = v.progress.Progress(s.Image)
@@ -67,7 +65,7 @@ func (v *pullView) withProgress(s imagepull.PullStatus) pull {
 }
 
 // running is the backend pulls running, for the progress tracker.
-func (v *pullView) running() []progress.Running {
+func (v *view) running() []progress.Running {
 	rs := v.governor.Running()
 	out := make([]progress.Running, 0, len(rs))
 	for _, r := range rs {

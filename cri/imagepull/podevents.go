@@ -1,4 +1,4 @@
-package agent
+package imagepull
 
 import (
 	"context"
@@ -9,18 +9,33 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/imagepull/progress"
 )
 
 // Reasons of the pull Events.
 const (
-	reasonPullQueued    = "PullQueued"
-	reasonPullProgress  = "PullProgress"
-	reasonPullShared    = "PullShared"
-	reasonPullCancelled = "PullCancelled"
+	// ReasonPullQueued: the pull waits in podgate's queue (which cap, its place).
+	ReasonPullQueued = "PullQueued"
+	// ReasonPullProgress: how far the running pull has got, and how it ended.
+	ReasonPullProgress = "PullProgress"
+	// ReasonPullShared: the pull shares another pod's pull of the image.
+	ReasonPullShared = "PullShared"
+	// ReasonPullCancelled: the pull was dropped because its pod was deleted.
+	ReasonPullCancelled = "PullCancelled"
 )
+
+// PodRef is the pod an Event is about.
+type PodRef struct {
+	Namespace, Name string
+	UID             types.UID
+}
+
+// EventSink writes pod Events (agent/kube's EventRecorder, adapted by the agent): eventType
+// corev1.EventTypeNormal or Warning, reason a short CamelCase word, action what podgate did
+// or is doing. It must not block.
+type EventSink interface {
+	Eventf(pod PodRef, eventType, reason, action, noteFormat string, args ...any)
+}
 
 // pullEventsPeriod is how often the pulls are looked at for Events: the thresholds are seconds.
 const pullEventsPeriod = time.Second
@@ -31,8 +46,8 @@ const pullEventsPeriod = time.Second
 // progressInterval and once more when it ends; a pull shared with another pod's; a pull
 // cancelled because its pod is gone.
 type pullEvents struct {
-	view     *pullView
-	recorder *kube.EventRecorder
+	view     *view
+	recorder EventSink
 	now      func() time.Time
 
 	waitAfter, progressAfter, progressInterval time.Duration
@@ -58,9 +73,9 @@ type toldPull struct {
 	seen         bool
 }
 
-var _ imagepull.Observer = (*pullEvents)(nil)
+var _ Observer = (*pullEvents)(nil)
 
-func newPullEvents(view *pullView, rec *kube.EventRecorder, waitAfter, progressAfter, progressInterval time.Duration) *pullEvents {
+func newPullEvents(view *view, rec EventSink, waitAfter, progressAfter, progressInterval time.Duration) *pullEvents {
 	return &pullEvents{
 		view: view, recorder: rec, now: time.Now,
 		waitAfter: waitAfter, progressAfter: progressAfter, progressInterval: progressInterval,
@@ -68,15 +83,15 @@ func newPullEvents(view *pullView, rec *kube.EventRecorder, waitAfter, progressA
 	}
 }
 
-func podOf(p imagepull.Pull) kube.PodRef {
-	return kube.PodRef{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: types.UID(p.PodUID)}
+func podOf(p Pull) PodRef {
+	return PodRef{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: types.UID(p.PodUID)}
 }
 
-// PullEvent implements imagepull.Observer.
-func (e *pullEvents) PullEvent(ev imagepull.Event) {
+// PullEvent implements Observer.
+func (e *pullEvents) PullEvent(ev Event) {
 	pod := podOf(ev.Pull)
 	switch ev.Kind {
-	case imagepull.EventJoined:
+	case EventJoined:
 		with := "a pull without a pod"
 		if ev.Leader.Name != "" {
 			with = "the pull of pod " + ev.Leader.String()
@@ -85,22 +100,22 @@ func (e *pullEvents) PullEvent(ev imagepull.Event) {
 		if ev.Started {
 			state = "already running"
 		}
-		e.recorder.Eventf(pod, corev1.EventTypeNormal, reasonPullShared, "Waiting",
+		e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullShared, "Waiting",
 			"Image %q is pulled once for the pods that need it: this pod shares %s, %s", ev.Pull.Image, with, state)
-	case imagepull.EventPodDeleted:
+	case EventPodDeleted:
 		where := "while it waited in podgate's queue; it never reached the runtime"
 		if ev.Started {
 			where = "while the runtime pulled it; the runtime's pull is cancelled unless another pod waits for it"
 		}
-		e.recorder.Eventf(pod, corev1.EventTypeWarning, reasonPullCancelled, "Cancelled",
+		e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullCancelled, "Cancelled",
 			"Pull of image %q cancelled: the pod was deleted %s", ev.Pull.Image, where)
-	case imagepull.EventFinished:
+	case EventFinished:
 		e.finished(ev, pod)
 	}
 }
 
 // finished tells a pod that was told of its pull's progress how the pull ended.
-func (e *pullEvents) finished(ev imagepull.Event, pod kube.PodRef) {
+func (e *pullEvents) finished(ev Event, pod PodRef) {
 	e.mu.Lock()
 	var since time.Time
 	var told bool
@@ -120,11 +135,11 @@ func (e *pullEvents) finished(ev imagepull.Event, pod kube.PodRef) {
 	}
 	took := e.now().Sub(since)
 	if p.Known() {
-		e.recorder.Eventf(pod, corev1.EventTypeNormal, reasonPullProgress, "Pulled",
-			"Pulled image %q: %s of %s (100%%) in %s", ev.Pull.Image, bytesOf(p.Total), bytesOf(p.Total), took.Round(time.Second))
+		e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulled",
+			"Pulled image %q: %s of %s (100%%) in %s", ev.Pull.Image, progress.Bytes(p.Total), progress.Bytes(p.Total), took.Round(time.Second))
 		return
 	}
-	e.recorder.Eventf(pod, corev1.EventTypeNormal, reasonPullProgress, "Pulled", "Pulled image %q in %s", ev.Pull.Image, took.Round(time.Second))
+	e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulled", "Pulled image %q in %s", ev.Pull.Image, took.Round(time.Second))
 }
 
 // run looks at the pulls every second until ctx ends.
@@ -158,12 +173,12 @@ func (e *pullEvents) look() {
 			e.told[c] = t
 		}
 		t.seen = true
-		pod := kube.PodRef{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: c.pod}
+		pod := PodRef{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: c.pod}
 		switch {
 		case p.Started.IsZero():
 			if !t.queued && now.Sub(p.Since) >= e.waitAfter {
 				t.queued = true
-				e.recorder.Eventf(pod, corev1.EventTypeNormal, reasonPullQueued, "Waiting", "%s", queuedNote(p, now))
+				e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullQueued, "Waiting", "%s", queuedNote(p, now))
 			}
 		case now.Sub(p.Started) >= e.progressAfter && now.Sub(t.lastProgress) >= e.progressInterval:
 			t.lastProgress = now
@@ -172,7 +187,7 @@ func (e *pullEvents) look() {
 				e.progressed[c] = p.Started
 			}
 			e.mu.Unlock()
-			e.recorder.Eventf(pod, corev1.EventTypeNormal, reasonPullProgress, "Pulling", "%s", progressNote(p, now, e.view.progress != nil))
+			e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulling", "%s", progressNote(p, now, e.view.progress != nil))
 		}
 	}
 	for c, t := range e.told {
@@ -191,9 +206,9 @@ func (e *pullEvents) look() {
 func queuedNote(p pull, now time.Time) string {
 	var why string
 	switch p.Waiting {
-	case imagepull.WaitingNode:
+	case WaitingNode:
 		why = fmt.Sprintf("the node's cap is reached (imagePulls.maxParallel %d, %d running)", p.MaxParallel, p.InFlight)
-	case imagepull.WaitingRegistry:
+	case WaitingRegistry:
 		why = fmt.Sprintf("the cap of registry %s is reached (imagePulls.perRegistry %d, %d running; %d on the node)",
 			p.Registry, p.RegistryCap, p.RegistryInFlight, p.InFlight)
 	default:
@@ -210,24 +225,10 @@ func progressNote(p pull, now time.Time, tracked bool) string {
 	case p.progress.Known():
 		pct := 100 * float64(p.progress.Done) / float64(p.progress.Total)
 		return fmt.Sprintf("Pulling image %q: %s of %s (%.0f%%), %s/s, %s so far", p.Image,
-			bytesOf(p.progress.Done), bytesOf(p.progress.Total), pct, bytesOf(int64(p.progress.Rate)), took)
+			progress.Bytes(p.progress.Done), progress.Bytes(p.progress.Total), pct, progress.Bytes(p.progress.Rate), took)
 	case tracked:
 		return fmt.Sprintf("Pulling image %q: %s so far; its size is not known yet (no manifest from the registry)", p.Image, took)
 	default:
 		return fmt.Sprintf("Pulling image %q: %s so far (pull progress is off: imagePulls.containerdAddress)", p.Image, took)
 	}
-}
-
-// bytesOf writes n bytes in binary units, as kubectl and crictl do.
-func bytesOf(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
