@@ -1,4 +1,4 @@
-package agent
+package manager
 
 import (
 	"context"
@@ -18,12 +18,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/podresources"
 )
 
 // draReconcilePeriod is how often podgate looks for prepared claims whose pod is gone, beside
@@ -31,29 +29,43 @@ import (
 const draReconcilePeriod = 10 * time.Second
 
 // An unprepare that failed is tried again after a backoff that doubles from
-// draRetryInitial to draRetryMax: a driver that is down for long is not called every period.
+// RetryInitial to RetryMax: a driver that is down for long is not called every period.
 const (
-	draRetryInitial = 10 * time.Second
-	draRetryMax     = 5 * time.Minute
+	RetryInitial = 10 * time.Second
+	RetryMax     = 5 * time.Minute
 )
 
-// extendedClaimName is the pod's name for the claim of its extended resources backed by DRA
+// ExtendedClaimName is the pod's name for the claim of its extended resources backed by DRA
 // (pod.status.extendedResourceClaimStatus), which has none in the pod's spec: not a DNS label,
 // so no spec claim is named so.
-const extendedClaimName = "(extended resources)"
+const ExtendedClaimName = "(extended resources)"
 
 // configSourceAnnotation is the kubelet's pod annotation saying where a pod comes from; pods
 // not from the API server (static pods: "file", "http") cannot use DRA claims.
 const configSourceAnnotation = "kubernetes.io/config.source"
 
-// draStages prepare a pod's DRA claims before its sandbox is created, so that the devices
-// exist when containerd runs CNI, and unprepare them once the pod is gone from the API server
-// and from the runtime. What they prepare is recorded in the pod registry before any driver is
+// Who prepares a pod's claims (dra.prepare): the values of the agent's configuration.
+const (
+	// PrepareAuto: the kubelet when it prepares claims (its version) and manages the pod (its
+	// PodResources socket knows it), else podgate.
+	PrepareAuto = "auto"
+	// PrepareAlways: podgate, whatever the kubelet does.
+	PrepareAlways = "always"
+	// PrepareNever: the kubelet; podgate records the devices of the claims' allocation.
+	PrepareNever = "never"
+)
+
+// nodeGetTimeout bounds one GET of the Node: one small object.
+const nodeGetTimeout = 10 * time.Second
+
+// Manager prepares a pod's DRA claims before its sandbox is created, so that the devices
+// exist when containerd runs CNI, and unprepares them once the pod is gone from the API server
+// and from the runtime. What it prepares is recorded in the pod registry before any driver is
 // called: a crash never loses the obligation to unprepare.
 //
 // A failure after the prepare stage does not unprepare: the kubelet retries the sandbox, and
 // the claims stay prepared until the pod is gone, as with the kubelet's own DRA manager.
-type draStages struct {
+type Manager struct {
 	// off is why DRA is off (no Kubernetes API); empty when it is on.
 	off      string
 	pods     *kube.PodLookup
@@ -62,17 +74,11 @@ type draStages struct {
 	registry *registry.Registry
 	runtime  runtimeapi.RuntimeServiceClient
 
-	// attacher moves devices into pods; nil when no driver's devices are attached.
-	attacher *draAttach
-	// links moves them (package dra). settling is held to settle a left attach intent, and
-	// shared by an attach's mark and move and by a stop's give back: settling gives back
-	// what carries the mark, and reads the record a stop gives back from.
-	links    netdevs
-	settling sync.RWMutex
-	// rebuilt is closed once the registry is rebuilt from the runtime: left attach intents
-	// are settled from then on. Nil: never (tests settle themselves).
+	// rebuilt is closed once the registry is rebuilt from the runtime: settler settles what
+	// is left from then on. Nil: never (tests settle themselves).
 	rebuilt <-chan struct{}
-	// hostIfs finds the host interface of a network device, for its network data.
+	settler Settler
+	// hostIfs finds the host interface of a network device, for its network data; nil: none.
 	hostIfs *dra.HostInterfaces
 
 	mu sync.Mutex
@@ -93,13 +99,13 @@ type draStages struct {
 	// decisions counts who prepared pods' claims (podgate, kubelet).
 	decisions *prometheus.CounterVec
 
-	// mode is dra.prepare (config.Prepare*).
+	// mode is dra.prepare (Prepare*).
 	mode string
 	// kubeletVersion is the node's kubelet version from its Node object (nil until read, or
 	// when it could not be); kubelet tells whether the kubelet manages a pod. With mode auto
 	// both decide whether the kubelet prepared a pod's claims.
 	kubeletVersion atomic.Pointer[version.Version]
-	kubelet        kubeletPods
+	kubelet        func() KubeletPods
 	// nodeMu serialises the reads of the Node for a decision (kubeletVersionNow); nodeReadAt
 	// is when the last began.
 	nodeMu     sync.Mutex
@@ -111,11 +117,20 @@ type draStages struct {
 // interval, not one per pod start.
 const nodeReadInterval = 10 * time.Second
 
-// kubeletPods is the kubelet's PodResources socket as the DRA stage asks it: does the kubelet
+// KubeletPods is the kubelet's PodResources socket as the DRA manager asks it: does the kubelet
 // manage this pod? A kubelet that does called RunPodSandbox for it after preparing its claims.
 // podgate's PodResources server asks it, within the kubelet's rate limit.
-type kubeletPods interface {
+type KubeletPods interface {
 	KubeletKnowsPod(ctx context.Context, namespace, name string) (bool, error)
+	// NotListening tells an error of KubeletKnowsPod that says nobody listens on the
+	// kubelet's socket (a kubelet that died and left its socket behind).
+	NotListening(err error) bool
+}
+
+// Settler settles, once the registry is rebuilt from the runtime and then at every reconcile,
+// what an interrupted operation left (package attach's left attach intents).
+type Settler interface {
+	Settle(ctx context.Context)
 }
 
 // kubeletPreparesFrom is the first kubelet version whose DRA manager prepares claims by
@@ -123,9 +138,41 @@ type kubeletPods interface {
 // An older kubelet may prepare too, with its feature gate on: dra.prepare never says so.
 var kubeletPreparesFrom = version.MajorMinor(1, 34)
 
-func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer) *draStages {
-	d := &draStages{
-		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: config.PrepareAlways, links: draNetdevs{},
+// Option configures a Manager.
+type Option func(*Manager)
+
+// WithPrepare sets dra.prepare (PrepareAlways, the default; PrepareNever; PrepareAuto).
+func WithPrepare(mode string) Option { return func(d *Manager) { d.mode = mode } }
+
+// WithKubelet gives dra.prepare auto the kubelet to ask whether it manages a pod. kubelet is
+// called at each decision, as the PodResources socket that asks opens after the manager is
+// built; it returns nil while there is none (nobody to ask: podgate prepares).
+func WithKubelet(kubelet func() KubeletPods) Option { return func(d *Manager) { d.kubelet = kubelet } }
+
+// WithSettle has s settle what is left once rebuilt is closed (the registry is rebuilt from
+// the runtime, whose records then say which sandboxes still run), then at every reconcile.
+func WithSettle(rebuilt <-chan struct{}, s Settler) Option {
+	return func(d *Manager) { d.rebuilt, d.settler = rebuilt, s }
+}
+
+// WithHostInterfaces gives prepared network devices their network data (the host interface
+// from the driver's ResourceSlice), which PodResources shows a meta-CNI plugin.
+func WithHostInterfaces(h *dra.HostInterfaces) Option { return func(d *Manager) { d.hostIfs = h } }
+
+// WithClock replaces time.Now for the unprepare retries' backoff and the Node reads' spacing
+// (tests).
+func WithClock(now func() time.Time) Option { return func(d *Manager) { d.now = now } }
+
+// WithWaitHook has fn called when a prepare waits for another call's prepare or unprepare of
+// a shared claim (tests order the calls by it).
+func WithWaitHook(fn func(types.UID)) Option { return func(d *Manager) { d.onWait = fn } }
+
+// New returns the DRA manager: pods looked up in pods, claims resolved by claims, prepared by
+// drivers, recorded in reg; rt tells which sandboxes still run. Its metrics are registered
+// with r.
+func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer, opts ...Option) *Manager {
+	d := &Manager{
+		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: PrepareAlways,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "pod_claims_prepared_total",
 			Help: "Pod starts with DRA claims, by who prepared the claims: podgate (it called the drivers, or found them prepared by podgate for another pod), kubelet (the kubelet's DRA manager did; podgate recorded their devices).",
@@ -139,6 +186,9 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 			Namespace: "podgate", Subsystem: "dra", Name: "claims_released_total",
 			Help: "Claims released by pods that are gone, by how: shared (another pod of the node still uses the claim, which stays prepared), unprepared (the last user gone, its drivers unprepared it), kubelet (the last user gone, the claim the kubelet prepared is forgotten: the kubelet unprepares it).",
 		}, []string{"how"}),
+	}
+	for _, o := range opts {
+		o(d)
 	}
 	prepared := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "podgate", Subsystem: "dra", Name: "claims_prepared",
@@ -156,16 +206,20 @@ func newDRAStages(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimR
 	return d
 }
 
-// draOff returns DRA stages that do nothing, saying why.
-func draOff(why string) *draStages { return &draStages{off: why} }
+// Off returns a manager that does nothing, saying why (no Kubernetes API): its stage lets
+// every sandbox through.
+func Off(why string) *Manager { return &Manager{off: why} }
 
-// prepareStage prepares the pod's claims before RunPodSandbox is forwarded.
-func (d *draStages) prepareStage() pipeline.Stage {
+// Claims is the claim resolver the manager reads claims with.
+func (d *Manager) Claims() *dra.ClaimResolver { return d.claims }
+
+// PrepareStage ("dra-prepare") prepares the pod's claims before RunPodSandbox is forwarded.
+func (d *Manager) PrepareStage() pipeline.Stage {
 	return pipeline.Stage{Name: "dra-prepare", Run: d.prepare, Removed: d.sandboxRemoved,
 		Holds: "the DRA drivers prepare the pod's claims", RefusedReason: "FailedDRAPrepare"}
 }
 
-func (d *draStages) prepare(ctx context.Context, sb *pipeline.Sandbox) error {
+func (d *Manager) prepare(ctx context.Context, sb *pipeline.Sandbox) error {
 	if d.off != "" {
 		return nil
 	}
@@ -195,13 +249,13 @@ func (d *draStages) prepare(ctx context.Context, sb *pipeline.Sandbox) error {
 	return d.prepareClaims(ctx, ref, pod)
 }
 
-func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod *corev1.Pod) error {
+func (d *Manager) prepareClaims(ctx context.Context, ref registry.PodRef, pod *corev1.Pod) error {
 	claims, err := d.claims.PodClaims(ctx, pod)
 	if err != nil || len(claims) == 0 {
 		return err
 	}
 	uses := make([]registry.ClaimUse, len(claims))
-	containers := specContainers(pod)
+	containers := SpecContainers(pod)
 	for i, c := range claims {
 		for _, name := range c.Drivers() {
 			if _, err := d.drivers.Lookup(name); err != nil {
@@ -212,10 +266,10 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 		if c.Extended {
 			// The claim of the pod's extended resources has no name in the pod's spec: it
 			// gets one that no spec name can be, listed under the containers it serves.
-			uses[i].PodClaimName = extendedClaimName
+			uses[i].PodClaimName = ExtendedClaimName
 			for j := range containers {
 				if slices.Contains(c.Containers(), containers[j].Name) {
-					containers[j].Claims = append(containers[j].Claims, extendedClaimName)
+					containers[j].Claims = append(containers[j].Claims, ExtendedClaimName)
 				}
 			}
 		}
@@ -242,22 +296,26 @@ func (d *draStages) prepareClaims(ctx context.Context, ref registry.PodRef, pod 
 // this pod (its PodResources socket knows it): it then called RunPodSandbox after preparing
 // them. A kubelet that does not answer, does not know the pod, or whose version is not known
 // leaves it to podgate: a repeated prepare is harmless, a missing device is not.
-func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
+func (d *Manager) preparer(ctx context.Context, ref registry.PodRef) string {
 	switch d.mode {
-	case config.PrepareNever:
+	case PrepareNever:
 		return registry.PreparedByKubelet
-	case config.PrepareAlways:
+	case PrepareAlways:
 		return registry.PreparedByPodgate
 	}
-	if d.kubelet == nil { // no podResources.kubeletSocket: nobody to ask
+	var kubelet KubeletPods
+	if d.kubelet != nil {
+		kubelet = d.kubelet()
+	}
+	if kubelet == nil { // no podResources.kubeletSocket: nobody to ask
 		return registry.PreparedByPodgate
 	}
 	if v := d.kubeletVersionNow(ctx); v == nil || v.LessThan(kubeletPreparesFrom) {
 		return registry.PreparedByPodgate
 	}
-	known, err := d.kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
+	known, err := kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
 	switch {
-	case podresources.IsKubeletNotListening(err):
+	case kubelet.NotListening(err):
 		// A kubelet that died and left its socket behind: decided at once, as with no socket
 		// (podgate_podresources_kubelet_requests_total{result="not_listening"} counts it).
 		klog.FromContext(ctx).V(1).Info("Nobody listens on the kubelet's PodResources socket: no kubelet, podgate prepares the pod's claims", "err", err)
@@ -277,7 +335,7 @@ func (d *draStages) preparer(ctx context.Context, ref registry.PodRef) string {
 // and retries with a backoff of up to 30 s), the Node read now, by one GET at most every
 // nodeReadInterval, which the sandboxes asking meanwhile wait for. Without it, the claims of
 // the pods the kubelet starts right after it registered would be prepared twice.
-func (d *draStages) kubeletVersionNow(ctx context.Context) *version.Version {
+func (d *Manager) kubeletVersionNow(ctx context.Context) *version.Version {
 	if v := d.kubeletVersion.Load(); v != nil || d.pods == nil {
 		return v
 	}
@@ -294,12 +352,13 @@ func (d *draStages) kubeletVersionNow(ctx context.Context) *version.Version {
 		klog.FromContext(ctx).V(1).Info("Node not read: podgate prepares the pod's claims itself", "node", d.pods.NodeName(), "err", err)
 		return nil
 	}
-	d.setKubeletVersion(ctx, node)
+	d.SetKubeletVersion(ctx, node)
 	return d.kubeletVersion.Load()
 }
 
-// setKubeletVersion takes the kubelet's version from its Node object (status.nodeInfo).
-func (d *draStages) setKubeletVersion(ctx context.Context, node *corev1.Node) {
+// SetKubeletVersion takes the kubelet's version from its Node object (status.nodeInfo), read
+// at start-up, for dra.prepare auto.
+func (d *Manager) SetKubeletVersion(ctx context.Context, node *corev1.Node) {
 	if node == nil {
 		return
 	}
@@ -316,7 +375,7 @@ func (d *draStages) setKubeletVersion(ctx context.Context, node *corev1.Node) {
 // observed are the devices of the claims the kubelet prepared and podgate has not recorded as
 // prepared yet, from their allocation, with their network data as podgate's own prepare
 // records it: what the PodResources extension shows a meta-CNI plugin during CNI ADD.
-func (d *draStages) observed(ctx context.Context, claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
+func (d *Manager) observed(ctx context.Context, claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
 	devices := allocatedDevices(claims)
 	var fresh []registry.ClaimRecord
 	for _, c := range claims {
@@ -371,7 +430,7 @@ type claimOp struct {
 // A claim whose drivers podgate unprepared while the pod joined is prepared by podgate even when
 // the kubelet prepares the pod's claims: the kubelet's prepare may have come before that
 // unprepare, and the kubelet does not prepare a claim it holds prepared again.
-func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim, by string) error {
+func (d *Manager) prepareOnce(ctx context.Context, claims []dra.PodClaim, by string) error {
 	undone := map[types.UID]bool{} // claims whose drivers unprepared them while this call waited
 	for {
 		var mine []dra.PodClaim
@@ -422,7 +481,7 @@ func (d *draStages) prepareOnce(ctx context.Context, claims []dra.PodClaim, by s
 
 // prepareMine prepares the claims this call holds: it records the devices of those the kubelet
 // prepared (by kubelet), and calls the drivers of the others.
-func (d *draStages) prepareMine(ctx context.Context, claims []dra.PodClaim, by string, undone map[types.UID]bool) error {
+func (d *Manager) prepareMine(ctx context.Context, claims []dra.PodClaim, by string, undone map[types.UID]bool) error {
 	if by != registry.PreparedByKubelet {
 		return d.callAndRecord(ctx, claims)
 	}
@@ -446,7 +505,7 @@ func (d *draStages) prepareMine(ctx context.Context, claims []dra.PodClaim, by s
 }
 
 // callAndRecord calls the drivers of claims this call prepares and records what they returned.
-func (d *draStages) callAndRecord(ctx context.Context, claims []dra.PodClaim) error {
+func (d *Manager) callAndRecord(ctx context.Context, claims []dra.PodClaim) error {
 	results, err := d.callDrivers(ctx, claims)
 	if len(results) > 0 {
 		var fresh []registry.ClaimRecord
@@ -472,7 +531,7 @@ func (d *draStages) callAndRecord(ctx context.Context, claims []dra.PodClaim) er
 
 // callDrivers prepares claims, each driver's in one call, the drivers in parallel. It returns
 // the devices of every claim all of whose drivers prepared it.
-func (d *draStages) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]registry.DeviceRecord, error) {
+func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]registry.DeviceRecord, error) {
 	byDriver := map[string][]dra.Claim{}
 	for _, c := range claims {
 		for _, name := range c.Drivers() {
@@ -535,14 +594,14 @@ func deviceNames(devs []registry.DeviceRecord) []string {
 	return out
 }
 
-func (d *draStages) begin(uid types.UID) {
+func (d *Manager) begin(uid types.UID) {
 	d.mu.Lock()
 	d.preparing[uid]++
 	d.mu.Unlock()
 }
 
 // done ends one in-flight RunPodSandbox of the pod.
-func (d *draStages) done(uid types.UID) {
+func (d *Manager) done(uid types.UID) {
 	d.mu.Lock()
 	if d.preparing[uid]--; d.preparing[uid] <= 0 {
 		delete(d.preparing, uid)
@@ -550,19 +609,19 @@ func (d *draStages) done(uid types.UID) {
 	d.mu.Unlock()
 }
 
-func (d *draStages) inFlight(uid types.UID) bool {
+func (d *Manager) inFlight(uid types.UID) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.preparing[uid] > 0
 }
 
 // sandboxRemoved asks the reconciler to look: the pod's last sandbox may be gone.
-func (d *draStages) sandboxRemoved(context.Context, string) error {
+func (d *Manager) sandboxRemoved(context.Context, string) error {
 	d.wake()
 	return nil
 }
 
-func (d *draStages) wake() {
+func (d *Manager) wake() {
 	if d.off != "" {
 		return
 	}
@@ -572,10 +631,10 @@ func (d *draStages) wake() {
 	}
 }
 
-// run releases the claims of pods that are gone until ctx ends: periodically, and when a pod is
+// Run releases the claims of pods that are gone until ctx ends: periodically, and when a pod is
 // deleted or a sandbox removed. Once the registry is rebuilt from the runtime, it settles the
-// attach intents that are left too (settleAttaches), at once and then each time.
-func (d *draStages) run(ctx context.Context) {
+// intents that are left too (Settler), at once and then each time.
+func (d *Manager) Run(ctx context.Context) {
 	if d.off != "" {
 		return
 	}
@@ -584,9 +643,9 @@ func (d *draStages) run(ctx context.Context) {
 	defer ticker.Stop()
 	rebuilt, settle := d.rebuilt, false
 	for {
-		d.reconcile(ctx)
-		if settle {
-			d.settleAttaches(ctx)
+		d.Reconcile(ctx)
+		if settle && d.settler != nil {
+			d.settler.Settle(ctx)
 		}
 		select {
 		case <-ctx.Done():
@@ -599,13 +658,13 @@ func (d *draStages) run(ctx context.Context) {
 	}
 }
 
-// reconcile releases the claims of each pod that is gone from the API server (or deleted) and
+// Reconcile releases the claims of each pod that is gone from the API server (or deleted) and
 // has no running sandbox left in the runtime: a stopped sandbox of such a pod never runs again
 // (the kubelet makes new sandboxes only for pods the API server still has, undeleted), and the
 // kubelet's garbage collection may keep it for minutes. The pod leaves its claims' users; a
 // claim no pod of the node uses any more is unprepared, once; a claim another pod still uses
 // stays prepared for it: the last user unprepares it.
-func (d *draStages) reconcile(ctx context.Context) {
+func (d *Manager) Reconcile(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for _, p := range d.registry.DRAPods() {
 		if ctx.Err() != nil {
@@ -652,7 +711,7 @@ func (d *draStages) reconcile(ctx context.Context) {
 // a crash may have come between the driver's prepare and its record. A sandbox whose pod takes
 // the claim up while the drivers unprepare it waits (prepareOnce) and then finds it unprepared,
 // used by its pod (ClaimUnprepared, ClaimUnprepareFailed): it prepares it again.
-func (d *draStages) unprepare(ctx context.Context, c registry.ClaimInfo) error {
+func (d *Manager) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 	d.mu.Lock()
 	if _, busy := d.busy[c.UID]; busy {
 		d.mu.Unlock()
@@ -711,7 +770,7 @@ type releaseRetry struct {
 }
 
 // due reports whether the pod's release may be tried now.
-func (d *draStages) due(uid types.UID) bool {
+func (d *Manager) due(uid types.UID) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r, ok := d.retry[uid]
@@ -719,18 +778,18 @@ func (d *draStages) due(uid types.UID) bool {
 }
 
 // failed records a failed release and returns when it is tried again.
-func (d *draStages) failed(uid types.UID) time.Duration {
+func (d *Manager) failed(uid types.UID) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := d.retry[uid]
-	r.backoff = min(max(2*r.backoff, draRetryInitial), draRetryMax)
+	r.backoff = min(max(2*r.backoff, RetryInitial), RetryMax)
 	r.next = d.now().Add(r.backoff)
 	d.retry[uid] = r
 	return r.backoff
 }
 
 // podGone reports whether the pod is deleted in the API server and has no running sandbox.
-func (d *draStages) podGone(ctx context.Context, ref registry.PodRef) (bool, error) {
+func (d *Manager) podGone(ctx context.Context, ref registry.PodRef) (bool, error) {
 	if d.inFlight(ref.UID) {
 		return false, nil
 	}
