@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -23,7 +23,10 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/resources"
 	"github.com/podgate/podgate/resources/cgroup"
 	"github.com/podgate/podgate/sysctl"
@@ -126,8 +129,8 @@ func (a *Agent) Run(ctx context.Context) error {
 				cancel(fmt.Errorf("dra: %w", err))
 			}
 		})
-		running.Go(func() { p.dra.run(ctx) })
-		running.Go(func() { p.dra.hostIfs.Run(ctx) })
+		running.Go(func() { p.dra.Run(ctx) })
+		running.Go(func() { p.hostIfs.Run(ctx) })
 	}
 
 	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
@@ -217,9 +220,16 @@ type proxy struct {
 	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
 	core     *pipeline.Core
 	pipeline *pipeline.Runner
-	dra      *draStages
-	// drivers finds the node's DRA drivers; nil when DRA is off.
+	// dra prepares pods' DRA claims, attach moves their network devices into the pods.
+	dra    *manager.Manager
+	attach *attach.Attacher
+	// drivers finds the node's DRA drivers, hostIfs their network devices' host interfaces;
+	// nil when DRA is off.
 	drivers *dra.Drivers
+	hostIfs *dra.HostInterfaces
+	// podResources is podgate's PodResources server once open, which dra.prepare auto asks
+	// whether the kubelet manages a pod.
+	podResources atomic.Pointer[podresources.Server]
 	// pulls is the image-pull feature: PullImage's hook, the pulls' progress and Events.
 	pulls *imagepull.Feature
 	// resources: memory QoS and cgroup verification of containers.
@@ -264,7 +274,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 	if a.events != nil {
 		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
 	}
-	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra), a.sandboxes, a.registry, opts...)
+	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach), a.sandboxes, a.registry, opts...)
 	p.resources = resources.New(resourcesConfig(a.cfg.Resources), cgroup.Detect(), a.sandboxes, p.runtime, a.registry,
 		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)))
 	p.resources.LogNode(klog.FromContext(ctx))
@@ -287,7 +297,7 @@ func resourcesConfig(c config.Resources) resources.Config {
 // buildDRA sets up the DRA stages: on with the Kubernetes API, off (saying so once) without.
 func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 	if a.pods == nil {
-		p.dra = draOff("no kubeconfig")
+		p.dra, p.attach = manager.Off("no kubeconfig"), attach.Off()
 		klog.FromContext(ctx).Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
 		return
 	}
@@ -297,23 +307,20 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 		dra.WithDriverNames(a.cfg.DRA.Drivers...),
 		dra.WithRegisterer(a.registry))
 	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
-	p.dra = newDRAStages(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry)
-	p.dra.mode = a.cfg.DRA.Prepare // with auto, openPodResources gives it the kubelet to ask
-	p.dra.rebuilt = a.rebuilt
-	p.dra.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
+	p.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
+	var attachOpts []attach.Option
 	if len(a.cfg.DRA.Attach) > 0 {
-		at := newDRAAttach(a.cfg.DRA.Attach, p.dra.hostIfs, resolver, a.sandboxes, a.registry)
+		attachOpts = append(attachOpts, attach.WithDevices(a.cfg.DRA.Attach, p.hostIfs, resolver, a.registry))
 		if a.cfg.DRA.PublishNetworkData {
-			client := a.pods.Client()
-			at.publish = func(ctx context.Context, c types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error {
-				return dra.PublishNetworkData(ctx, client, c, uid, devs)
-			}
-			at.clear = func(ctx context.Context, c types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error {
-				return dra.ClearNetworkData(ctx, client, c, uid, devs)
-			}
+			attachOpts = append(attachOpts, attach.WithPublisher(a.pods.Client()))
 		}
-		p.dra.attacher = at
 	}
+	p.attach = attach.New(a.sandboxes, attachOpts...)
+	p.dra = manager.New(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry,
+		manager.WithPrepare(a.cfg.DRA.Prepare),
+		manager.WithKubelet(p.kubeletPods), // with auto: the kubelet, through the PodResources socket
+		manager.WithSettle(a.rebuilt, p.attach),
+		manager.WithHostInterfaces(p.hostIfs))
 	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", a.cfg.DRA.Prepare,
 		"pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
 	warnAutoBlind(klog.FromContext(ctx), a.cfg)
@@ -346,7 +353,7 @@ func (a *Agent) needNode(p *proxy) bool {
 	if a.pods == nil {
 		return false
 	}
-	return (p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && p.dra.mode == config.PrepareAuto)
+	return (p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && a.cfg.DRA.Prepare == config.PrepareAuto)
 }
 
 // readNode reads this node's Node object once — one GET at start-up, retried with a backoff
@@ -372,7 +379,7 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 		p.resources.ResolveAllocatable(ctx, "", node)
 	}
 	if p.drivers != nil {
-		p.dra.setKubeletVersion(ctx, node)
+		p.dra.SetKubeletVersion(ctx, node)
 	}
 }
 

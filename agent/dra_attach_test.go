@@ -26,6 +26,8 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testnet"
@@ -91,20 +93,18 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 			dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To(hostIf)},
 		}}},
 	}}
-	dr := newDRARigWith(t, 5*time.Second, rigOptions{netns: podNetns}, pod, claim, slice)
+	links := &crashingLinks{at: crash, crashed: make(chan struct{})}
+	dr := newDRARigWith(t, 5*time.Second, attachOptions(podNetns, links), pod, claim, slice)
 	dr.registry.SetWriteDelay(time.Hour) // the checkpoint holds only what must be written at once
 	cpPath := filepath.Join(dr.stateDir, registry.CheckpointFile)
-	hostIfs := dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+	links.cpPath = cpPath
+	hostIfs := dr.hostIfs
 	hostIfsDone := make(chan struct{})
 	go func() {
 		defer close(hostIfsDone)
 		hostIfs.Run(ctx)
 	}()
 	t.Cleanup(func() { <-hostIfsDone })
-	links := &crashingLinks{at: crash, cpPath: cpPath, crashed: make(chan struct{})}
-	dr.dra.hostIfs = hostIfs
-	dr.dra.attacher = newDRAAttach([]string{testDriver}, hostIfs, dr.dra.claims, dr.registry, prometheus.NewRegistry())
-	dr.dra.links = links
 
 	// The first podgate, until the crash.
 	var startErr error
@@ -177,14 +177,14 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	if err := os.WriteFile(cpPath, links.snapshot, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d, restarted, counted := restartDRA(t, dr, hostIfs, hostIf, podNetns)
+	d, at, restarted, counted := restartDRA(t, dr, hostIfs, hostIf, podNetns)
 	if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
 		t.Fatal(err)
 	}
 	// The kubelet stops the sandbox (twice: Stop is idempotent) and removes it.
 	stopAndRemove := func() {
 		t.Helper()
-		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d), restarted, prometheus.NewRegistry())
+		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d, at), restarted, prometheus.NewRegistry())
 		// containerd's stop tears the pod's network namespace down, and a veth end in it.
 		stop := func(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 			resp, err := dr.runtimeClient.StopPodSandbox(ctx, req)
@@ -208,7 +208,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	if where == sandboxStopsFirst {
 		stopAndRemove()
 	}
-	d.settleAttaches(ctx)
+	at.Settle(ctx)
 
 	if left := restarted.LeftAttaches(); len(left) != 0 {
 		t.Errorf("left after settling: %+v", left)
@@ -243,7 +243,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 
 	if where == sandboxRuns {
 		stopAndRemove()
-		d.settleAttaches(ctx) // the next reconcile
+		at.Settle(ctx) // the next reconcile
 		if got, ok := hostLinkState(t, hostIf); !ok || got != wantHost {
 			t.Errorf("on the host after the stop: %+v (found %t), want %+v", got, ok, wantHost)
 		}
@@ -271,9 +271,9 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 }
 
 // restartDRA is podgate started again on dr's state directory: a registry from the checkpoint
-// there, DRA stages attaching with package dra, counting the give backs that find the device
-// away from the host.
-func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*draStages, *registry.Registry, *countingLinks) {
+// there, a DRA manager and an attacher attaching with package dra, counting the give backs
+// that find the device away from the host.
+func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*manager.Manager, *attach.Attacher, *registry.Registry, *countingLinks) {
 	t.Helper()
 	cp := registry.NewCheckpoint(dr.stateDir)
 	onDisk, err := cp.ReadAll()
@@ -283,12 +283,26 @@ func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, p
 	restarted := registry.NewRegistry(cp, onDisk)
 	restarted.SetWriteDelay(0)
 	t.Cleanup(restarted.Flush)
-	d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
-	d.hostIfs = hostIfs
-	d.attacher = newDRAAttach([]string{testDriver}, hostIfs, dr.dra.claims, restarted, prometheus.NewRegistry())
 	counted := &countingLinks{t: t, hostIf: hostIf, podNetns: podNetns}
-	d.links = counted
-	return d, restarted, counted
+	at := attach.New(restarted, attach.WithDevices([]string{testDriver}, hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(counted))
+	d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry(),
+		manager.WithHostInterfaces(hostIfs), manager.WithSettle(nil, at))
+	return d, at, restarted, counted
+}
+
+// attachOptions are the DRA rig's with dra.attach of testDriver, its devices moved by links,
+// the pod's network namespace podNetns.
+func attachOptions(podNetns string, links attach.Netdevs) draOptions {
+	return draOptions{
+		rigOptions: rigOptions{netns: podNetns},
+		manager: func(dr *draRig) []manager.Option {
+			return []manager.Option{manager.WithHostInterfaces(dr.hostIfs)}
+		},
+		attach: func(dr *draRig) []attach.Option {
+			dr.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+			return []attach.Option{attach.WithDevices([]string{testDriver}, dr.hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(links)}
+		},
+	}
 }
 
 func readCheckpointBytes(b []byte, d *registry.CheckpointData) error {
@@ -307,7 +321,7 @@ var errCrashed = errors.New("podgate crashed here")
 // the checkpoint as the crash leaves it, and from then on moves no interface. An attach that
 // crashes is held until the test ends, so that nothing after it (the failed call's undo) runs.
 type crashingLinks struct {
-	draNetdevs
+	attach.DRANetdevs
 	at       attachCrash
 	cpPath   string
 	crashed  chan struct{}
@@ -337,14 +351,14 @@ func (c *crashingLinks) Attach(ctx context.Context, hostIf, netns string, cfg dr
 	case crashAfterIntent:
 		c.crash()
 	case crashAfterMove:
-		if _, err := c.draNetdevs.Attach(ctx, hostIf, netns, cfg); err != nil {
+		if _, err := c.DRANetdevs.Attach(ctx, hostIf, netns, cfg); err != nil {
 			return dra.Attached{}, err
 		}
 		c.crash()
 	case crashAfterFailure:
 		return dra.Attached{}, errors.New("attach refused by the test")
 	default:
-		return c.draNetdevs.Attach(ctx, hostIf, netns, cfg)
+		return c.DRANetdevs.Attach(ctx, hostIf, netns, cfg)
 	}
 	<-ctx.Done() // the test's end
 	return dra.Attached{}, errCrashed
@@ -354,27 +368,27 @@ func (c *crashingLinks) Detach(ctx context.Context, a dra.Attached, netns string
 	if c.down() {
 		return errCrashed
 	}
-	return c.draNetdevs.Detach(ctx, a, netns)
+	return c.DRANetdevs.Detach(ctx, a, netns)
 }
 
 func (c *crashingLinks) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
 	if c.down() {
 		return dra.Attached{}, false, errCrashed
 	}
-	return c.draNetdevs.Resume(ctx, hostIf, netns, cfg)
+	return c.DRANetdevs.Resume(ctx, hostIf, netns, cfg)
 }
 
 func (c *crashingLinks) Reclaim(ctx context.Context, hostIf, netns string) error {
 	if c.down() {
 		return errCrashed
 	}
-	return c.draNetdevs.Reclaim(ctx, hostIf, netns)
+	return c.DRANetdevs.Reclaim(ctx, hostIf, netns)
 }
 
 // countingLinks is package dra's netdevs, counting the give backs (Detach, Reclaim) that find
 // the device away from home: in the pod, or on the host with podgate's mark.
 type countingLinks struct {
-	draNetdevs
+	attach.DRANetdevs
 	t         *testing.T
 	hostIf    string
 	podNetns  string
@@ -410,12 +424,12 @@ func (c *countingLinks) inPod() bool {
 
 func (c *countingLinks) Detach(ctx context.Context, a dra.Attached, netns string) error {
 	c.count()
-	return c.draNetdevs.Detach(ctx, a, netns)
+	return c.DRANetdevs.Detach(ctx, a, netns)
 }
 
 func (c *countingLinks) Reclaim(ctx context.Context, hostIf, netns string) error {
 	c.count()
-	return c.draNetdevs.Reclaim(ctx, hostIf, netns)
+	return c.DRANetdevs.Reclaim(ctx, hostIf, netns)
 }
 
 var attachTestSeq atomic.Int32
@@ -470,7 +484,7 @@ func hostLinkState(t *testing.T, name string) (linkState, bool) {
 // refusingLinks is package dra's netdevs refusing to attach one host interface; its Reclaim
 // fails while failReclaim is set.
 type refusingLinks struct {
-	draNetdevs
+	attach.DRANetdevs
 	refuse      string
 	failReclaim atomic.Bool
 }
@@ -479,14 +493,14 @@ func (r *refusingLinks) Attach(ctx context.Context, hostIf, netns string, cfg dr
 	if hostIf == r.refuse {
 		return dra.Attached{}, errors.New("attach refused by the test")
 	}
-	return r.draNetdevs.Attach(ctx, hostIf, netns, cfg)
+	return r.DRANetdevs.Attach(ctx, hostIf, netns, cfg)
 }
 
 func (r *refusingLinks) Reclaim(ctx context.Context, hostIf, netns string) error {
 	if r.failReclaim.Load() {
 		return errors.New("reclaim refused by the test")
 	}
-	return r.draNetdevs.Reclaim(ctx, hostIf, netns)
+	return r.DRANetdevs.Reclaim(ctx, hostIf, netns)
 }
 
 // TestDRAAttachFailureGivesBackWhatItMoved: a pod with two network devices whose second attach
@@ -508,19 +522,15 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 					{Name: "dev-net2", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To(second)}}},
 				},
 			}}
-			dr := newDRARigWith(t, 5*time.Second, rigOptions{netns: podNetns}, pod, draClaim("net", pod), draClaim("net2", pod), slice)
-			hostIfs := dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+			links := &refusingLinks{refuse: second}
+			links.failReclaim.Store(reclaimFails)
+			dr := newDRARigWith(t, 5*time.Second, attachOptions(podNetns, links), pod, draClaim("net", pod), draClaim("net2", pod), slice)
 			hostIfsDone := make(chan struct{})
 			go func() {
 				defer close(hostIfsDone)
-				hostIfs.Run(ctx)
+				dr.hostIfs.Run(ctx)
 			}()
 			t.Cleanup(func() { <-hostIfsDone })
-			links := &refusingLinks{refuse: second}
-			links.failReclaim.Store(reclaimFails)
-			dr.dra.hostIfs = hostIfs
-			dr.dra.attacher = newDRAAttach([]string{testDriver}, hostIfs, dr.dra.claims, dr.registry, prometheus.NewRegistry())
-			dr.dra.links = links
 
 			if _, err := dr.runPod(t, pod); err == nil || !strings.Contains(err.Error(), "attach refused by the test") {
 				t.Fatalf("RunPodSandbox: %v, want the refused attach", err)
@@ -535,7 +545,7 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 				t.Fatalf("left intents %+v; want %s's only when its give back failed", left, second)
 			}
 			links.failReclaim.Store(false)
-			dr.dra.settleAttaches(ctx)
+			dr.attach.Settle(ctx)
 			dr.registry.Flush()
 			onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
 			if err != nil {

@@ -39,7 +39,7 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 				podList = append(podList, p)
 			}
 			dr := newDRARig(b, 5*time.Second, objs...)
-			stage := dr.dra.prepareStage()
+			stage := dr.dra.PrepareStage()
 			ctx := klog.NewContext(b.Context(), klog.Background().V(5))
 			i := 0
 			start := dr.gets.Load()

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,10 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/dra/manager"
+	"github.com/podgate/podgate/pipeline"
 )
 
 // TestDRASharedClaimPreparedOnceUnderARace: the sandboxes of N pods sharing one claim start at
@@ -85,7 +89,7 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitPodGoneFromInformer(t, dr, p.UID)
-		dr.dra.reconcile(ctx)
+		dr.dra.Reconcile(ctx)
 		unprepares := slices.Index(dr.driver.Calls(), "unprepare default/shared") >= 0
 		if last := i == n-1; unprepares != last {
 			t.Fatalf("after pod %d of %d is gone: driver calls %v; want the unprepare after the last only", i+1, n, dr.driver.Calls())
@@ -169,7 +173,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			})
 			ids := map[string]string{}
 			deleted := map[string]bool{}
-			gone := func(t *testing.T, name string, d *draStages, reg *registry.Registry) {
+			gone := func(t *testing.T, name string, d *manager.Manager, reg *registry.Registry) {
 				t.Helper()
 				if ids[name] != "" {
 					dr.removeSandbox(t, ids[name])
@@ -187,7 +191,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				if _, _, _, err := reg.Rebuild(ctx, dr.runtimeClient); err != nil {
 					t.Fatal(err)
 				}
-				d.reconcile(ctx)
+				d.Reconcile(ctx)
 			}
 			for _, step := range tc.steps {
 				switch step {
@@ -225,12 +229,12 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				t.Fatal(err)
 			}
 			restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
-			d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
+			d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
 			before := len(dr.driver.Calls())
 			after := func() []string { return dr.driver.Calls()[before:] }
 			for _, name := range tc.rerun {
 				p := pods[name]
-				if err := d.prepareClaims(ctx, registry.PodRef{UID: p.UID, Name: p.Name, Namespace: p.Namespace}, p); err != nil {
+				if err := prepareAgain(ctx, d, p); err != nil {
 					t.Fatalf("sandbox of %s started again: %v", name, err)
 				}
 				if c, ok := restarted.Claim("claim-net"); !ok || !c.Prepared || len(c.Devices) != 1 {
@@ -247,7 +251,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
 				t.Fatal(err)
 			}
-			d.reconcile(ctx) // what the crash left, before any pod goes
+			d.Reconcile(ctx) // what the crash left, before any pod goes
 			for i := 0; ; i++ {
 				if n := countOf(after(), "unprepare default/net"); len(alive[i:]) > 0 && n != 0 {
 					t.Fatalf("unprepared while %v still use the claim: calls after the restart %v", alive[i:], after())
@@ -268,6 +272,16 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			}
 		})
 	}
+}
+
+// prepareAgain runs the DRA manager's stage for a pod's sandbox, on its own: the interrupted
+// start of the pod's sandbox, started again.
+func prepareAgain(ctx context.Context, d *manager.Manager, p *corev1.Pod) error {
+	sb := pipeline.NewSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: p.Name, Namespace: p.Namespace, Uid: string(p.UID)},
+	}}, nil)
+	defer sb.End()
+	return d.PrepareStage().Run(ctx, sb)
 }
 
 func countOf(list []string, s string) int {
@@ -300,10 +314,10 @@ func TestDRAExtendedResourceClaim(t *testing.T) {
 		t.Errorf("driver calls %v, want the extended-resource claim prepared", calls)
 	}
 	pc, ok := dr.registry.PodClaims(pod.UID)
-	if !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != extendedClaimName || !pc.Claims[0].Prepared {
+	if !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != manager.ExtendedClaimName || !pc.Claims[0].Prepared {
 		t.Fatalf("pod's claims %+v, want the extended-resource claim, prepared", pc)
 	}
-	want := []registry.ContainerClaims{{Name: "app", Claims: []string{extendedClaimName}}, {Name: "side"}}
+	want := []registry.ContainerClaims{{Name: "app", Claims: []string{manager.ExtendedClaimName}}, {Name: "side"}}
 	if !sameJSON(t, pc.Containers, want) {
 		t.Errorf("containers %+v, want the claim under app only: %+v", pc.Containers, want)
 	}
@@ -328,7 +342,20 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p1, p2 := draPod("1", "shared"), draPod("2", "shared")
-			dr := newDRARig(t, 30*time.Second, p1, p2, draClaim("shared", p1, p2))
+			waiting := make(chan struct{})
+			var waitOnce sync.Once
+			var shift time.Duration // the clock's, past a failed unprepare's backoff
+			opts := []manager.Option{
+				manager.WithWaitHook(func(types.UID) { waitOnce.Do(func() { close(waiting) }) }),
+				manager.WithClock(func() time.Time { return time.Now().Add(shift) }),
+				// auto beside a kubelet 1.36 that manages the new pod when tc.mode says it
+				// prepares (never): the kubelet decides, the first pod's claims are podgate's.
+				manager.WithPrepare(manager.PrepareAuto),
+			}
+			kubeletPods := &kubeletKnowsPods{}
+			dr := newDRARigWith(t, 30*time.Second, draOptions{manager: func(*draRig) []manager.Option { return opts }}, p1, p2, draClaim("shared", p1, p2))
+			dr.kubelet = kubeletPods
+			dr.dra.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
 			ctx := t.Context()
 			id1, err := dr.runPod(t, p1)
 			if err != nil {
@@ -357,12 +384,11 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 				}
 				return nil
 			})
-			waiting := make(chan struct{})
-			var waitOnce sync.Once
-			dr.dra.onWait = func(types.UID) { waitOnce.Do(func() { close(waiting) }) }
-			dr.dra.mode = tc.mode
+			if tc.mode == config.PrepareNever {
+				kubeletPods.known.Store(p2.Namespace + "/" + p2.Name)
+			}
 			reconciled := make(chan struct{})
-			go func() { defer close(reconciled); dr.dra.reconcile(ctx) }()
+			go func() { defer close(reconciled); dr.dra.Reconcile(ctx) }()
 			select {
 			case <-held:
 			case <-ctx.Done():
@@ -403,13 +429,13 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 
 			// The new pod is the last user: its departure unprepares the claim, once.
 			dr.driver.SetHook(nil)
-			dr.dra.now = func() time.Time { return time.Now().Add(draRetryMax) } // past a failed unprepare's backoff
+			shift = manager.RetryMax // past a failed unprepare's backoff
 			dr.removeSandbox(t, r.id)
 			if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p2.Name, metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			waitPodGoneFromInformer(t, dr, p2.UID)
-			dr.dra.reconcile(ctx)
+			dr.dra.Reconcile(ctx)
 			if calls := dr.driver.Calls(); !slices.Equal(calls, append(want, "unprepare default/shared")) {
 				t.Errorf("driver calls after the new pod is gone %v, want one more unprepare", calls)
 			}
@@ -419,3 +445,13 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 		})
 	}
 }
+
+// kubeletKnowsPods is a kubelet that manages the pod named in known ("namespace/name").
+type kubeletKnowsPods struct{ known atomic.Value }
+
+func (k *kubeletKnowsPods) KubeletKnowsPod(_ context.Context, namespace, name string) (bool, error) {
+	known, _ := k.known.Load().(string)
+	return known == namespace+"/"+name, nil
+}
+
+func (*kubeletKnowsPods) NotListening(error) bool { return false }

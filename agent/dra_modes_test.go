@@ -17,7 +17,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/klog/v2/ktesting"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
@@ -25,6 +24,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/test/kubefake"
 )
@@ -92,17 +92,18 @@ func TestDRAPrepareModes(t *testing.T) {
 					dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To("eth7")},
 				}}},
 			}}
-			dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod), slice)
-			dr.dra.mode = tt.mode
-			dr.dra.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+			dr := newDRARigWith(t, 5*time.Second, draOptions{manager: func(dr *draRig) []manager.Option {
+				dr.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
+				return []manager.Option{manager.WithPrepare(tt.mode), manager.WithHostInterfaces(dr.hostIfs)}
+			}}, pod, draClaim("net", pod), slice)
 			hostIfsDone := make(chan struct{})
 			go func() {
 				defer close(hostIfsDone)
-				dr.dra.hostIfs.Run(t.Context())
+				dr.hostIfs.Run(t.Context())
 			}()
 			t.Cleanup(func() { <-hostIfsDone })
 			if tt.kubelet != "" {
-				dr.dra.kubeletVersion.Store(version.MustParseGeneric(tt.kubelet))
+				setKubeletVersion(t, dr.dra, tt.kubelet)
 			}
 			if tt.node != "" {
 				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: tt.node}}}
@@ -122,7 +123,7 @@ func TestDRAPrepareModes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			dr.dra.kubelet = pr
+			dr.kubelet = kubeletAsker{pr}
 
 			id, err := dr.runPod(t, pod)
 			if err != nil {
@@ -146,7 +147,7 @@ func TestDRAPrepareModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitPodGoneFromInformer(t, dr, pod.UID)
-			dr.dra.reconcile(t.Context())
+			dr.dra.Reconcile(t.Context())
 			if tt.by == registry.PreparedByPodgate {
 				wantCalls = append(wantCalls, "unprepare default/net")
 			}
@@ -158,7 +159,7 @@ func TestDRAPrepareModes(t *testing.T) {
 			}
 			// Nor remembered: a claim read after that is read from the API server.
 			gets := dr.gets.Load()
-			if _, err := dr.dra.claims.Claim(t.Context(), "default", "net"); err != nil {
+			if _, err := dr.claims.Claim(t.Context(), "default", "net"); err != nil {
 				t.Fatal(err)
 			}
 			if dr.gets.Load() == gets {
@@ -168,28 +169,16 @@ func TestDRAPrepareModes(t *testing.T) {
 	}
 }
 
-// TestDRAKubeletVersionFromTheNode: the kubelet's version is taken from the Node object.
-func TestDRAKubeletVersionFromTheNode(t *testing.T) {
-	d := &draStages{mode: config.PrepareAuto}
-	d.setKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
-	if v := d.kubeletVersion.Load(); v == nil || v.String() != "1.36.3" {
-		t.Errorf("kubelet version %v, want 1.36.3", v)
-	}
-	d.setKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "not a version"}}})
-	if v := d.kubeletVersion.Load(); v == nil || v.String() != "1.36.3" {
-		t.Errorf("a version not understood replaced the known one: %v", v)
-	}
-}
-
 // TestDRAPrepareBesideADeadKubelet: with dra.prepare auto beside a kubelet 1.36 that died and
 // left its PodResources socket behind (nobody listens on it), a pod start does not wait for
 // that kubelet: the one Get podgate sends is refused at connect and not tried again, podgate
 // prepares the claims itself; the next pod start asks nothing while nobody listens.
 func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	p1, p2 := draPod("1", "net1"), draPod("2", "net2")
-	dr := newDRARig(t, 5*time.Second, p1, p2, draClaim("net1", p1), draClaim("net2", p2))
-	dr.dra.mode = config.PrepareAuto
-	dr.dra.kubeletVersion.Store(version.MustParseGeneric("v1.36.3"))
+	dr := newDRARigWith(t, 5*time.Second, draOptions{manager: func(*draRig) []manager.Option {
+		return []manager.Option{manager.WithPrepare(config.PrepareAuto)}
+	}}, p1, p2, draClaim("net1", p1), draClaim("net2", p2))
+	setKubeletVersion(t, dr.dra, "v1.36.3")
 	socket := filepath.Join(dr.dir, "kubelet.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
@@ -202,7 +191,7 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dr.dra.kubelet = pr
+	dr.kubelet = kubeletAsker{pr}
 
 	for i, start := range []struct {
 		pod   *corev1.Pod
@@ -265,4 +254,10 @@ func TestDRAAutoWithoutTheKubeletWarns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// setKubeletVersion gives the manager the kubelet's version as read from its Node at start-up.
+func setKubeletVersion(t *testing.T, d *manager.Manager, v string) {
+	t.Helper()
+	d.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: v}}})
 }

@@ -29,7 +29,9 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/dratest"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 )
 
@@ -64,26 +66,44 @@ func draClaim(name string, pods ...*corev1.Pod) *resourceapi.ResourceClaim {
 }
 
 // draRig is the pipeline rig with DRA on: a fake API server, a fake driver registered in a
-// real plugin registry directory, the DRA stages.
+// real plugin registry directory, the DRA manager and attacher.
 type draRig struct {
 	*pipelineRig
 	kube   *fake.Clientset
 	driver *dratest.Driver
-	dra    *draStages
+	dra    *manager.Manager
+	attach *attach.Attacher
+	// What the manager was built from.
+	pods    *kube.PodLookup
+	drivers *dra.Drivers
+	claims  *dra.ClaimResolver
+	// hostIfs, when a test's options make it, finds the devices' host interfaces.
+	hostIfs *dra.HostInterfaces
+	// kubelet is the kubelet dra.prepare auto asks; nil: none.
+	kubelet manager.KubeletPods
 	// gets counts the API server's GETs (pods and claims); atRun is the driver's calls when
 	// the runtime's RunPodSandbox began.
 	gets  atomic.Int32
 	atRun atomic.Pointer[[]string]
 }
 
-func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) *draRig {
-	t.Helper()
-	return newDRARigWith(t, callTimeout, rigOptions{}, objs...)
+// draOptions vary the DRA rig: the pipeline rig's options (its onRun and dra are the DRA
+// rig's), and what the DRA manager and attacher are built with.
+type draOptions struct {
+	rigOptions
+	// manager returns more options of the manager, built with the rig's fake API server.
+	manager func(dr *draRig) []manager.Option
+	// attach returns the attacher's options; nil: dra.attach empty.
+	attach func(dr *draRig) []attach.Option
 }
 
-// newDRARigWith is newDRARig with the pipeline rig's options o (its onRun and dra are the DRA
-// rig's).
-func newDRARigWith(t testing.TB, callTimeout time.Duration, o rigOptions, objs ...runtime.Object) *draRig {
+func newDRARig(t testing.TB, callTimeout time.Duration, objs ...runtime.Object) *draRig {
+	t.Helper()
+	return newDRARigWith(t, callTimeout, draOptions{}, objs...)
+}
+
+// newDRARigWith is newDRARig with options o.
+func newDRARigWith(t testing.TB, callTimeout time.Duration, o draOptions, objs ...runtime.Object) *draRig {
 	t.Helper()
 	dr := &draRig{kube: fake.NewClientset(objs...)}
 	dr.kube.PrependReactor("get", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -94,7 +114,7 @@ func newDRARigWith(t testing.TB, callTimeout time.Duration, o rigOptions, objs .
 		calls := dr.driver.Calls()
 		dr.atRun.Store(&calls)
 	}
-	o.dra = func(r *pipelineRig) *draStages {
+	o.dra = func(r *pipelineRig) (*manager.Manager, *attach.Attacher) {
 		regDir, plugDir := filepath.Join(r.dir, "reg"), filepath.Join(r.dir, "plug")
 		for _, d := range []string{regDir, plugDir} {
 			if err := os.Mkdir(d, 0o755); err != nil {
@@ -120,10 +140,21 @@ func newDRARigWith(t testing.TB, callTimeout time.Duration, o rigOptions, objs .
 		if !cache.WaitForCacheSync(wctx.Done(), pods.HasSynced) {
 			t.Fatal("pod informer did not sync")
 		}
-		dr.dra = newDRAStages(pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil), r.registry, r.runtimeClient, r.metrics)
-		return dr.dra
+		dr.pipelineRig = r
+		dr.pods, dr.drivers, dr.claims = pods, drivers, dra.NewClaimResolver(kubefake.Wrap(dr.kube), nil)
+		var aopts []attach.Option
+		if o.attach != nil {
+			aopts = o.attach(dr)
+		}
+		dr.attach = attach.New(r.registry, aopts...)
+		mopts := []manager.Option{manager.WithKubelet(func() manager.KubeletPods { return dr.kubelet })}
+		if o.manager != nil {
+			mopts = append(mopts, o.manager(dr)...)
+		}
+		dr.dra = manager.New(pods, drivers, dr.claims, r.registry, r.runtimeClient, r.metrics, mopts...)
+		return dr.dra, dr.attach
 	}
-	dr.pipelineRig = newPipelineRigWith(t, o)
+	dr.pipelineRig = newPipelineRigWith(t, o.rigOptions)
 	return dr
 }
 
@@ -218,7 +249,7 @@ func TestDRARefusesSandbox(t *testing.T) {
 		{name: "not allocated", claim: unallocated, code: codes.FailedPrecondition, says: []string{"default/pod-1", "default/net", "not allocated"}},
 		{name: "reserved for another pod", claim: draClaim("net", other), code: codes.FailedPrecondition, says: []string{"default/pod-1", "default/net", "not reserved for this pod"}},
 		{name: "driver gone", claim: draClaim("net", pod), setup: func(dr *draRig) {
-			changed := dr.dra.drivers.Changed()
+			changed := dr.drivers.Changed()
 			dr.driver.Stop()
 			<-changed
 		}, code: codes.Unavailable, says: []string{"default/pod-1", "default/net", testDriver, "not registered"}},
@@ -290,7 +321,7 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, pod.UID)
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if calls := dr.driver.Calls(); slices.Contains(calls, "unprepare default/net") {
 		t.Fatalf("unprepared while the pod still has a sandbox: %v", calls)
 	}
@@ -299,11 +330,11 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 	if _, err := dr.client.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if _, err := dr.client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
-	dr.dra.reconcile(ctx) // a second look finds nothing more to do
+	dr.dra.Reconcile(ctx) // a second look finds nothing more to do
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/net", "unprepare default/net"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
 	}
@@ -319,7 +350,7 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 func waitPodGoneFromInformer(t *testing.T, dr *draRig, uid types.UID) {
 	t.Helper()
 	if err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		_, ok := dr.dra.pods.Get(uid)
+		_, ok := dr.pods.Get(uid)
 		return !ok, nil
 	}); err != nil {
 		t.Fatalf("informer still has the deleted pod: %v", err)
@@ -341,7 +372,7 @@ func TestDRASharedClaimUnpreparedByTheLastPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, p1.UID)
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if calls := dr.driver.Calls(); slices.Contains(calls, "unprepare default/shared") {
 		t.Fatalf("shared claim unprepared while another pod holds it: %v", calls)
 	}
@@ -349,7 +380,7 @@ func TestDRASharedClaimUnpreparedByTheLastPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, p2.UID)
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared", "unprepare default/shared"}) {
 		t.Errorf("driver calls %v, want one prepare (the second pod found it prepared) and one unprepare", calls)
 	}
@@ -369,8 +400,8 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
-	d := newDRAStages(dr.dra.pods, dr.dra.drivers, dr.dra.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
-	d.reconcile(t.Context())
+	d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
+	d.Reconcile(t.Context())
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"unprepare default/net"}) {
 		t.Errorf("driver calls %v, want the recorded claim unprepared", calls)
 	}
@@ -381,7 +412,14 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 
 func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 	pod := draPod("1", "net")
-	dr := newDRARig(t, 5*time.Second, pod, draClaim("net", pod))
+	var now time.Time // zero: the wall clock
+	clock := manager.WithClock(func() time.Time {
+		if now.IsZero() {
+			return time.Now()
+		}
+		return now
+	})
+	dr := newDRARigWith(t, 5*time.Second, draOptions{manager: func(*draRig) []manager.Option { return []manager.Option{clock} }}, pod, draClaim("net", pod))
 	id, err := dr.runPod(t, pod)
 	if err != nil {
 		t.Fatal(err)
@@ -392,21 +430,20 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGoneFromInformer(t, dr, pod.UID)
-	now := time.Now()
-	dr.dra.now = func() time.Time { return now }
+	now = time.Now()
 	dr.driver.SetHook(func(context.Context, string) error { return errors.New("device busy") })
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if c, ok := dr.registry.Claim("claim-net"); !ok || len(c.PodUIDs) != 0 {
 		t.Fatalf("claim record %+v (%v): want it kept, used by no pod, since the unprepare failed", c, ok)
 	}
 	dr.driver.SetHook(nil)
 	// Within the backoff nothing is tried; after it, the release is.
-	dr.dra.reconcile(ctx)
+	dr.dra.Reconcile(ctx)
 	if n := strings.Count(strings.Join(dr.driver.Calls(), ","), "unprepare"); n != 1 {
 		t.Fatalf("%d unprepare calls within the backoff, want 1 (the failed one)", n)
 	}
-	now = now.Add(draRetryInitial)
-	dr.dra.reconcile(ctx)
+	now = now.Add(manager.RetryInitial)
+	dr.dra.Reconcile(ctx)
 	if _, ok := dr.registry.Claim("claim-net"); ok {
 		t.Error("obligation kept after a successful retry")
 	}

@@ -4,19 +4,21 @@ package agent
 // a pod sandbox. Read this file first; how stages run and undo is package pipeline's.
 
 import (
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/sysctl"
 )
 
 // sandboxStages returns the pipeline's stages in order. This list is the order.
-func sandboxStages(core *pipeline.Core, sys *sysctl.Stages, dra *draStages) []pipeline.Stage {
+func sandboxStages(core *pipeline.Core, sys *sysctl.Stages, dra *manager.Manager, att *attach.Attacher) []pipeline.Stage {
 	return []pipeline.Stage{
 		sys.CheckStage(),   // sysctls: validate the pod's, add the node defaults; may refuse the pod
-		dra.prepareStage(), // DRA claims prepared by their drivers: the devices exist before CNI
+		dra.PrepareStage(), // DRA claims prepared by their drivers: the devices exist before CNI
 		core.Forward(),     // containerd creates the sandbox: network namespace, CNI, pause
 		core.Status(),      // the sandbox's verbose status, read once (now, or after the answer)
 		sys.VerifyStage(),  // sysctls: read back inside the pod; repair, warn or fail
-		dra.attachStage(),  // DRA network devices moved into the pod, where configured
+		att.Stage(),        // DRA network devices moved into the pod, where configured
 		core.Record(),      // the pod registry and its checkpoint
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
@@ -54,8 +56,8 @@ type rigOptions struct {
 	change func([]pipeline.Stage)
 	// runner configures the pipeline's runner.
 	runner []pipeline.RunnerOption
-	// dra builds the DRA stages; nil: DRA off.
-	dra func(r *pipelineRig) *draStages
+	// dra builds the DRA manager and attacher; nil: DRA off.
+	dra func(r *pipelineRig) (*manager.Manager, *attach.Attacher)
 	// onRun runs in the runtime's RunPodSandbox, before it creates the sandbox.
 	onRun func()
 	// statusErr, when set, is the runtime's answer to PodSandboxStatus.
@@ -130,12 +132,12 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	}
 	sys := sysctl.NewStages(policy, sysctl.VerifyMode(verify), r.registry, r.metrics, sysctl.WithCgroupProcs(cgroupProcs))
 	r.sys = sys
-	d := draOff("test")
+	d, at := manager.Off("test"), attach.Off()
 	if o.dra != nil {
-		d = o.dra(r)
+		d, at = o.dra(r)
 	}
 	r.core = pipeline.NewCore(r.registry, r.runtimeClient, pipeline.Quiet(srv))
-	stages := sandboxStages(r.core, sys, d)
+	stages := sandboxStages(r.core, sys, d, at)
 	if o.change != nil {
 		o.change(stages)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/resources"
@@ -63,7 +64,7 @@ func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bo
 		if !ok {
 			return nil, false
 		}
-		cs = specContainers(pod)
+		cs = manager.SpecContainers(pod)
 	} else {
 		return nil, false
 	}
@@ -212,9 +213,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
 	publishChanges(a.sandboxes, b)
-	if p.drivers != nil {
-		p.dra.kubelet = s // dra.prepare auto asks whether the kubelet manages a pod
-	}
+	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
 		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst)
 	return service{
@@ -227,3 +226,20 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		close: func() { l.Close() },
 	}, nil
 }
+
+// kubeletPods is the kubelet as dra.prepare auto asks it whether it manages a pod: through
+// podgate's PodResources server, within the kubelet's rate limit; nil until that is open.
+func (p *proxy) kubeletPods() manager.KubeletPods {
+	if s := p.podResources.Load(); s != nil {
+		return kubeletAsker{s}
+	}
+	return nil
+}
+
+// kubeletAsker is podgate's PodResources server as the DRA manager asks the kubelet.
+type kubeletAsker struct{ *podresources.Server }
+
+var _ manager.KubeletPods = kubeletAsker{}
+
+// NotListening implements manager.KubeletPods.
+func (kubeletAsker) NotListening(err error) bool { return podresources.IsKubeletNotListening(err) }

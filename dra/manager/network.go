@@ -1,18 +1,19 @@
-package agent
+package manager
 
 import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 )
 
-// specContainers lists a pod's containers as the kubelet's PodResources lists them (the
+// SpecContainers lists a pod's containers as the kubelet's PodResources lists them (the
 // restartable init containers, then the containers), with the claims each uses.
-func specContainers(pod *corev1.Pod) []registry.ContainerClaims {
+func SpecContainers(pod *corev1.Pod) []registry.ContainerClaims {
 	var out []registry.ContainerClaims
 	add := func(c *corev1.Container) {
 		cc := registry.ContainerClaims{Name: c.Name}
@@ -37,7 +38,7 @@ func specContainers(pod *corev1.Pod) []registry.ContainerClaims {
 // from the claim's configuration. A meta-CNI plugin reads them from the PodResources service
 // while CNI runs. A device that is no network interface (or whose data cannot be read) keeps
 // none; that is not an error of the prepare.
-func (d *draStages) describeNetwork(ctx context.Context, claims []registry.ClaimRecord) {
+func (d *Manager) describeNetwork(ctx context.Context, claims []registry.ClaimRecord) {
 	if d.hostIfs == nil {
 		return
 	}
@@ -77,4 +78,17 @@ func (d *draStages) describeNetwork(ctx context.Context, claims []registry.Claim
 			dev.Network = n
 		}
 	}
+}
+
+// allocationResult is the device's result in the claim's allocation.
+func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
+	if claim.Status.Allocation == nil {
+		return resourceapi.DeviceRequestAllocationResult{}, false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == dev.Driver && r.Pool == dev.Pool && r.Device == dev.Device {
+			return r, true
+		}
+	}
+	return resourceapi.DeviceRequestAllocationResult{}, false
 }

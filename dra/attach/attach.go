@@ -1,10 +1,11 @@
-package agent
+package attach
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
@@ -16,42 +17,79 @@ import (
 	"github.com/podgate/podgate/pipeline"
 )
 
-// draAttach moves the prepared network devices of the drivers named in dra.attach into the
+// Attacher moves the prepared network devices of the drivers named in dra.attach into the
 // pod once CNI has run, and gives them back to the host when the sandbox stops, before its
-// network namespace goes (a veth end in a deleted namespace is destroyed with it).
-type draAttach struct {
-	drivers  []string
-	hostIfs  *dra.HostInterfaces
-	claims   *dra.ClaimResolver
+// network namespace goes (a veth end in a deleted namespace is destroyed with it). With
+// dra.attach empty it attaches nothing but still gives back what the registry holds as
+// attached, or as left attach intents: a device recorded while it was set is given back.
+type Attacher struct {
+	// off: DRA is off (no Kubernetes API); the stage does nothing.
+	off      bool
 	registry *registry.Registry
-	// publish writes the devices' network data into their claims' status; nil: off.
-	publish func(ctx context.Context, claim types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error
-	clear   func(ctx context.Context, claim types.NamespacedName, uid types.UID, devs []dra.DeviceNetwork) error
+	// links moves the devices (package dra). settling is held to settle a left attach
+	// intent, and shared by an attach's mark and move and by a stop's give back: settling
+	// gives back what carries the mark, and reads the record a stop gives back from.
+	links    Netdevs
+	settling sync.RWMutex
+
+	// on: dra.attach names drivers whose devices are attached; the rest is set with it.
+	on      bool
+	drivers []string
+	hostIfs *dra.HostInterfaces
+	claims  *dra.ClaimResolver
+	// publisher writes the devices' network data into their claims' status; nil: off.
+	publisher dra.ResourceClaimStatusClient
 
 	results *prometheus.CounterVec
 }
 
-func newDRAAttach(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver, reg *registry.Registry, r prometheus.Registerer) *draAttach {
-	a := &draAttach{
-		drivers: slices.Clone(drivers), hostIfs: hostIfs, claims: claims, registry: reg,
-		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+// Option configures an Attacher.
+type Option func(*Attacher)
+
+// WithDevices attaches the network devices of drivers (dra.attach): their host interface found
+// by hostIfs, their configuration in their claim, read by claims. Its metrics are registered
+// with r.
+func WithDevices(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver, r prometheus.Registerer) Option {
+	return func(a *Attacher) {
+		a.on, a.drivers, a.hostIfs, a.claims = true, slices.Clone(drivers), hostIfs, claims
+		a.results = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "attach_operations_total",
 			Help: "DRA network devices moved into pods (attach) and given back to the host (detach), and their network data published, by result.",
-		}, []string{"operation", "result"}),
+		}, []string{"operation", "result"})
+		r.MustRegister(a.results)
 	}
-	r.MustRegister(a.results)
+}
+
+// WithPublisher writes an attached device's network data into its claim's status
+// (dra.publishNetworkData), and clears it when the device is given back.
+func WithPublisher(client dra.ResourceClaimStatusClient) Option {
+	return func(a *Attacher) { a.publisher = client }
+}
+
+// WithNetdevs moves the devices with links in place of package dra's functions (tests crash
+// between the steps).
+func WithNetdevs(links Netdevs) Option { return func(a *Attacher) { a.links = links } }
+
+// New returns the attacher of DRA network devices, recording in reg what it moves.
+func New(reg *registry.Registry, opts ...Option) *Attacher {
+	a := &Attacher{registry: reg, links: DRANetdevs{}}
+	for _, o := range opts {
+		o(a)
+	}
 	return a
 }
 
-// attachStage runs after the sysctl verification, before the record.
-func (d *draStages) attachStage() pipeline.Stage {
+// Off returns an attacher that does nothing: DRA is off.
+func Off() *Attacher { return &Attacher{off: true} }
+
+// Stage ("dra-attach") runs after the sysctl verification, before the record.
+func (d *Attacher) Stage() pipeline.Stage {
 	return pipeline.Stage{Name: "dra-attach", Run: d.attach, Undo: d.attachUndo, Stop: d.detach,
 		Holds: "moving the pod's DRA network devices into its network namespace", RefusedReason: "FailedDRAAttach"}
 }
 
-func (d *draStages) attach(ctx context.Context, sb *pipeline.Sandbox) error {
-	a := d.attacher
-	if d.off != "" || a == nil {
+func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
+	if d.off || !d.on {
 		return nil
 	}
 	pc, ok := d.registry.PodClaims(sb.Rec.Pod.UID)
@@ -61,7 +99,7 @@ func (d *draStages) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 	var todo []attachTarget
 	for _, c := range pc.Claims {
 		for _, dev := range c.Devices {
-			if slices.Contains(a.drivers, dev.Driver) {
+			if slices.Contains(d.drivers, dev.Driver) {
 				todo = append(todo, attachTarget{claim: c, device: dev})
 			}
 		}
@@ -82,7 +120,7 @@ func (d *draStages) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 	// intent, attachOne) and taken up by the sandbox's record, which the record stage writes
 	// before the sandbox counts (registry.Add writes a record with Attached at once, and
 	// drops the intents in the same write). An intent that is still there when the call ends
-	// (a give back failed), or that a crash left, is settled later (settleAttaches): the
+	// (a give back failed), or that a crash left, is settled later (Settle): the
 	// device stays recorded when it is in the pod of a sandbox that still runs, and is given
 	// back otherwise, found by podgate's mark (dra.Attach).
 	id := sb.Rec.ID
@@ -103,7 +141,7 @@ func (d *draStages) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 		sb.Rec.Attached = append(sb.Rec.Attached, dev)
 		logger.Info("Attached DRA network device", "claim", klog.KRef(t.claim.Namespace, t.claim.Name), "device", t.device.Driver+"/"+t.device.Pool+"/"+t.device.Device,
 			"hostInterface", dev.Interface.HostName, "podInterface", dev.Interface.PodName, "addresses", dev.Interface.Addresses)
-		if a.publish != nil {
+		if d.publisher != nil {
 			d.publishOne(ctx, &sb.Rec.Attached[len(sb.Rec.Attached)-1])
 		}
 	}
@@ -119,9 +157,8 @@ type attachTarget struct {
 // attachOne moves one device into the sandbox's network namespace, its attach intent on disk
 // before the move. When the move fails, the device is given back and the intent dropped; an
 // intent whose give back failed stays, to be settled once the call ends.
-func (d *draStages) attachOne(ctx context.Context, rec registry.SandboxRecord, t attachTarget) (registry.AttachedDevice, error) {
-	a := d.attacher
-	claim, err := a.claims.Claim(ctx, t.claim.Namespace, t.claim.Name)
+func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t attachTarget) (registry.AttachedDevice, error) {
+	claim, err := d.claims.Claim(ctx, t.claim.Namespace, t.claim.Name)
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
@@ -133,7 +170,7 @@ func (d *draStages) attachOne(ctx context.Context, rec registry.SandboxRecord, t
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
-	host, err := a.hostIfs.Name(ctx, t.device.Driver, t.device.Pool, t.device.Device)
+	host, err := d.hostIfs.Name(ctx, t.device.Driver, t.device.Pool, t.device.Device)
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
@@ -177,9 +214,8 @@ func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecor
 
 // publishOne writes an attached device's network data into its claim's status. A failure is
 // reported, not fatal: the device works in the pod either way.
-func (d *draStages) publishOne(ctx context.Context, dev *registry.AttachedDevice) {
-	a := d.attacher
-	err := a.publish(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()})
+func (d *Attacher) publishOne(ctx context.Context, dev *registry.AttachedDevice) {
+	err := dra.PublishNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()})
 	if err != nil {
 		d.count("publish", "error")
 		klog.FromContext(ctx).Error(err, "Publish network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
@@ -190,7 +226,7 @@ func (d *draStages) publishOne(ctx context.Context, dev *registry.AttachedDevice
 }
 
 // attachUndo gives back what the stage attached when a later stage fails.
-func (d *draStages) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error {
+func (d *Attacher) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error {
 	return d.giveBack(ctx, sb.Rec)
 }
 
@@ -199,8 +235,8 @@ func (d *draStages) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error 
 // A device that cannot be given back is logged and counted, and the stop goes on: a pod's stop
 // is never held by podgate. It stays recorded: a second stop tries again, and once the sandbox
 // is removed the registry keeps it as a left intent, given back from its mark.
-func (d *draStages) detach(ctx context.Context, rec registry.SandboxRecord) error {
-	if d.off != "" {
+func (d *Attacher) detach(ctx context.Context, rec registry.SandboxRecord) error {
+	if d.off {
 		return nil
 	}
 	d.settling.RLock()
@@ -230,7 +266,7 @@ func (d *draStages) detach(ctx context.Context, rec registry.SandboxRecord) erro
 }
 
 // giveBack gives back the devices rec holds as attached.
-func (d *draStages) giveBack(ctx context.Context, rec registry.SandboxRecord) error {
+func (d *Attacher) giveBack(ctx context.Context, rec registry.SandboxRecord) error {
 	_, err := d.giveBackEach(ctx, rec)
 	return err
 }
@@ -238,8 +274,7 @@ func (d *draStages) giveBack(ctx context.Context, rec registry.SandboxRecord) er
 // giveBackEach gives back the devices rec holds as attached, last first, and returns those it
 // could not give back. The intent of each device given back goes (an attach of this call
 // that failed or was undone).
-func (d *draStages) giveBackEach(ctx context.Context, rec registry.SandboxRecord) (kept []registry.AttachedDevice, _ error) {
-	a := d.attacher
+func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord) (kept []registry.AttachedDevice, _ error) {
 	var errs []error
 	for i := len(rec.Attached) - 1; i >= 0; i-- {
 		dev := rec.Attached[i]
@@ -252,8 +287,8 @@ func (d *draStages) giveBackEach(ctx context.Context, rec registry.SandboxRecord
 		d.count("detach", "success")
 		d.registry.EndAttach(rec.ID, dev.Interface.HostName)
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
-		if dev.Published && a != nil && a.clear != nil {
-			if err := a.clear(ctx, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()}); err != nil {
+		if dev.Published && d.on && d.publisher != nil {
+			if err := dra.ClearNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()}); err != nil {
 				klog.FromContext(ctx).Error(err, "Clear published network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 			}
 		}
@@ -262,11 +297,14 @@ func (d *draStages) giveBackEach(ctx context.Context, rec registry.SandboxRecord
 	return kept, errors.Join(errs...)
 }
 
-// settleAttaches settles the attach intents that are left: a crash's, found in the checkpoint
-// at start-up, and those whose call could not give their device back. It runs once the
-// registry is rebuilt from the runtime, whose records then say which sandboxes still run, and
-// again at each reconcile while any is left.
-func (d *draStages) settleAttaches(ctx context.Context) {
+// Settle settles the attach intents that are left: a crash's, found in the checkpoint at
+// start-up, and those whose call could not give their device back. The DRA manager runs it
+// once the registry is rebuilt from the runtime, whose records then say which sandboxes still
+// run, and again at each reconcile while any is left.
+func (d *Attacher) Settle(ctx context.Context) {
+	if d.off {
+		return
+	}
 	for _, in := range d.registry.LeftAttaches() {
 		if ctx.Err() != nil {
 			return
@@ -283,7 +321,7 @@ func (d *draStages) settleAttaches(ctx context.Context) {
 // finished and the device recorded as attached, so that the sandbox's stop gives it back;
 // otherwise whatever the attach left is given back, found by its mark, and the intent goes.
 // An error leaves the intent, for the next reconcile.
-func (d *draStages) settleAttach(ctx context.Context, in registry.AttachIntent) error {
+func (d *Attacher) settleAttach(ctx context.Context, in registry.AttachIntent) error {
 	d.settling.Lock()
 	defer d.settling.Unlock()
 	if !d.registry.HasAttachIntent(in.SandboxID, in.HostInterface) {
@@ -291,7 +329,7 @@ func (d *draStages) settleAttach(ctx context.Context, in registry.AttachIntent) 
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", in.SandboxID, "pod", klog.KRef(in.Pod.Namespace, in.Pod.Name),
 		"claim", klog.KRef(in.ClaimNamespace, in.ClaimName), "hostInterface", in.HostInterface)
-	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && d.attacher != nil {
+	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && d.on {
 		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, in.Config)
 		switch {
 		case err != nil:
@@ -299,7 +337,7 @@ func (d *draStages) settleAttach(ctx context.Context, in registry.AttachIntent) 
 			logger.Error(err, "Finish interrupted attach of DRA network device: giving it back")
 		case found:
 			dev := in.Attached(att)
-			if d.attacher.publish != nil {
+			if d.publisher != nil {
 				d.publishOne(ctx, &dev)
 			}
 			recorded, err := d.registry.SettleAttach(in.SandboxID, dev)
@@ -323,7 +361,7 @@ func (d *draStages) settleAttach(ctx context.Context, in registry.AttachIntent) 
 
 // reclaim gives back what the attach of an intent left, from podgate's mark, and then drops
 // the intent.
-func (d *draStages) reclaim(ctx context.Context, in registry.AttachIntent) error {
+func (d *Attacher) reclaim(ctx context.Context, in registry.AttachIntent) error {
 	if err := d.links.Reclaim(ctx, in.HostInterface, in.NetNS); err != nil {
 		d.count("reclaim", "error")
 		return err
@@ -335,38 +373,38 @@ func (d *draStages) reclaim(ctx context.Context, in registry.AttachIntent) error
 
 // count counts an operation on DRA network devices; uncounted when dra.attach is off (a
 // device recorded or left while it was on is still given back).
-func (d *draStages) count(op, result string) {
-	if a := d.attacher; a != nil {
-		a.results.WithLabelValues(op, result).Inc()
+func (d *Attacher) count(op, result string) {
+	if d.on {
+		d.results.WithLabelValues(op, result).Inc()
 	}
 }
 
-// netdevs moves network interfaces between the host and pods: package dra's functions, which
+// Netdevs moves network interfaces between the host and pods: package dra's functions, which
 // the tests wrap to crash between the steps.
-type netdevs interface {
+type Netdevs interface {
 	Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error)
 	Detach(ctx context.Context, a dra.Attached, netns string) error
 	Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error)
 	Reclaim(ctx context.Context, hostIf, netns string) error
 }
 
-// draNetdevs is netdevs of package dra.
-type draNetdevs struct{}
+// DRANetdevs is Netdevs of package dra; a test's Netdevs embeds it to wrap its steps.
+type DRANetdevs struct{}
 
-var _ netdevs = draNetdevs{}
+var _ Netdevs = DRANetdevs{}
 
-func (draNetdevs) Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error) {
+func (DRANetdevs) Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error) {
 	return dra.Attach(ctx, hostIf, netns, cfg)
 }
 
-func (draNetdevs) Detach(ctx context.Context, a dra.Attached, netns string) error {
+func (DRANetdevs) Detach(ctx context.Context, a dra.Attached, netns string) error {
 	return dra.Detach(ctx, a, netns)
 }
 
-func (draNetdevs) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
+func (DRANetdevs) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
 	return dra.Resume(ctx, hostIf, netns, cfg)
 }
 
-func (draNetdevs) Reclaim(ctx context.Context, hostIf, netns string) error {
+func (DRANetdevs) Reclaim(ctx context.Context, hostIf, netns string) error {
 	return dra.Reclaim(ctx, hostIf, netns)
 }
