@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,77 +71,20 @@ func New(cfg *config.Configuration, version string) *Agent {
 //
 // Start-up is ordered so that a podgate that cannot run changes nothing: the checkpoint is
 // read, the CRI socket is taken (a second podgate stops there), and only then are the node's
-// sysctls written and the other servers opened.
+// sysctls written and the other servers opened. What runs then is one list (runnables).
 func (a *Agent) Run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	if err := a.openRegistry(logger); err != nil {
-		return err
-	}
-	runKube, err := a.startKube(ctx)
-	if err != nil {
-		return err
-	}
-	a.startEvents(ctx)
-	tr, err := a.newTracing(ctx)
-	if err != nil {
-		return err
-	}
-	p, err := a.buildProxy(ctx, tr)
+	p, services, tr, runKube, err := a.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeAll(p.backends)
-	services, err := a.openServices(ctx, p)
-	if err != nil {
-		return err
-	}
-	var running sync.WaitGroup
-	for _, s := range services {
-		running.Go(func() {
-			if err := s.serve(); err != nil {
-				cancel(fmt.Errorf("serve %s: %w", s.name, err))
-			}
-		})
-	}
-	if runKube != nil {
-		running.Go(func() { runKube(ctx) })
-	}
-	running.Go(func() { a.rebuildRegistry(ctx, p.runtime) })
-	if a.events != nil {
-		running.Go(func() { a.events.Run(ctx) })
-	}
-	defer p.pulls.Close()
-	running.Go(func() { p.pulls.Run(ctx) })
-	running.Go(func() { p.resources.Run(ctx) })
-	if p.resources.MemoryQoS() {
-		p.resources.ResolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
-	}
-	if a.needNode(p) {
-		running.Go(func() { a.readNode(ctx, p) })
-	}
-	if p.drivers != nil {
-		running.Go(func() {
-			if err := p.drivers.Run(ctx); err != nil {
-				cancel(fmt.Errorf("dra: %w", err))
-			}
-		})
-		running.Go(func() { p.dra.Run(ctx) })
-		running.Go(func() { p.hostIfs.Run(ctx) })
-	}
-
-	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
-		"runtimeEndpoint", a.cfg.RuntimeEndpoint, "imageEndpoint", a.cfg.ImageBackend(),
-		"metricsAddress", *a.cfg.MetricsAddress, "stateDir", a.cfg.StateDir)
-	// Tell systemd podgate is ready only now that the socket accepts calls, so a kubelet
-	// ordered After=podgate.service finds it.
-	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
-		logger.Error(err, "Notify systemd")
-	} else if ok {
-		logger.V(2).Info("Notified systemd: ready")
-	}
+	list := a.runnables(p, services, tr, runKube)
+	running := start(ctx, cancel, list)
+	a.serving(logger)
 
 	<-ctx.Done()
 	cause := context.Cause(ctx)
@@ -156,35 +98,103 @@ func (a *Agent) Run(ctx context.Context) error {
 	shutdownCtx, done := context.WithTimeoutCause(context.WithoutCancel(ctx), a.cfg.ShutdownGracePeriod.Duration,
 		errors.New("shutdown grace period over"))
 	defer done()
-	for _, s := range services {
-		if err := s.shutdown(shutdownCtx); err != nil {
-			logger.Error(err, "Stop server", "server", s.name)
-		}
-		if s.name == criServiceName {
-			// No call comes in any more: let the work the last calls started end, so that
-			// its results reach the registry.
-			for _, w := range []func(context.Context) error{p.core.Wait, p.sysctls.Wait, p.resources.Wait} {
-				if err := w(shutdownCtx); err != nil {
-					logger.Error(err, "Shutdown")
-				}
-			}
-		}
-	}
-	running.Wait()
-	if err := tr.shutdown(shutdownCtx); err != nil {
-		logger.Error(err, "Export the last spans")
-	}
-	if a.pods != nil {
-		a.pods.WaitFetches() // those the last CRI calls started
-	}
-	a.sandboxes.Flush()
-	if p.drivers != nil {
-		if err := p.drivers.Close(); err != nil {
-			logger.Error(err, "Close DRA driver connections")
-		}
-	}
+	shutdown(shutdownCtx, list, running)
 	logger.Info("Stopped")
 	return cause
+}
+
+// open does start-up up to serving: the checkpoint, the Kubernetes API, tracing, the CRI
+// server with every feature, and the listeners, in the order Run's doc gives.
+func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing, func(context.Context), error) {
+	if err := a.openRegistry(klog.FromContext(ctx)); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	runKube, err := a.startKube(ctx)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	a.startEvents(ctx)
+	tr, err := a.newTracing(ctx)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	p, err := a.buildProxy(ctx, tr)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	services, err := a.openServices(ctx, p)
+	if err != nil {
+		closeAll(p.backends)
+		return nil, nil, nil, nil, err
+	}
+	if p.resources.MemoryQoS() {
+		p.resources.ResolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
+	}
+	return p, services, tr, runKube, nil
+}
+
+// runnables is everything podgate runs, in the order it starts and stops: the servers (the
+// CRI socket first, so that it stops taking calls first, and right after it the work its last
+// calls started), then the loops. Releases run in the same order once every run has returned.
+func (a *Agent) runnables(p *proxy, services []service, tr *tracing, runKube func(context.Context)) []runnable {
+	var list []runnable
+	for _, s := range services {
+		list = append(list, s.runnable())
+		if s.name == criServiceName {
+			// No call comes in any more: let the work the last calls started end, so that its
+			// results reach the registry.
+			list = append(list, runnable{name: "last calls' work", stop: waitAll(p.core.Wait, p.sysctls.Wait, p.resources.Wait)})
+		}
+	}
+	list = append(list,
+		runnable{name: "tracing", release: tr.shutdown},
+		runnable{name: "kubernetes", run: loop(runKube), release: a.waitFetches},
+		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, p.runtime) }),
+			release: func(context.Context) error { a.sandboxes.Flush(); return nil }},
+		runnable{name: "image pulls", run: loop(p.pulls.Run), release: func(context.Context) error { p.pulls.Close(); return nil }},
+		runnable{name: "resources", run: loop(p.resources.Run)},
+	)
+	if a.events != nil {
+		list = append(list, runnable{name: "pod events", run: loop(a.events.Run)})
+	}
+	if a.needNode(p) {
+		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { a.readNode(ctx, p) })})
+	}
+	if p.drivers != nil {
+		list = append(list,
+			runnable{name: "dra drivers", run: func(ctx context.Context) error {
+				if err := p.drivers.Run(ctx); err != nil {
+					return fmt.Errorf("dra: %w", err)
+				}
+				return nil
+			}, release: func(context.Context) error { return p.drivers.Close() }},
+			runnable{name: "dra", run: loop(p.dra.Run)},
+			runnable{name: "dra host interfaces", run: loop(p.hostIfs.Run)},
+		)
+	}
+	return list
+}
+
+// waitFetches waits for the pod fetches the last CRI calls started.
+func (a *Agent) waitFetches(context.Context) error {
+	if a.pods != nil {
+		a.pods.WaitFetches()
+	}
+	return nil
+}
+
+// serving says podgate serves, in the log and to systemd.
+func (a *Agent) serving(logger klog.Logger) {
+	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
+		"runtimeEndpoint", a.cfg.RuntimeEndpoint, "imageEndpoint", a.cfg.ImageBackend(),
+		"metricsAddress", *a.cfg.MetricsAddress, "stateDir", a.cfg.StateDir)
+	// Tell systemd podgate is ready only now that the socket accepts calls, so a kubelet
+	// ordered After=podgate.service finds it.
+	if ok, err := daemon.SdNotify(false, daemon.SdNotifyReady); err != nil {
+		logger.Error(err, "Notify systemd")
+	} else if ok {
+		logger.V(2).Info("Notified systemd: ready")
+	}
 }
 
 // openRegistry reads the pod registry's checkpoint from stateDir. A damaged checkpoint stops

@@ -30,6 +30,20 @@ type service struct {
 	close func()
 }
 
+// runnable runs the service: serve until shutdown, which stops it.
+func (s service) runnable() runnable {
+	return runnable{
+		name: s.name,
+		run: func(context.Context) error {
+			if err := s.serve(); err != nil {
+				return fmt.Errorf("serve %s: %w", s.name, err)
+			}
+			return nil
+		},
+		stop: s.shutdown,
+	}
+}
+
 // openServices opens every service's listener, in an order that keeps a podgate that cannot
 // run from changing the node: the CRI socket first (a second podgate stops there), then the
 // node's sysctls, then the other listeners. Run shuts the services down in the same order, so
