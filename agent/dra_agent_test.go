@@ -19,6 +19,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/dra/dratest"
 	"github.com/podgate/podgate/test/kubefake"
+	"github.com/podgate/podgate/test/kubetest"
 	"github.com/podgate/podgate/test/otlpfake"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -78,7 +79,7 @@ func TestAgentWithDRA(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"prepare default/net", "unprepare default/net"}
-	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
 		return len(driver.Calls()) >= len(want), nil
 	}); err != nil {
 		t.Fatalf("driver calls %v: the claim was not unprepared: %v", driver.Calls(), err)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/test/kubetest"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -87,7 +88,7 @@ func gaugeValue(t *testing.T, a *Agent, name string) float64 {
 // waitGauge waits until the gauge name in a's registry has the value want.
 func waitGauge(t *testing.T, a *Agent, name string, want float64) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
 		return gaugeValue(t, a, name) == want, nil
 	})
 	if err != nil {
@@ -121,7 +122,7 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 			dir := testfs.ShortDir(t)
 			_, runtimeSock := startFakeRuntime(t, dir)
 			images, imageSock := serveHeldImages(t, dir)
-			pod := testPod("victim", "")
+			pod := kubetest.Pod("victim", "")
 			client := fake.NewClientset(pod)
 
 			cfg := testConfig(dir, runtimeSock)
@@ -164,7 +165,7 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 				if status.Code(err) != codes.Aborted {
 					t.Errorf("pull for the deleted pod = %v, want Aborted", err)
 				}
-			case <-time.After(kubeTimeout):
+			case <-time.After(kubetest.Timeout):
 				t.Fatal("pull for the deleted pod still waits")
 			}
 			if got := gaugeValue(t, a, "podgate_image_pull_queue_length"); got != 0 {

@@ -26,6 +26,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri/imagepull"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/kubetest"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -107,7 +108,7 @@ func podEvents(t *testing.T, client *fake.Clientset, pod *corev1.Pod) []eventsv1
 func awaitEvent(t *testing.T, client *fake.Clientset, pod *corev1.Pod, reason string, parts ...string) eventsv1.Event {
 	t.Helper()
 	var found eventsv1.Event
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
 		for _, e := range podEvents(t, client, pod) {
 			if e.Reason != reason {
 				continue
@@ -182,7 +183,7 @@ func TestAgentPullEvents(t *testing.T) {
 	dir := testfs.ShortDir(t)
 	_, runtimeSock := startFakeRuntime(t, dir)
 	images, imageSock := serveImagesAndContent(t, dir)
-	running, waiting, sharing, deleted := testPod("running", ""), testPod("waiting", ""), testPod("sharing", ""), testPod("deleted", "")
+	running, waiting, sharing, deleted := kubetest.Pod("running", ""), kubetest.Pod("waiting", ""), kubetest.Pod("sharing", ""), kubetest.Pod("deleted", "")
 	client := fake.NewClientset(running, waiting, sharing, deleted)
 
 	cfg := testConfig(dir, runtimeSock)

@@ -274,3 +274,17 @@ func (r *ClaimResolver) Claim(ctx context.Context, namespace, name string) (*res
 	r.mu.Unlock()
 	return claim, nil
 }
+
+// AllocationResult is the result for the device driver/pool/device in the claim's allocation;
+// false when the claim is not allocated or holds no such device.
+func AllocationResult(claim *resourceapi.ResourceClaim, driver, pool, device string) (resourceapi.DeviceRequestAllocationResult, bool) {
+	if claim.Status.Allocation == nil {
+		return resourceapi.DeviceRequestAllocationResult{}, false
+	}
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == driver && r.Pool == pool && r.Device == device {
+			return r, true
+		}
+	}
+	return resourceapi.DeviceRequestAllocationResult{}, false
+}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/test/kubetest"
 )
 
 // noStatus is a runtime that knows no container: the cgroup check finds nothing to read.
@@ -53,7 +54,7 @@ func createRequest(uid, container string, res *runtimeapi.LinuxContainerResource
 // memoryPod is a pod of the given QoS class whose containers ask for memory: app (256Mi, limit
 // 1Gi), nolimit (256Mi, no limit).
 func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
-	p := testPod(uid, "")
+	p := kubetest.Pod(uid, "")
 	mem := func(q string) corev1.ResourceList {
 		return corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(q)}
 	}
@@ -73,7 +74,7 @@ func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPoli
 	for i, p := range pods {
 		objs[i] = p
 	}
-	_, lookup := startLookup(t, objs...)
+	_, lookup := kubetest.StartLookup(t, objs...)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy},
 		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
 	s.pageSize = 4096
@@ -139,7 +140,7 @@ func TestMemoryQoS(t *testing.T) {
 func TestMemoryQoSOnResize(t *testing.T) {
 	pod := memoryPod("resize", corev1.PodQOSBurstable)
 	objs := []runtime.Object{pod}
-	client, lookup := startLookup(t, objs...)
+	client, lookup := kubetest.StartLookup(t, objs...)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
 		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
 	s.pageSize = 4096
@@ -154,7 +155,7 @@ func TestMemoryQoSOnResize(t *testing.T) {
 	if _, err := client.CoreV1().Pods(pod.Namespace).Update(t.Context(), resized, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubeTimeout, true, func(context.Context) (bool, error) {
+	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
 		p, ok := lookup.Get(pod.UID)
 		return ok && p.Spec.Containers[0].Resources.Limits.Memory().Value() == 2<<30, nil
 	}); err != nil {
@@ -199,7 +200,7 @@ func TestRecheckForgetsContainersGoneFromTheRuntime(t *testing.T) {
 // memory QoS changes nothing and says why.
 func TestMemoryQoSNotApplicable(t *testing.T) {
 	pod := memoryPod("hybrid", corev1.PodQOSBurstable)
-	_, pods := startLookup(t, pod)
+	_, pods := kubetest.StartLookup(t, pod)
 	node := cgroup.Node{Mode: cgroup.ModeHybrid, V2Controllers: []string{"hugetlb"}, MemoryQoSReason: "hybrid hierarchy: the memory controller is on cgroup v1"}
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
 		node, registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry(), WithPods(pods))

@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
@@ -162,7 +161,7 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
-	result, ok := allocationResult(claim, t.device)
+	result, ok := dra.AllocationResult(claim, t.device.Driver, t.device.Pool, t.device.Device)
 	if !ok {
 		return registry.AttachedDevice{}, errors.New("not in the claim's allocation")
 	}
@@ -198,18 +197,6 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 		return registry.AttachedDevice{}, err
 	}
 	return in.Attached(att), nil
-}
-
-func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
-	if claim.Status.Allocation == nil {
-		return resourceapi.DeviceRequestAllocationResult{}, false
-	}
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == dev.Driver && r.Pool == dev.Pool && r.Device == dev.Device {
-			return r, true
-		}
-	}
-	return resourceapi.DeviceRequestAllocationResult{}, false
 }
 
 // publishOne writes an attached device's network data into its claim's status. A failure is

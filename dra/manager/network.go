@@ -4,7 +4,6 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/registry"
@@ -63,7 +62,7 @@ func (d *Manager) describeNetwork(ctx context.Context, claims []registry.ClaimRe
 				continue
 			}
 			n := &registry.DeviceNetworkRecord{HostInterface: host, InterfaceName: host}
-			if result, ok := allocationResult(claim, *dev); ok {
+			if result, ok := dra.AllocationResult(claim, dev.Driver, dev.Pool, dev.Device); ok {
 				cfg, _, err := dra.InterfaceConfigFor(claim, result)
 				if err != nil {
 					logger.Info("Claim's interface configuration is invalid; its network data shows the host interface only",
@@ -78,17 +77,4 @@ func (d *Manager) describeNetwork(ctx context.Context, claims []registry.ClaimRe
 			dev.Network = n
 		}
 	}
-}
-
-// allocationResult is the device's result in the claim's allocation.
-func allocationResult(claim *resourceapi.ResourceClaim, dev registry.DeviceRecord) (resourceapi.DeviceRequestAllocationResult, bool) {
-	if claim.Status.Allocation == nil {
-		return resourceapi.DeviceRequestAllocationResult{}, false
-	}
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver == dev.Driver && r.Pool == dev.Pool && r.Device == dev.Device {
-			return r, true
-		}
-	}
-	return resourceapi.DeviceRequestAllocationResult{}, false
 }

@@ -1,4 +1,6 @@
-package resources
+// Package kubetest runs podgate's pod lookup on client-go's fake clientset for unit tests of
+// the packages that read pods through it (agent, resources).
+package kubetest
 
 import (
 	"context"
@@ -16,20 +18,20 @@ import (
 	"github.com/podgate/podgate/test/kubefake"
 )
 
-// kubeTimeout bounds each wait for the informer; reaching it fails the test.
-const kubeTimeout = 30 * time.Second
+// Timeout bounds each wait for the informer; reaching it fails the test.
+const Timeout = 30 * time.Second
 
-// testPod is pod "pod-"+uid (UID "uid-"+uid) on node-a with the priority class given.
-func testPod(uid, class string) *corev1.Pod {
+// Pod is pod "pod-"+uid (UID "uid-"+uid) in default on node-a with the priority class given.
+func Pod(uid, class string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pod-" + uid, UID: types.UID("uid-" + uid)},
 		Spec:       corev1.PodSpec{NodeName: "node-a", PriorityClassName: class},
 	}
 }
 
-// startLookup runs a PodLookup for node-a on a fake API server holding pods, until the test
+// StartLookup runs a PodLookup for node-a on a fake API server holding pods, until the test
 // ends, and waits for its informer's sync.
-func startLookup(t *testing.T, pods ...runtime.Object) (*fake.Clientset, *kube.PodLookup) {
+func StartLookup(t testing.TB, pods ...runtime.Object) (*fake.Clientset, *kube.PodLookup) {
 	t.Helper()
 	client := fake.NewClientset(pods...)
 	l, err := kube.NewPodLookup(kubefake.Wrap(client), "node-a")
@@ -40,7 +42,7 @@ func startLookup(t *testing.T, pods ...runtime.Object) (*fake.Clientset, *kube.P
 	done := make(chan struct{})
 	go func() { l.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	syncCtx, cancelSync := context.WithTimeout(ctx, kubeTimeout)
+	syncCtx, cancelSync := context.WithTimeout(ctx, Timeout)
 	defer cancelSync()
 	if !cache.WaitForCacheSync(syncCtx.Done(), l.HasSynced) {
 		t.Fatal("pod informer did not sync")
