@@ -67,8 +67,6 @@ func TestImportGraph(t *testing.T) {
 var knownViolations = map[string]bool{
 	"agent/registry -> dra":            true,
 	"agent/config -> cri/imagepull":    true,
-	"agent/config -> dra":              true,
-	"agent/config -> podresources":     true,
 	"agent/config -> resources/cgroup": true,
 	"agent/config -> sysctl":           true,
 }

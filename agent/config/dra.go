@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
-
-	"github.com/podgate/podgate/dra"
 )
 
 // DRA defaults.
@@ -17,6 +15,9 @@ const (
 	// as the kubelet's DRA manager does (45 s): a driver may set up hardware, and the kubelet
 	// gives RunPodSandbox minutes.
 	DefaultDRACallTimeout = 45 * time.Second
+	// DefaultInterfaceNameAttribute is DefaultInterfaceNameAttribute, config's own so that
+	// config imports no feature (agent's tests hold them equal).
+	DefaultInterfaceNameAttribute = "interfaceName"
 )
 
 // dra.prepare: who prepares a pod's claims.
@@ -65,7 +66,7 @@ func (d *DRA) setDefaults() {
 		d.CallTimeout.Duration = DefaultDRACallTimeout
 	}
 	if d.InterfaceNameAttribute == "" {
-		d.InterfaceNameAttribute = dra.DefaultInterfaceNameAttribute
+		d.InterfaceNameAttribute = DefaultInterfaceNameAttribute
 	}
 	if d.Prepare == "" {
 		d.Prepare = PrepareAuto

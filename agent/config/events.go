@@ -4,13 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/podgate/podgate/agent/kube"
 )
 
-// DefaultSandboxHeldAfter is how long a podgate stage holds a pod sandbox before the pod gets
-// an Event saying so.
-const DefaultSandboxHeldAfter = 5 * time.Second
+// Events defaults.
+const (
+	// DefaultSandboxHeldAfter is how long a podgate stage holds a pod sandbox before the pod
+	// gets an Event saying so.
+	DefaultSandboxHeldAfter = 5 * time.Second
+	// DefaultEventQPS and DefaultEventBurst are DefaultEventQPS and DefaultEventBurst,
+	// config's own so that config imports no feature (agent's tests hold them equal).
+	DefaultEventQPS   = 5
+	DefaultEventBurst = 25
+)
 
 // Events is the events section: the pod Events podgate writes (events.k8s.io/v1) when it holds
 // a pod back (a pull waiting or running long, a sandbox held or refused by a stage). Events need
@@ -27,10 +32,10 @@ type Events struct {
 
 func (e *Events) setDefaults() {
 	if e.QPS == 0 {
-		e.QPS = kube.DefaultEventQPS
+		e.QPS = DefaultEventQPS
 	}
 	if e.Burst == 0 {
-		e.Burst = kube.DefaultEventBurst
+		e.Burst = DefaultEventBurst
 	}
 	if e.SandboxHeldAfter.Duration == 0 {
 		e.SandboxHeldAfter.Duration = DefaultSandboxHeldAfter

@@ -3,14 +3,20 @@ package config
 import (
 	"errors"
 	"fmt"
-
-	"github.com/podgate/podgate/podresources"
 )
 
 // PodResources defaults.
 const (
 	DefaultPodResourcesSocket  = "/var/lib/kubelet/pod-resources/podgate.sock"
 	DefaultKubeletPodResources = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	// DefaultPodResourcesQPS and DefaultPodResourcesBurst are DefaultPodResourcesQPS and
+	// DefaultBurst, and DefaultPodResourcesKubeletQPS and DefaultPodResourcesKubeletBurst its
+	// DefaultKubeletQPS and DefaultKubeletBurst: the file's defaults are config's own, so that
+	// config imports no feature (agent's tests hold them equal).
+	DefaultPodResourcesQPS          = 100
+	DefaultPodResourcesBurst        = 100
+	DefaultPodResourcesKubeletQPS   = 50
+	DefaultPodResourcesKubeletBurst = 5
 )
 
 // PodResources is the podResources section: podgate's PodResources gRPC socket (the kubelet's
@@ -49,16 +55,16 @@ func (p *PodResources) setDefaults() {
 		p.KubeletSocket = &s
 	}
 	if p.QPS == 0 {
-		p.QPS = podresources.DefaultQPS
+		p.QPS = DefaultPodResourcesQPS
 	}
 	if p.Burst == 0 {
-		p.Burst = podresources.DefaultBurst
+		p.Burst = DefaultPodResourcesBurst
 	}
 	if p.KubeletQPS == 0 {
-		p.KubeletQPS = podresources.DefaultKubeletQPS
+		p.KubeletQPS = DefaultPodResourcesKubeletQPS
 	}
 	if p.KubeletBurst == 0 {
-		p.KubeletBurst = podresources.DefaultKubeletBurst
+		p.KubeletBurst = DefaultPodResourcesKubeletBurst
 	}
 }
 

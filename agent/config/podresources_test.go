@@ -3,8 +3,6 @@ package config
 import (
 	"strings"
 	"testing"
-
-	"github.com/podgate/podgate/podresources"
 )
 
 // TestPodResourcesKubeletLimits: podgate's own bucket toward the kubelet's socket defaults to
@@ -14,13 +12,13 @@ func TestPodResourcesKubeletLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := c.PodResources; p.KubeletQPS != podresources.DefaultKubeletQPS || p.KubeletBurst != podresources.DefaultKubeletBurst ||
-		p.QPS != podresources.DefaultQPS || p.Burst != podresources.DefaultBurst {
+	if p := c.PodResources; p.KubeletQPS != DefaultPodResourcesKubeletQPS || p.KubeletBurst != DefaultPodResourcesKubeletBurst ||
+		p.QPS != DefaultPodResourcesQPS || p.Burst != DefaultPodResourcesBurst {
 		t.Errorf("defaults: qps %v burst %d kubeletQPS %v kubeletBurst %d", p.QPS, p.Burst, p.KubeletQPS, p.KubeletBurst)
 	}
-	if 2*podresources.DefaultKubeletBurst > 10 || podresources.DefaultKubeletQPS > 100 {
+	if 2*DefaultPodResourcesKubeletBurst > 10 || DefaultPodResourcesKubeletQPS > 100 {
 		t.Errorf("default kubeletQPS %v and kubeletBurst %d: twice the burst and the rate must fit the kubelet's 100 QPS, burst 10",
-			podresources.DefaultKubeletQPS, podresources.DefaultKubeletBurst)
+			DefaultPodResourcesKubeletQPS, DefaultPodResourcesKubeletBurst)
 	}
 	c, err = Parse([]byte(header + "podResources: {kubeletQPS: 20, kubeletBurst: 2}\n"))
 	if err != nil {

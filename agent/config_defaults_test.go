@@ -1,0 +1,31 @@
+package agent
+
+import (
+	"testing"
+
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/podresources"
+)
+
+// TestConfigDefaultsMatchFeatures: config keeps its own copies of the features' defaults, so
+// that it imports no feature; each copy must equal the feature's constant.
+func TestConfigDefaultsMatchFeatures(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		config, feature any
+	}{
+		{"podResources.qps", config.DefaultPodResourcesQPS, podresources.DefaultQPS},
+		{"podResources.burst", config.DefaultPodResourcesBurst, podresources.DefaultBurst},
+		{"podResources.kubeletQPS", config.DefaultPodResourcesKubeletQPS, podresources.DefaultKubeletQPS},
+		{"podResources.kubeletBurst", config.DefaultPodResourcesKubeletBurst, podresources.DefaultKubeletBurst},
+		{"events.qps", config.DefaultEventQPS, kube.DefaultEventQPS},
+		{"events.burst", config.DefaultEventBurst, kube.DefaultEventBurst},
+		{"dra.interfaceNameAttribute", config.DefaultInterfaceNameAttribute, dra.DefaultInterfaceNameAttribute},
+	} {
+		if c.config != c.feature {
+			t.Errorf("%s: config's default %v, the feature's %v", c.name, c.config, c.feature)
+		}
+	}
+}
