@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/cri/endpoint"
 	"github.com/podgate/podgate/cri/relay"
 )
 
@@ -65,22 +66,9 @@ func WithStateFunc(f func(up bool)) BackendOption {
 	return func(b *Backend) { b.onState = f }
 }
 
-// ParseEndpoint accepts "unix:///abs/path" or "/abs/path" and returns the socket path.
-func ParseEndpoint(endpoint string) (string, error) {
-	path := endpoint
-	if rest, ok := strings.CutPrefix(endpoint, "unix://"); ok {
-		path = rest
-	} else if strings.Contains(endpoint, "://") {
-		return "", fmt.Errorf("%q: only unix sockets are supported (unix:///path or /path)", endpoint)
-	}
-	if !strings.HasPrefix(path, "/") {
-		return "", fmt.Errorf("%q: want an absolute socket path (unix:///path or /path)", endpoint)
-	}
-	if len(path) > 107 {
-		return "", fmt.Errorf("%q: socket path is %d bytes, unix sockets allow 107", endpoint, len(path))
-	}
-	return path, nil
-}
+// ParseEndpoint accepts "unix:///abs/path" or "/abs/path" and returns the socket path; it is
+// endpoint.Parse, which the configuration checks endpoints with.
+func ParseEndpoint(ep string) (string, error) { return endpoint.Parse(ep) }
 
 // NewBackend creates the connection to the runtime at endpoint and starts connecting in the
 // background: it does not wait for the runtime to be there. name ("runtime", "image") appears

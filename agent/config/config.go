@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/endpoint"
 )
 
 // Config file identity.
@@ -214,14 +214,14 @@ func (c *Configuration) Validate() error {
 		}
 	}
 	field("criSocket", validSocket(c.CRISocket))
-	_, err := cri.ParseEndpoint(c.RuntimeEndpoint)
+	_, err := endpoint.Parse(c.RuntimeEndpoint)
 	field("runtimeEndpoint", err)
 	if c.ImageEndpoint != "" {
-		_, err := cri.ParseEndpoint(c.ImageEndpoint)
+		_, err := endpoint.Parse(c.ImageEndpoint)
 		field("imageEndpoint", err)
 	}
 	for _, ep := range []struct{ name, value string }{{"runtimeEndpoint", c.RuntimeEndpoint}, {"imageEndpoint", c.ImageEndpoint}} {
-		if p, err := cri.ParseEndpoint(ep.value); err == nil && filepath.Clean(p) == filepath.Clean(c.CRISocket) {
+		if p, err := endpoint.Parse(ep.value); err == nil && filepath.Clean(p) == filepath.Clean(c.CRISocket) {
 			field(ep.name, fmt.Errorf("%q is podgate's own criSocket: podgate would forward to itself", ep.value))
 		}
 	}

@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/endpoint"
 	"github.com/podgate/podgate/cri/imagepull"
 )
 
@@ -113,7 +113,7 @@ func (p *ImagePulls) validate() error {
 		}
 	}
 	if p.ContainerdAddress != nil && *p.ContainerdAddress != "" {
-		if _, err := cri.ParseEndpoint(*p.ContainerdAddress); err != nil {
+		if _, err := endpoint.Parse(*p.ContainerdAddress); err != nil {
 			errs = append(errs, fmt.Errorf("imagePulls.containerdAddress: %w", err))
 		}
 	}
@@ -176,6 +176,6 @@ func (c *Configuration) ContainerdSocket() string {
 	if addr == "" {
 		return ""
 	}
-	p, _ := cri.ParseEndpoint(addr) // validated
+	p, _ := endpoint.Parse(addr) // validated
 	return p
 }
