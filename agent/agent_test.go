@@ -157,7 +157,7 @@ func TestRunRefusesBackendThatIsItself(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.ImageEndpoint = "unix://" + link
-	if err := cfg.Validate(); err != nil {
+	if err := Validate(cfg); err != nil {
 		t.Fatalf("Validate: %v (the symlink is for Run to find)", err)
 	}
 	err := New(cfg, "test").Run(t.Context())

@@ -205,7 +205,9 @@ func (c *Configuration) ImageBackend() string {
 	return c.RuntimeEndpoint
 }
 
-// Validate checks the whole configuration and reports every bad field, each named.
+// Validate reports every bad field the file alone can show (absolute paths, non-negative
+// durations, enums, syntax), each named. The rules of a feature (sysctl names on this kernel,
+// registry hosts, cgroup values) are the feature's: agent.Validate adds them.
 func (c *Configuration) Validate() error {
 	var errs []error
 	field := func(name string, err error) {

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
-
-	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // Resources defaults.
@@ -68,15 +66,12 @@ func (r *Resources) setDefaults() {
 
 func (r *Resources) validate() error {
 	var errs []error
-	if err := cgroup.ValidateThrottlingFactor(r.MemoryThrottlingFactor); err != nil {
-		errs = append(errs, fmt.Errorf("resources.memoryThrottlingFactor: %w", err))
-	}
 	if r.RecheckPeriod != nil && r.RecheckPeriod.Duration < 0 {
 		errs = append(errs, fmt.Errorf("resources.recheckPeriod: %s: must not be negative", r.RecheckPeriod))
 	}
-	if err := cgroup.ValidateReservationPolicy(r.MemoryReservationPolicy); err != nil {
-		errs = append(errs, fmt.Errorf("resources.memoryReservationPolicy: %w", err))
-	} else if r.MemoryReservationPolicy == kubeletconfig.TieredReservationMemoryReservationPolicy && !r.MemoryQoS {
+	// memoryThrottlingFactor and memoryReservationPolicy's values are the resources feature's
+	// rules, checked by agent.Validate.
+	if r.MemoryReservationPolicy == kubeletconfig.TieredReservationMemoryReservationPolicy && !r.MemoryQoS {
 		errs = append(errs, fmt.Errorf("resources.memoryReservationPolicy: %s needs resources.memoryQoS: true", r.MemoryReservationPolicy))
 	}
 	if r.KubeletConfig != "" && !filepath.IsAbs(r.KubeletConfig) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/podgate/podgate/agent"
 	"github.com/podgate/podgate/agent/config"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -118,12 +119,12 @@ func defaultsYAML() ([]byte, error) {
 }
 
 // checkConfig loads and checks file, reporting the verdict; an invalid file is exit status 1.
-// It checks what start-up resolves without the running node (Configuration.Check), so that a
+// It checks what start-up resolves without the running node (agent.Check), so that a
 // file it calls ok does not stop podgate at start-up on a group, kubeconfig or checkpoint.
 func checkConfig(file string, stdout, stderr io.Writer) error {
 	cfg, err := config.LoadFile(file)
 	if err == nil {
-		err = cfg.Check()
+		err = agent.Check(cfg)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: invalid:\n%v\n", file, err)
@@ -197,7 +198,7 @@ func (o *options) configuration(fs *pflag.FlagSet) (*config.Configuration, error
 			cfg.Logging.Verbosity = o.verbosity
 		}
 	})
-	if err := cfg.Validate(); err != nil {
+	if err := agent.Validate(cfg); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return cfg, nil

@@ -1,4 +1,4 @@
-package config
+package agent
 
 import (
 	"os"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
 )
 
@@ -67,28 +68,28 @@ func TestCheckConfiguration(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		edit func(*Configuration)
+		edit func(*config.Configuration)
 		want []string // each must be in the error; none: no error
 	}{
-		{name: "defaults", edit: func(*Configuration) {}},
-		{name: "group name", edit: func(c *Configuration) { c.CRISocketGroup = "root" }},
-		{name: "group id", edit: func(c *Configuration) { c.CRISocketGroup = "0" }},
-		{name: "unknown group name", edit: func(c *Configuration) { c.CRISocketGroup = "podgate-no-such-group" },
+		{name: "defaults", edit: func(*config.Configuration) {}},
+		{name: "group name", edit: func(c *config.Configuration) { c.CRISocketGroup = "root" }},
+		{name: "group id", edit: func(c *config.Configuration) { c.CRISocketGroup = "0" }},
+		{name: "unknown group name", edit: func(c *config.Configuration) { c.CRISocketGroup = "podgate-no-such-group" },
 			want: []string{`criSocketGroup: group "podgate-no-such-group": not found`}},
-		{name: "unknown group id", edit: func(c *Configuration) { c.CRISocketGroup = gid },
+		{name: "unknown group id", edit: func(c *config.Configuration) { c.CRISocketGroup = gid },
 			want: []string{`criSocketGroup: group "` + gid + `": not found`}},
-		{name: "kubeconfig", edit: func(c *Configuration) { c.Kubeconfig = goodKubeconfig }},
-		{name: "missing kubeconfig", edit: func(c *Configuration) { c.Kubeconfig = filepath.Join(dir, "nonexistent") },
+		{name: "kubeconfig", edit: func(c *config.Configuration) { c.Kubeconfig = goodKubeconfig }},
+		{name: "missing kubeconfig", edit: func(c *config.Configuration) { c.Kubeconfig = filepath.Join(dir, "nonexistent") },
 			want: []string{"kubeconfig: ", "nonexistent"}},
-		{name: "garbage kubeconfig", edit: func(c *Configuration) { c.Kubeconfig = garbageKubeconfig },
+		{name: "garbage kubeconfig", edit: func(c *config.Configuration) { c.Kubeconfig = garbageKubeconfig },
 			want: []string{"kubeconfig: ", garbageKubeconfig}},
-		{name: "missing stateDir", edit: func(c *Configuration) { c.StateDir = filepath.Join(dir, "nonexistent") }},
-		{name: "stateDir with a checkpoint", edit: func(c *Configuration) { c.StateDir = good }},
-		{name: "stateDir a file", edit: func(c *Configuration) { c.StateDir = notDir },
+		{name: "missing stateDir", edit: func(c *config.Configuration) { c.StateDir = filepath.Join(dir, "nonexistent") }},
+		{name: "stateDir with a checkpoint", edit: func(c *config.Configuration) { c.StateDir = good }},
+		{name: "stateDir a file", edit: func(c *config.Configuration) { c.StateDir = notDir },
 			want: []string{"stateDir: ", "not a directory"}},
-		{name: "damaged checkpoint", edit: func(c *Configuration) { c.StateDir = damaged },
+		{name: "damaged checkpoint", edit: func(c *config.Configuration) { c.StateDir = damaged },
 			want: []string{"stateDir: ", damagedFile, "damaged"}},
-		{name: "every error", edit: func(c *Configuration) {
+		{name: "every error", edit: func(c *config.Configuration) {
 			c.CRISocketGroup = "podgate-no-such-group"
 			c.Kubeconfig = garbageKubeconfig
 			c.StateDir = damaged
@@ -96,10 +97,10 @@ func TestCheckConfiguration(t *testing.T) {
 		}, want: []string{"criSocketGroup: ", "kubeconfig: ", "stateDir: ", "runtimeEndpoint: "}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := DefaultConfiguration()
+			c := config.DefaultConfiguration()
 			c.StateDir = filepath.Join(dir, "fresh") // the default may exist on the test machine
 			tc.edit(c)
-			err := c.Check()
+			err := Check(c)
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatalf("Check: %v", err)

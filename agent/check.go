@@ -1,4 +1,4 @@
-package config
+package agent
 
 import (
 	"errors"
@@ -6,19 +6,37 @@ import (
 	"os/user"
 	"strconv"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/resources/cgroup"
 )
 
-// Check runs Validate and then resolves what start-up resolves without the running node: the
+// Validate checks a configuration as start-up needs it, every bad field named by its key: the
+// checks the file alone can make (config's Validate), then each feature's rules for its
+// section. This is the one place the whole validation is composed; cmd/podgate runs it on the
+// file and the flags before New, which takes a validated configuration.
+func Validate(c *config.Configuration) error {
+	return errors.Join(c.Validate(), validateResources(&c.Resources))
+}
+
+// validateResources checks the resources section against the cgroup rules of the resources
+// feature.
+func validateResources(r *config.Resources) error {
+	return errors.Join(
+		prefixed("resources.memoryThrottlingFactor", cgroup.ValidateThrottlingFactor(r.MemoryThrottlingFactor)),
+		prefixed("resources.memoryReservationPolicy", cgroup.ValidateReservationPolicy(r.MemoryReservationPolicy)),
+	)
+}
+
+// Check (podgate check-config) runs Validate and then resolves what start-up resolves without the running node: the
 // CRI socket's group, the kubeconfig file and the checkpoint in stateDir. Validate already
 // parses the endpoints and checks the sysctl names against this kernel. Every error is
 // reported, each prefixed with its key, so that a configuration Check accepts is one podgate
 // can start with, as far as the file alone can tell.
-func (c *Configuration) Check() error {
+func Check(c *config.Configuration) error {
 	return errors.Join(
-		c.Validate(),
+		Validate(c),
 		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
 		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
 		prefixed("kubeconfig", kube.CheckKubeconfig(c.Kubeconfig)),
