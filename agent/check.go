@@ -9,6 +9,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/resources/cgroup"
 )
 
@@ -17,7 +18,9 @@ import (
 // section. This is the one place the whole validation is composed; cmd/podgate runs it on the
 // file and the flags before New, which takes a validated configuration.
 func Validate(c *config.Configuration) error {
-	return errors.Join(c.Validate(), validateResources(&c.Resources))
+	return errors.Join(c.Validate(),
+		imagepull.ValidatePerRegistry("imagePulls.perRegistry", c.ImagePulls.PerRegistry),
+		validateResources(&c.Resources))
 }
 
 // validateResources checks the resources section against the cgroup rules of the resources

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
@@ -23,12 +24,34 @@ func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
 		opts = append(opts, imagepull.WithEvents(pullEventSink{a.events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
-	f, err := imagepull.NewFeature(ctx, cfg.Limits(), cfg.SandboxPriority(), a.registry, opts...)
+	f, err := imagepull.NewFeature(ctx, pullLimits(&cfg), sandboxPriority(&cfg), a.registry, opts...)
 	if err != nil {
 		return err
 	}
 	p.pulls = f
 	return nil
+}
+
+// pullLimits returns the governor's caps, registry hosts normalised. The section is valid
+// (Validate).
+func pullLimits(p *config.ImagePulls) imagepull.Limits {
+	var l imagepull.Limits
+	if p.MaxParallel != nil {
+		l.MaxParallel = int(*p.MaxParallel)
+	}
+	if len(p.PerRegistry) > 0 {
+		l.PerRegistry = map[string]int{}
+		for host, v := range p.PerRegistry {
+			norm, _ := imagepull.RegistryHost(host) // validated
+			l.PerRegistry[norm] = int(v)
+		}
+	}
+	return l
+}
+
+// sandboxPriority is the pulls' priority fallback without the API.
+func sandboxPriority(p *config.ImagePulls) imagepull.SandboxPriority {
+	return imagepull.SandboxPriority{Label: p.PriorityLabel, Namespaces: p.PriorityNamespaces}
 }
 
 // pullEventSink adapts the recorder to imagepull's EventSink.

@@ -65,9 +65,8 @@ func TestImportGraph(t *testing.T) {
 // features' own functions (each feature is to export its section's type and validation in a
 // leaf package that config composes).
 var knownViolations = map[string]bool{
-	"agent/registry -> dra":         true,
-	"agent/config -> cri/imagepull": true,
-	"agent/config -> sysctl":        true,
+	"agent/registry -> dra":  true,
+	"agent/config -> sysctl": true,
 }
 
 // forbidden says why pkg may not import imp; "" when it may.

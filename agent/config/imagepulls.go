@@ -3,14 +3,11 @@ package config
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/podgate/podgate/cri/endpoint"
-	"github.com/podgate/podgate/cri/imagepull"
 )
 
 // Defaults of the imagePulls section.
@@ -91,22 +88,8 @@ func (p *ImagePulls) validate() error {
 	if p.MaxParallel != nil && *p.MaxParallel <= 0 {
 		errs = append(errs, fmt.Errorf("imagePulls.maxParallel: must be positive, got %d (leave it unset for unlimited)", *p.MaxParallel))
 	}
-	seen := map[string]string{}
-	for _, host := range slices.Sorted(maps.Keys(p.PerRegistry)) {
-		field := fmt.Sprintf("imagePulls.perRegistry[%q]", host)
-		norm, err := imagepull.RegistryHost(host)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", field, err))
-			continue
-		}
-		if other, dup := seen[norm]; dup {
-			errs = append(errs, fmt.Errorf("%s: the same registry as %q (%s)", field, other, norm))
-		}
-		seen[norm] = host
-		if v := p.PerRegistry[host]; v <= 0 {
-			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", field, v))
-		}
-	}
+	// perRegistry's keys are registry hosts by the image-pull feature's rules: agent.Validate
+	// checks them.
 	if p.PriorityLabel != "" {
 		for _, msg := range validation.IsQualifiedName(p.PriorityLabel) {
 			errs = append(errs, fmt.Errorf("imagePulls.priorityLabel: %q: %s", p.PriorityLabel, msg))
@@ -131,27 +114,6 @@ func (p *ImagePulls) validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Limits returns the governor's caps, registry hosts normalised. The section is valid.
-func (p *ImagePulls) Limits() imagepull.Limits {
-	var l imagepull.Limits
-	if p.MaxParallel != nil {
-		l.MaxParallel = int(*p.MaxParallel)
-	}
-	if len(p.PerRegistry) > 0 {
-		l.PerRegistry = map[string]int{}
-		for host, v := range p.PerRegistry {
-			norm, _ := imagepull.RegistryHost(host) // validated
-			l.PerRegistry[norm] = int(v)
-		}
-	}
-	return l
-}
-
-// SandboxPriority is the priority fallback without the API.
-func (p *ImagePulls) SandboxPriority() imagepull.SandboxPriority {
-	return imagepull.SandboxPriority{Label: p.PriorityLabel, Namespaces: p.PriorityNamespaces}
 }
 
 // validateKube checks the Kubernetes API settings (kubeconfig, nodeName).

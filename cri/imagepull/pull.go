@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -134,6 +136,30 @@ func hashAuth(a *runtimeapi.AuthConfig) ([sha256.Size]byte, error) {
 		return [sha256.Size]byte{}, err
 	}
 	return sha256.Sum256(b), nil
+}
+
+// ValidatePerRegistry checks a per-registry cap map (the configuration's
+// imagePulls.perRegistry, named field in the errors): each key a registry host, no two keys
+// the same registry once normalised, each cap positive. Every bad key is reported.
+func ValidatePerRegistry(field string, perRegistry map[string]int32) error {
+	var errs []error
+	seen := map[string]string{}
+	for _, host := range slices.Sorted(maps.Keys(perRegistry)) {
+		key := fmt.Sprintf("%s[%q]", field, host)
+		norm, err := RegistryHost(host)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", key, err))
+			continue
+		}
+		if other, dup := seen[norm]; dup {
+			errs = append(errs, fmt.Errorf("%s: the same registry as %q (%s)", key, other, norm))
+		}
+		seen[norm] = host
+		if v := perRegistry[host]; v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", key, v))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // RegistryHost validates and normalises a registry host as written in configuration

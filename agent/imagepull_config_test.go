@@ -1,11 +1,15 @@
-package config
+package agent
 
 import (
 	"strings"
 	"testing"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri/imagepull"
 )
+
+// configHeader starts a configuration file.
+const configHeader = "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\n"
 
 func TestImagePullsConfig(t *testing.T) {
 	tests := []struct {
@@ -41,15 +45,15 @@ func TestImagePullsConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := Parse([]byte(header + tt.doc + "\n"))
+			c, err := config.Parse([]byte(configHeader + tt.doc + "\n"))
 			if err == nil {
-				err = c.Validate()
+				err = Validate(c)
 			}
 			if len(tt.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("valid config: %v", err)
 				}
-				got := c.ImagePulls.Limits()
+				got := pullLimits(&c.ImagePulls)
 				if got.MaxParallel != tt.want.MaxParallel || len(got.PerRegistry) != len(tt.want.PerRegistry) {
 					t.Errorf("limits %+v, want %+v", got, tt.want)
 				}
@@ -73,15 +77,15 @@ func TestImagePullsConfig(t *testing.T) {
 }
 
 func TestImagePullsDefaults(t *testing.T) {
-	c, err := Parse([]byte(header))
+	c, err := config.Parse([]byte(configHeader))
 	if err != nil {
 		t.Fatal(err)
 	}
-	sp := c.ImagePulls.SandboxPriority()
-	if sp.Label != DefaultPriorityLabel || len(sp.Namespaces) != 1 || sp.Namespaces[0] != "kube-system" {
-		t.Errorf("priority fallback %+v, want %s in kube-system", sp, DefaultPriorityLabel)
+	sp := sandboxPriority(&c.ImagePulls)
+	if sp.Label != config.DefaultPriorityLabel || len(sp.Namespaces) != 1 || sp.Namespaces[0] != "kube-system" {
+		t.Errorf("priority fallback %+v, want %s in kube-system", sp, config.DefaultPriorityLabel)
 	}
-	c, err = Parse([]byte(header + "imagePulls: {priorityNamespaces: []}\n"))
+	c, err = config.Parse([]byte(configHeader + "imagePulls: {priorityNamespaces: []}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
