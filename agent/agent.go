@@ -270,7 +270,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 		}
 		p.backends = append(p.backends, image)
 	}
-	policy, err := a.cfg.Sysctls.SysctlPolicy()
+	policy, err := sysctlPolicy(&a.cfg.Sysctls)
 	if err != nil {
 		closeAll(p.backends)
 		return nil, err

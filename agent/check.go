@@ -20,6 +20,7 @@ import (
 func Validate(c *config.Configuration) error {
 	return errors.Join(c.Validate(),
 		imagepull.ValidatePerRegistry("imagePulls.perRegistry", c.ImagePulls.PerRegistry),
+		validateSysctls(&c.Sysctls),
 		validateResources(&c.Resources))
 }
 

@@ -61,7 +61,7 @@ func (a *Agent) openServices(ctx context.Context, p *proxy) (services []service,
 		return nil, err
 	}
 	services = append(services, c)
-	nodeSysctls, err := a.cfg.Sysctls.NodeSysctls()
+	nodeSysctls, err := sysctl.ParseNode(a.cfg.Sysctls.Node, sysctl.ProcSys)
 	if err != nil {
 		return services, err
 	}

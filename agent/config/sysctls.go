@@ -3,9 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"os"
-
-	"github.com/podgate/podgate/sysctl"
 )
 
 // Sysctl verification policies: what podgate does when a pod's sysctl does not hold the value
@@ -38,47 +35,6 @@ type Sysctls struct {
 	Node map[string]string `json:"node,omitempty"`
 }
 
-// procSys is the sysctl tree configuration is checked against; tests point it elsewhere.
-var procSys = sysctl.ProcSys
-
-// SysctlPolicy builds the pod sysctl policy for the running kernel, validating the section.
-func (s *Sysctls) SysctlPolicy() (*sysctl.Policy, error) {
-	kernel, err := sysctl.RunningKernel()
-	if err != nil {
-		return nil, err
-	}
-	return sysctl.NewPolicy(sysctl.Config{
-		PodDefaults:       s.PodDefaults,
-		NamespaceDefaults: s.NamespaceDefaults,
-		AllowedUnsafe:     s.AllowedUnsafe,
-	}, kernel, procSys)
-}
-
-// NodeSysctls returns the node sysctls, validated: well-formed names that exist on this node and
-// values without control characters.
-func (s *Sysctls) NodeSysctls() (map[sysctl.Name]string, error) {
-	out := make(map[sysctl.Name]string, len(s.Node))
-	var errs []error
-	for k, v := range s.Node {
-		n, err := sysctl.ParseName(k)
-		if err == nil {
-			err = sysctl.CheckValue(n, v)
-		}
-		if err == nil {
-			var path string
-			if path, err = n.Path(procSys); err == nil {
-				_, err = os.Stat(path)
-			}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sysctls.node %q: %w", k, err))
-			continue
-		}
-		out[n] = v
-	}
-	return out, errors.Join(errs...)
-}
-
 func (s *Sysctls) setDefaults() {
 	if s.Verify == "" {
 		s.Verify = VerifyRepair
@@ -92,11 +48,7 @@ func (s *Sysctls) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("sysctls.verify: %q: want repair, fail or warn", s.Verify))
 	}
-	if _, err := s.SysctlPolicy(); err != nil {
-		errs = append(errs, err)
-	}
-	if _, err := s.NodeSysctls(); err != nil {
-		errs = append(errs, err)
-	}
+	// The sysctl names and values are the sysctl feature's rules, for the running kernel:
+	// agent.Validate checks them.
 	return errors.Join(errs...)
 }

@@ -1,9 +1,10 @@
-package config
+package agent
 
 import (
 	"strings"
 	"testing"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/sysctl"
 )
 
@@ -22,15 +23,15 @@ func TestSysctlsSection(t *testing.T) {
 		{"sysctls: {node: {vm.swappiness: \"1\\n2\"}}", "sysctls.node"},
 		{"sysctls: {podDefault: {}}", `unknown field "podDefault"`},
 	} {
-		c, err := Parse([]byte(header + tc.doc + "\n"))
+		c, err := config.Parse([]byte(configHeader + tc.doc + "\n"))
 		if err == nil {
-			err = c.Validate()
+			err = Validate(c)
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error with %q", tc.doc, err, tc.want)
 		}
 	}
-	c, err := Parse([]byte(header + `sysctls:
+	c, err := config.Parse([]byte(configHeader + `sysctls:
   podDefaults: {net.ipv4.tcp_keepalive_time: "600"}
   namespaceDefaults: {kube-system: {net.ipv4.tcp_keepalive_time: "300"}}
   allowedUnsafe: ["net.core.somaxconn", "net.ipv4.conf.*"]
@@ -39,10 +40,10 @@ func TestSysctlsSection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Validate(); err != nil {
+	if err := Validate(c); err != nil {
 		t.Fatalf("valid section: %v", err)
 	}
-	if c.Sysctls.Verify != VerifyRepair {
+	if c.Sysctls.Verify != config.VerifyRepair {
 		t.Errorf("verify defaults to %q, want repair", c.Sysctls.Verify)
 	}
 }
@@ -59,11 +60,11 @@ func TestAllowedUnsafeUnsetTrustsTheKubelet(t *testing.T) {
 		{"sysctls: {allowedUnsafe: [\"kernel.msg*\", \"fs.mqueue.*\"]}", ""},
 		{"sysctls: {allowedUnsafe: [\"kernel.msg*\"]}", "unsafe and not in sysctls.allowedUnsafe"},
 	} {
-		c, err := Parse([]byte(header + tc.doc + "\n"))
+		c, err := config.Parse([]byte(configHeader + tc.doc + "\n"))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.doc, err)
 		}
-		policy, err := c.Sysctls.SysctlPolicy()
+		policy, err := sysctlPolicy(&c.Sysctls)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.doc, err)
 		}
