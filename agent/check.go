@@ -33,11 +33,11 @@ func validateResources(r *config.Resources) error {
 	)
 }
 
-// Check (podgate check-config) runs Validate and then resolves what start-up resolves without the running node: the
-// CRI socket's group, the kubeconfig file and the checkpoint in stateDir. Validate already
-// parses the endpoints and checks the sysctl names against this kernel. Every error is
-// reported, each prefixed with its key, so that a configuration Check accepts is one podgate
-// can start with, as far as the file alone can tell.
+// Check (podgate check-config) runs Validate and then resolves what start-up resolves without
+// the running node: the CRI socket's group, the kubeconfig file and the checkpoint in
+// stateDir. Validate already parses the endpoints and checks the sysctl names against this
+// kernel. Every error is reported, each prefixed with its key, so that a configuration Check
+// accepts is one podgate can start with, as far as the file alone can tell.
 func Check(c *config.Configuration) error {
 	return errors.Join(
 		Validate(c),
