@@ -380,18 +380,22 @@ type DRANetdevs struct{}
 
 var _ Netdevs = DRANetdevs{}
 
+// Attach is dra.Attach.
 func (DRANetdevs) Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error) {
 	return dra.Attach(ctx, hostIf, netns, cfg)
 }
 
+// Detach is dra.Detach.
 func (DRANetdevs) Detach(ctx context.Context, a dra.Attached, netns string) error {
 	return dra.Detach(ctx, a, netns)
 }
 
+// Resume is dra.Resume.
 func (DRANetdevs) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
 	return dra.Resume(ctx, hostIf, netns, cfg)
 }
 
+// Reclaim is dra.Reclaim.
 func (DRANetdevs) Reclaim(ctx context.Context, hostIf, netns string) error {
 	return dra.Reclaim(ctx, hostIf, netns)
 }
