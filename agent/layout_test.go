@@ -60,12 +60,9 @@ func TestImportGraph(t *testing.T) {
 }
 
 // knownViolations are the imports that still break the rule, each to be removed, never added
-// to: the registry still holds the DRA claims and attach intents (their checkpoint sections
-// are to move to dra/manager and dra/attach), and agent/config still validates with the
-// features' own functions (each feature is to export its section's type and validation in a
+// to: agent/config still validates with the features' own functions (each feature is to export its section's type and validation in a
 // leaf package that config composes).
 var knownViolations = map[string]bool{
-	"agent/registry -> dra":            true,
 	"agent/config -> cri/imagepull":    true,
 	"agent/config -> dra":              true,
 	"agent/config -> podresources":     true,

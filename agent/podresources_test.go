@@ -15,7 +15,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
@@ -121,7 +120,7 @@ func TestPodMessage(t *testing.T) {
 	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
 	cur.Attached = []registry.AttachedDevice{{
 		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
-		Interface: dra.Attached{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
+		Interface: registry.AttachedInterface{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
 	}}
 	pc := webClaims(true)
 	got := podMessage(&registry.PodState{UID: "uid-web", Sandboxes: []registry.SandboxRecord{old, cur}, Claims: &pc})
