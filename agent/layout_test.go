@@ -17,7 +17,7 @@ var features = []string{"sysctl", "dra", "resources", "cri/imagepull", "podresou
 
 // leaves may import no feature at all: the infrastructure every feature builds on, and the
 // configuration and registry that agent composes features' parts into.
-var leaves = []string{"pipeline", "cri", "cri/relay", "agent/config", "agent/registry"}
+var leaves = []string{"pipeline", "cri", "cri/relay", "cri/endpoint", "agent/config", "agent/registry"}
 
 // TestImportGraph holds the house's rooms to their rule: no package imports agent but the
 // command and the real-stack tests; no feature imports another feature; the infrastructure
@@ -42,28 +42,11 @@ func TestImportGraph(t *testing.T) {
 	}
 	for pkg, imports := range graph {
 		for _, imp := range imports {
-			why := forbidden(pkg, imp)
-			switch known := knownViolations[pkg+" -> "+imp]; {
-			case why != "" && !known:
+			if why := forbidden(pkg, imp); why != "" {
 				t.Errorf("%s imports %s: %s", pkg, imp, why)
-			case why == "" && known:
-				t.Errorf("%s imports %s is allowed now: take it off knownViolations", pkg, imp)
 			}
 		}
 	}
-	for v := range knownViolations {
-		pkg, imp, _ := strings.Cut(v, " -> ")
-		if !slices.Contains(graph[pkg], imp) {
-			t.Errorf("%s no longer imports %s: take it off knownViolations", pkg, imp)
-		}
-	}
-}
-
-// knownViolations are the imports that still break the rule, each to be removed, never added
-// to: the registry still holds the DRA claims and attach intents (their checkpoint sections
-// are to move to dra/manager and dra/attach).
-var knownViolations = map[string]bool{
-	"agent/registry -> dra": true,
 }
 
 // forbidden says why pkg may not import imp; "" when it may.

@@ -15,7 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -120,7 +120,7 @@ func TestPodMessage(t *testing.T) {
 	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
 	cur.Attached = []registry.AttachedDevice{{
 		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
-		Interface: dra.Attached{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
+		Interface: registry.AttachedInterface{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
 	}}
 	pc := webClaims(true)
 	got := podMessage(&registry.PodState{UID: "uid-web", Sandboxes: []registry.SandboxRecord{old, cur}, Claims: &pc})
@@ -188,4 +188,19 @@ func waitGet(t *testing.T, c pb.PodResourcesClient, ns, name string) (*pb.GetRes
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	return c.Get(ctx, &pb.GetRequest{PodName: name, PodNamespace: ns}, grpc.WaitForReady(true))
+}
+
+// TestKubeletPodsFollowsThePodResourcesServer: dra.prepare auto's kubelet is the PodResources
+// server once it is open, and none before (podgate then prepares every pod's claims itself).
+func TestKubeletPodsFollowsThePodResourcesServer(t *testing.T) {
+	var p proxy
+	if k := p.kubeletPods(); k != nil {
+		t.Fatalf("kubeletPods before the server opened = %#v, want nil", k)
+	}
+	s := &podresources.Server{}
+	p.podResources.Store(s)
+	k, ok := p.kubeletPods().(kubeletAsker)
+	if !ok || k.Server != s {
+		t.Fatalf("kubeletPods after the server opened = %#v, want the server", p.kubeletPods())
+	}
 }

@@ -86,11 +86,14 @@ func (g *flightGroup[K, T]) doUntil(ctx context.Context, key K, stop func(error)
 	defer cancel()
 	defer func() { g.k.metrics.kubeletWait.WithLabelValues(g.method).Observe(time.Since(start).Seconds()) }()
 	var last error
-	attempts := 0
+	attempts, counted := 0, false
 	for {
 		f, shared := g.join(ctx, key)
-		if shared {
+		if shared && !counted {
+			// Once per v1 call: a caller that tries again after a failure and shares again
+			// is still one call that shared.
 			g.k.metrics.kubeletCoalesced.WithLabelValues(g.method).Inc()
+			counted = true
 		}
 		select {
 		case <-f.done:

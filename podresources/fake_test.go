@@ -403,19 +403,6 @@ func claim(namespace, name, podClaimName string, cdi ...string) *pb.Claim {
 	}
 }
 
-// drOf is the v1 form of a claim built by claim.
-func drOf(c *pb.Claim) *v1.DynamicResource {
-	dr := &v1.DynamicResource{ClaimName: c.GetName(), ClaimNamespace: c.GetNamespace()}
-	for _, d := range c.GetDevices() {
-		cr := &v1.ClaimResource{DriverName: d.GetDriver(), PoolName: d.GetPool(), DeviceName: d.GetDevice()}
-		for _, id := range d.GetCdiDeviceIds() {
-			cr.CdiDevices = append(cr.CdiDevices, &v1.CDIDevice{Name: id})
-		}
-		dr.ClaimResources = append(dr.ClaimResources, cr)
-	}
-	return dr
-}
-
 func pod(namespace, name, uid string, sb *pb.Sandbox, claims ...*pb.Claim) *pb.Pod {
 	return &pb.Pod{Uid: uid, Name: name, Namespace: namespace, Sandbox: sb, Claims: claims}
 }

@@ -31,8 +31,22 @@ func webSource() *fakeSource {
 // the pod-level claim under both, the gpu claim under app, which names it.
 func podgateOnlyWeb() *v1.PodResources {
 	return &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
-		{Name: "sidecar", DynamicResources: []*v1.DynamicResource{drOf(netClaim())}},
-		{Name: "app", DynamicResources: []*v1.DynamicResource{drOf(netClaim()), drOf(gpuClaim())}},
+		{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
+			{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+				DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+				CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+			}}},
+		}},
+		{Name: "app", DynamicResources: []*v1.DynamicResource{
+			{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+				DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+				CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+			}}},
+			{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+				DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
+				CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
+			}}},
+		}},
 	}}
 }
 

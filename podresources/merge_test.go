@@ -23,6 +23,7 @@ func netClaim() *pb.Claim {
 	return claim("shop", "web-net", "net", "net.example.com/nic=eth1")
 }
 
+// gpuClaim's device has claim's driver, net.example.com, as every claim built by claim does.
 func gpuClaim() *pb.Claim {
 	return claim("shop", "gpu-claim", "gpu", "gpu.example.com/gpu=0")
 }
@@ -81,22 +82,49 @@ func TestMergePod(t *testing.T) {
 		{
 			name: "kubelet's resources kept; pod-level claim under every container, container-level only where named, never twice",
 			pod:  webPod(), spec: webSpec(), specOK: true, kubelet: kubeletWeb(),
-			want: func() *v1.PodResources {
-				w := kubeletWeb()
-				// app: the kubelet's gpu-claim stays as the kubelet sent it, not duplicated;
-				// the pod-level claim is added.
-				w.Containers[0].DynamicResources = append(w.Containers[0].DynamicResources, drOf(netClaim()))
-				// sidecar names no claim: only the pod-level one.
-				w.Containers[1].DynamicResources = []*v1.DynamicResource{drOf(netClaim())}
-				return w
-			}(),
+			want: &v1.PodResources{
+				Name: "web", Namespace: "shop", CpuIds: []int64{4, 5},
+				Memory: []*v1.ContainerMemory{{MemoryType: "hugepages-2Mi", Size: 4 << 20, Topology: numa(1)}},
+				Containers: []*v1.ContainerResources{
+					{
+						Name:    "app",
+						Devices: []*v1.ContainerDevices{{ResourceName: "example.com/sriov", DeviceIds: []string{"0000:3b:00.2"}, Topology: numa(0)}},
+						CpuIds:  []int64{2, 3},
+						Memory:  []*v1.ContainerMemory{{MemoryType: "memory", Size: 1 << 30, Topology: numa(0)}},
+						// gpu-claim stays as the kubelet sent it (its CDI id), not duplicated; the
+						// pod-level claim is added.
+						DynamicResources: []*v1.DynamicResource{
+							{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+								DriverName: "gpu.example.com", PoolName: "node-a", DeviceName: "gpu-0",
+								CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=from-kubelet"}},
+							}}},
+							{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+								DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+								CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+							}}},
+						},
+					},
+					// sidecar names no claim: only the pod-level one.
+					{Name: "sidecar", CpuIds: []int64{6}, DynamicResources: []*v1.DynamicResource{
+						{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+							DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+							CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+						}}},
+					}},
+				},
+			},
 		},
 		{
 			name: "container-level claim the kubelet does not list goes under the naming container only",
 			pod:  pod("shop", "web", "uid-web", sandbox(t0), gpuClaim()), spec: webSpec(), specOK: true,
 			kubelet: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{{Name: "app"}, {Name: "sidecar"}}},
 			want: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
-				{Name: "app", DynamicResources: []*v1.DynamicResource{drOf(gpuClaim())}},
+				{Name: "app", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
+						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
+					}}},
+				}},
 				{Name: "sidecar"},
 			}},
 		},
@@ -111,16 +139,48 @@ func TestMergePod(t *testing.T) {
 			pod:  pod("shop", "web", "uid-web", sandbox(t0), netClaim(), gpuClaim()), specOK: false,
 			kubelet: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{{Name: "app"}, {Name: "sidecar"}}},
 			want: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
-				{Name: "app", DynamicResources: []*v1.DynamicResource{drOf(netClaim()), drOf(gpuClaim())}},
-				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{drOf(netClaim()), drOf(gpuClaim())}},
+				{Name: "app", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
+						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
+					}}},
+				}},
+				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
+						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
+					}}},
+				}},
 			}},
 		},
 		{
 			name: "kubelet does not know the pod (in flight): the spec's containers",
 			pod:  pod("shop", "web", "uid-web", nil, netClaim(), gpuClaim()), spec: webSpec(), specOK: true,
 			want: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
-				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{drOf(netClaim())}},
-				{Name: "app", DynamicResources: []*v1.DynamicResource{drOf(netClaim()), drOf(gpuClaim())}},
+				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+				}},
+				{Name: "app", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
+						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
+					}}},
+				}},
 			}},
 		},
 		{
@@ -128,8 +188,18 @@ func TestMergePod(t *testing.T) {
 			pod:  pod("shop", "web", "uid-web", sandbox(t0), netClaim()), spec: webSpec(), specOK: true,
 			kubelet: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{{Name: "app", CpuIds: []int64{1}}}},
 			want: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
-				{Name: "app", CpuIds: []int64{1}, DynamicResources: []*v1.DynamicResource{drOf(netClaim())}},
-				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{drOf(netClaim())}},
+				{Name: "app", CpuIds: []int64{1}, DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+				}},
+				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+				}},
 			}},
 		},
 		{
@@ -186,17 +256,38 @@ func listFixture() (*fakeSource, []*v1.PodResources) {
 	return src, kubelet
 }
 
-// mergedWebIn is the v1 answer for the web pod moved to namespace ns: the kubelet's resources
-// with the pod-level claim under both containers and the kubelet's gpu-claim kept once.
+// mergedWebIn is the v1 answer for the web pod moved to namespace ns, written out: the
+// kubelet's resources with the pod-level claim under both containers and the kubelet's
+// gpu-claim kept once.
 func mergedWebIn(ns string) *v1.PodResources {
-	w := kubeletWeb()
-	w.Namespace = ns
-	w.Containers[0].DynamicResources[0].ClaimNamespace = ns
-	net := netClaim()
-	net.Namespace = ns
-	w.Containers[0].DynamicResources = append(w.Containers[0].DynamicResources, drOf(net))
-	w.Containers[1].DynamicResources = []*v1.DynamicResource{drOf(net)}
-	return w
+	return &v1.PodResources{
+		Name: "web", Namespace: ns, CpuIds: []int64{4, 5},
+		Memory: []*v1.ContainerMemory{{MemoryType: "hugepages-2Mi", Size: 4 << 20, Topology: numa(1)}},
+		Containers: []*v1.ContainerResources{
+			{
+				Name:    "app",
+				Devices: []*v1.ContainerDevices{{ResourceName: "example.com/sriov", DeviceIds: []string{"0000:3b:00.2"}, Topology: numa(0)}},
+				CpuIds:  []int64{2, 3},
+				Memory:  []*v1.ContainerMemory{{MemoryType: "memory", Size: 1 << 30, Topology: numa(0)}},
+				DynamicResources: []*v1.DynamicResource{
+					{ClaimName: "gpu-claim", ClaimNamespace: ns, ClaimResources: []*v1.ClaimResource{{
+						DriverName: "gpu.example.com", PoolName: "node-a", DeviceName: "gpu-0",
+						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=from-kubelet"}},
+					}}},
+					{ClaimName: "web-net", ClaimNamespace: ns, ClaimResources: []*v1.ClaimResource{{
+						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+					}}},
+				},
+			},
+			{Name: "sidecar", CpuIds: []int64{6}, DynamicResources: []*v1.DynamicResource{
+				{ClaimName: "web-net", ClaimNamespace: ns, ClaimResources: []*v1.ClaimResource{{
+					DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
+					CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
+				}}},
+			}},
+		},
+	}
 }
 
 func TestMergeList(t *testing.T) {

@@ -6,8 +6,6 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podgate/podgate/dra"
 )
 
 // AttachIntent is podgate's obligation for a DRA network device it is moving into a pod: the
@@ -31,7 +29,19 @@ type AttachIntent struct {
 	// interface carries while it is away (dra.Attach).
 	HostInterface string `json:"hostInterface"`
 	// Config is how the device is set up in the pod, to finish the attach after a crash.
-	Config dra.InterfaceConfig `json:"config"`
+	Config InterfaceConfig `json:"config"`
+}
+
+// InterfaceConfig is how a device's interface is set up in the pod. It mirrors the DRA
+// feature's configuration of an interface (dra.InterfaceConfig) field by field and tag by tag,
+// so that the registry imports no feature and the checkpoint keeps its form.
+type InterfaceConfig struct {
+	// Name is the interface's name in the pod; empty: it keeps its host name.
+	Name string `json:"name,omitempty"`
+	// MTU is the interface's MTU in the pod; 0 keeps the interface's MTU.
+	MTU int `json:"mtu,omitempty"`
+	// Addresses are the addresses to give the interface in the pod, in CIDR notation.
+	Addresses []string `json:"addresses,omitempty"`
 }
 
 // Clone returns a deep copy of in.
@@ -42,7 +52,7 @@ func (in *AttachIntent) Clone() AttachIntent {
 }
 
 // Attached is the record of the device once it is in the pod, with what giving it back needs.
-func (in *AttachIntent) Attached(iface dra.Attached) AttachedDevice {
+func (in *AttachIntent) Attached(iface AttachedInterface) AttachedDevice {
 	return AttachedDevice{
 		ClaimNamespace: in.ClaimNamespace, ClaimName: in.ClaimName, ClaimUID: in.ClaimUID,
 		Driver: in.Driver, Pool: in.Pool, Device: in.Device, Interface: iface,
@@ -193,7 +203,7 @@ func (r *Registry) leaveAttachedLocked(rec *SandboxRecord) {
 			SandboxID: rec.ID, Pod: rec.Pod, NetNS: rec.NetNS,
 			ClaimNamespace: dev.ClaimNamespace, ClaimName: dev.ClaimName, ClaimUID: dev.ClaimUID,
 			Driver: dev.Driver, Pool: dev.Pool, Device: dev.Device, HostInterface: dev.Interface.HostName,
-			Config: dra.InterfaceConfig{Name: dev.Interface.PodName, Addresses: slices.Clone(dev.Interface.Addresses)},
+			Config: InterfaceConfig{Name: dev.Interface.PodName, Addresses: slices.Clone(dev.Interface.Addresses)},
 		}
 		r.attaching[attachKey{rec.ID, in.HostInterface}] = &attachEntry{intent: in, left: true}
 	}

@@ -9,15 +9,13 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podgate/podgate/dra"
 )
 
 func sampleIntent(sandbox, hostIf string) AttachIntent {
 	return AttachIntent{
 		SandboxID: sandbox, Pod: PodRef{UID: types.UID("uid-" + sandbox), Name: sandbox, Namespace: "ns"}, NetNS: "/var/run/netns/cni-" + sandbox,
 		ClaimNamespace: "ns", ClaimName: "net", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev-" + hostIf,
-		HostInterface: hostIf, Config: dra.InterfaceConfig{Name: "net1", Addresses: []string{"192.0.2.7/24"}},
+		HostInterface: hostIf, Config: InterfaceConfig{Name: "net1", Addresses: []string{"192.0.2.7/24"}},
 	}
 }
 
@@ -76,7 +74,7 @@ func TestAttachIntentIsDurableBeforeTheMove(t *testing.T) {
 
 	// The record stage: Add takes the device up and drops its intent in one write.
 	rec := sampleRecord("sb")
-	rec.Attached = []AttachedDevice{in.Attached(dra.Attached{HostName: "veth7", PodName: "net1"})}
+	rec.Attached = []AttachedDevice{in.Attached(AttachedInterface{HostName: "veth7", PodName: "net1"})}
 	if err := reg.Add(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +131,7 @@ func TestSettleAttach(t *testing.T) {
 	}
 
 	in := left[0]
-	dev := in.Attached(dra.Attached{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})
+	dev := in.Attached(AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})
 	if ok, err := reg.SettleAttach("sb", dev); !ok || err != nil {
 		t.Fatalf("SettleAttach: %t, %v", ok, err)
 	}
@@ -159,7 +157,7 @@ func TestSettleAttach(t *testing.T) {
 	}
 
 	gone := sampleIntent("gone", "veth8")
-	if ok, err := reg.SettleAttach("gone", gone.Attached(dra.Attached{HostName: "veth8", PodName: "net1"})); ok || err != nil {
+	if ok, err := reg.SettleAttach("gone", gone.Attached(AttachedInterface{HostName: "veth8", PodName: "net1"})); ok || err != nil {
 		t.Errorf("SettleAttach of a sandbox not recorded: %t, %v; want false, nil", ok, err)
 	}
 	if !reg.HasAttachIntent("gone", "veth8") {
@@ -182,7 +180,7 @@ func TestRecordGoneLeavesItsDevices(t *testing.T) {
 			reg := NewRegistry(nil, CheckpointData{})
 			rec := sampleRecord("sb")
 			in := sampleIntent("sb", "veth7")
-			rec.Attached = []AttachedDevice{in.Attached(dra.Attached{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})}
+			rec.Attached = []AttachedDevice{in.Attached(AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})}
 			if err := reg.Add(rec); err != nil {
 				t.Fatal(err)
 			}

@@ -8,11 +8,7 @@ import (
 	"sync"
 	"time"
 
-	resourceapi "k8s.io/api/resource/v1"
-
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podgate/podgate/dra"
 )
 
 // Where a registry entry comes from.
@@ -97,14 +93,30 @@ type AttachedDevice struct {
 	Pool           string    `json:"pool"`
 	Device         string    `json:"device"`
 	// Interface is what giving it back needs.
-	Interface dra.Attached `json:"interface"`
+	Interface AttachedInterface `json:"interface"`
 	// Published: its network data is in the claim's status.
 	Published bool `json:"published,omitempty"`
 }
 
-// Network is the device's network data, as the claim's status and PodResources show it.
-func (dev AttachedDevice) Network() dra.DeviceNetwork {
-	return dev.Interface.DeviceNetwork(resourceapi.DeviceRequestAllocationResult{Driver: dev.Driver, Pool: dev.Pool, Device: dev.Device})
+// AttachedInterface is what podgate needs to give a host interface back after moving it into
+// a pod. It mirrors the DRA feature's record of an attach (dra.Attached) field by field and tag
+// by tag, so that the registry imports no feature and the checkpoint keeps its form.
+type AttachedInterface struct {
+	// HostName is the interface's name on the host, the name it gets back.
+	HostName string `json:"hostName"`
+	// PodName is the interface's name in the pod.
+	PodName string `json:"podName"`
+	// MTU is the interface's MTU on the host, restored when it comes back; 0: leave as is.
+	MTU int `json:"mtu,omitempty"`
+	// Up records that the interface was administratively up on the host.
+	Up bool `json:"up,omitempty"`
+	// Alias is the interface's alias on the host, restored when it comes back: while the
+	// interface is away, its alias is podgate's mark.
+	Alias string `json:"alias,omitempty"`
+	// HardwareAddr is the interface's MAC address, as the pod sees it.
+	HardwareAddr string `json:"hardwareAddr,omitempty"`
+	// Addresses are the addresses podgate gave the interface in the pod, in CIDR notation.
+	Addresses []string `json:"addresses,omitempty"`
 }
 
 // Clone returns a deep copy of r.

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podgate/podgate/dra"
 )
 
 func sampleRecord(id string) SandboxRecord {
@@ -254,7 +252,7 @@ func TestAttachedRecordIsDurableBeforeItCounts(t *testing.T) {
 	}
 	attached := sampleRecord("net")
 	attached.Attached = []AttachedDevice{{ClaimNamespace: "ns", ClaimName: "c", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev",
-		Interface: dra.Attached{HostName: "veth7", PodName: "net1", Addresses: []string{"192.0.2.7/24"}}}}
+		Interface: AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: []string{"192.0.2.7/24"}}}}
 	if err := reg.Add(attached); err != nil {
 		t.Fatal(err)
 	}

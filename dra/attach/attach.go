@@ -177,7 +177,7 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 		SandboxID: rec.ID, Pod: rec.Pod, NetNS: rec.NetNS,
 		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
 		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device,
-		HostInterface: host, Config: cfg,
+		HostInterface: host, Config: configRecord(cfg),
 	}
 	// Settling a left intent gives back what carries the host interface's mark: not while
 	// this attach marks and moves it.
@@ -196,13 +196,13 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 		d.registry.EndAttach(rec.ID, host)
 		return registry.AttachedDevice{}, err
 	}
-	return in.Attached(att), nil
+	return in.Attached(attachedRecord(att)), nil
 }
 
 // publishOne writes an attached device's network data into its claim's status. A failure is
 // reported, not fatal: the device works in the pod either way.
 func (d *Attacher) publishOne(ctx context.Context, dev *registry.AttachedDevice) {
-	err := dra.PublishNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()})
+	err := dra.PublishNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{network(*dev)})
 	if err != nil {
 		d.count("publish", "error")
 		klog.FromContext(ctx).Error(err, "Publish network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
@@ -265,7 +265,7 @@ func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord)
 	var errs []error
 	for i := len(rec.Attached) - 1; i >= 0; i-- {
 		dev := rec.Attached[i]
-		if err := d.links.Detach(ctx, dev.Interface, rec.NetNS); err != nil {
+		if err := d.links.Detach(ctx, attached(dev.Interface), rec.NetNS); err != nil {
 			d.count("detach", "error")
 			errs = append(errs, fmt.Errorf("device %s/%s/%s: %w", dev.Driver, dev.Pool, dev.Device, err))
 			kept = append(kept, dev)
@@ -275,7 +275,7 @@ func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord)
 		d.registry.EndAttach(rec.ID, dev.Interface.HostName)
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
 		if dev.Published && d.on && d.publisher != nil {
-			if err := dra.ClearNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{dev.Network()}); err != nil {
+			if err := dra.ClearNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{network(dev)}); err != nil {
 				klog.FromContext(ctx).Error(err, "Clear published network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 			}
 		}
@@ -317,13 +317,13 @@ func (d *Attacher) settleAttach(ctx context.Context, in registry.AttachIntent) e
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", in.SandboxID, "pod", klog.KRef(in.Pod.Namespace, in.Pod.Name),
 		"claim", klog.KRef(in.ClaimNamespace, in.ClaimName), "hostInterface", in.HostInterface)
 	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && d.on {
-		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, in.Config)
+		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, interfaceConfig(in.Config))
 		switch {
 		case err != nil:
 			d.count("resume", "error")
 			logger.Error(err, "Finish interrupted attach of DRA network device: giving it back")
 		case found:
-			dev := in.Attached(att)
+			dev := in.Attached(attachedRecord(att))
 			if d.publisher != nil {
 				d.publishOne(ctx, &dev)
 			}
@@ -380,18 +380,22 @@ type DRANetdevs struct{}
 
 var _ Netdevs = DRANetdevs{}
 
+// Attach is dra.Attach.
 func (DRANetdevs) Attach(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, error) {
 	return dra.Attach(ctx, hostIf, netns, cfg)
 }
 
+// Detach is dra.Detach.
 func (DRANetdevs) Detach(ctx context.Context, a dra.Attached, netns string) error {
 	return dra.Detach(ctx, a, netns)
 }
 
+// Resume is dra.Resume.
 func (DRANetdevs) Resume(ctx context.Context, hostIf, netns string, cfg dra.InterfaceConfig) (dra.Attached, bool, error) {
 	return dra.Resume(ctx, hostIf, netns, cfg)
 }
 
+// Reclaim is dra.Reclaim.
 func (DRANetdevs) Reclaim(ctx context.Context, hostIf, netns string) error {
 	return dra.Reclaim(ctx, hostIf, netns)
 }
