@@ -19,6 +19,7 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/agent/tracing"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/dra"
@@ -105,7 +106,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // open does start-up up to serving: the checkpoint, the Kubernetes API, tracing, the CRI
 // server with every feature, and the listeners, in the order Run's doc gives.
-func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing, func(context.Context), error) {
+func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing.Tracing, func(context.Context), error) {
 	if err := a.openRegistry(klog.FromContext(ctx)); err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -114,7 +115,7 @@ func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing, func(con
 		return nil, nil, nil, nil, err
 	}
 	a.startEvents(ctx)
-	tr, err := a.newTracing(ctx)
+	tr, err := tracing.New(ctx, a.cfg.Tracing, a.version, a.cfg.NodeName)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
@@ -136,7 +137,7 @@ func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing, func(con
 // runnables is everything podgate runs, in the order it starts and stops: the servers (the
 // CRI socket first, so that it stops taking calls first, and right after it the work its last
 // calls started), then the loops. Releases run in the same order once every run has returned.
-func (a *Agent) runnables(p *proxy, services []service, tr *tracing, runKube func(context.Context)) []runnable {
+func (a *Agent) runnables(p *proxy, services []service, tr *tracing.Tracing, runKube func(context.Context)) []runnable {
 	var list []runnable
 	for _, s := range services {
 		list = append(list, s.runnable())
@@ -147,7 +148,7 @@ func (a *Agent) runnables(p *proxy, services []service, tr *tracing, runKube fun
 		}
 	}
 	list = append(list,
-		runnable{name: "tracing", release: tr.shutdown},
+		runnable{name: "tracing", release: tr.Shutdown},
 		runnable{name: "kubernetes", run: loop(runKube), release: a.waitFetches},
 		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, p.runtime) }),
 			release: func(context.Context) error { a.sandboxes.Flush(); return nil }},
@@ -252,10 +253,10 @@ var cgroupProcs = cgroup.Procs
 
 // buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
 // podgate's other interceptors.
-func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
+func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, error) {
 	metrics := cri.NewMetrics(a.registry)
 	runtime, err := cri.NewBackend(ctx, "runtime", a.cfg.RuntimeEndpoint,
-		append(tr.backendOptions(), cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))...)
+		append(tr.BackendOptions(), cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))...)
 	if err != nil {
 		return nil, fmt.Errorf("runtimeEndpoint: %w", err)
 	}
@@ -263,7 +264,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 	image := runtime
 	if a.cfg.ImageEndpoint != "" && a.cfg.ImageEndpoint != a.cfg.RuntimeEndpoint {
 		image, err = cri.NewBackend(ctx, "image", a.cfg.ImageEndpoint,
-			append(tr.backendOptions(), cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))...)
+			append(tr.BackendOptions(), cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))...)
 		if err != nil {
 			closeAll(p.backends)
 			return nil, fmt.Errorf("imageEndpoint: %w", err)
@@ -275,7 +276,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing) (*proxy, error) {
 		closeAll(p.backends)
 		return nil, err
 	}
-	p.server = cri.NewServer(runtime, image, append(tr.serverOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))...)
+	p.server = cri.NewServer(runtime, image, append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))...)
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
 	a.buildDRA(ctx, p)

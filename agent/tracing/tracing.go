@@ -1,4 +1,6 @@
-package agent
+// Package tracing is podgate's OpenTelemetry set-up (the kubelet's tracing keys), plugged into
+// the CRI server and its backends as gRPC stats handlers.
+package tracing
 
 import (
 	"context"
@@ -14,29 +16,30 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/pipeline"
 )
 
-// tracing is podgate's OpenTelemetry set-up: spans exported over OTLP/gRPC, sampled as the
+// Tracing is podgate's OpenTelemetry set-up: spans exported over OTLP/gRPC, sampled as the
 // kubelet samples (parent-based: a call the kubelet traces is traced, others at
 // tracing.samplingRatePerMillion), the W3C trace context read from the kubelet's calls and
 // written into podgate's calls to containerd.
 //
 // The SDK's span processing and the OTLP conversion are OpenTelemetry's; the gRPC parts, the
 // stats handler that makes a span per call and the client that sends the spans to the
-// collector, are podgate's own (tracing_grpc.go): otelgrpc and otlptracegrpc bring metrics,
+// collector, are podgate's own (grpc.go): otelgrpc and otlptracegrpc bring metrics,
 // retries, configuration from the environment and grpc-gateway with them, about 0.7 MB of
 // binary and 0.5 MiB of resident memory on every node, tracing or not (BENCHMARKS.md).
-type tracing struct {
+type Tracing struct {
 	provider *sdktrace.TracerProvider
 	server   cri.Option
 	backend  cri.BackendOption
 }
 
-// newTracing sets up tracing from the tracing section; nil when it is unset (off).
-func (a *Agent) newTracing(ctx context.Context) (*tracing, error) {
-	tc := a.cfg.Tracing
+// New sets up tracing from the tracing section, for podgate of this version on this node
+// (nodeName; "": the host's name); nil when the section is unset (off).
+func New(ctx context.Context, tc *config.Tracing, version, nodeName string) (*Tracing, error) {
 	if tc == nil {
 		return nil, nil
 	}
@@ -47,8 +50,8 @@ func (a *Agent) newTracing(ctx context.Context) (*tracing, error) {
 		return nil, fmt.Errorf("tracing.endpoint: %w", err)
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
-		attribute.String("service.name", "podgate"), attribute.String("service.version", a.version),
-		attribute.String("host.name", hostName(a.cfg.NodeName))))
+		attribute.String("service.name", "podgate"), attribute.String("service.version", version),
+		attribute.String("host.name", hostName(nodeName))))
 	if err != nil {
 		return nil, fmt.Errorf("tracing resource: %w", err)
 	}
@@ -61,15 +64,15 @@ func (a *Agent) newTracing(ctx context.Context) (*tracing, error) {
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	tracer := tp.Tracer(pipeline.TracerName)
 	klog.FromContext(ctx).Info("Tracing on", "endpoint", tc.Endpoint, "samplingRatePerMillion", *tc.SamplingRatePerMillion)
-	return &tracing{
+	return &Tracing{
 		provider: tp,
 		server:   cri.WithStatsHandler(&callSpans{tracer: tracer, prop: prop, server: true}),
 		backend:  cri.WithBackendStatsHandler(&callSpans{tracer: tracer, prop: prop}),
 	}, nil
 }
 
-// shutdown exports the spans still buffered, within ctx.
-func (t *tracing) shutdown(ctx context.Context) error {
+// Shutdown exports the spans still buffered, within ctx.
+func (t *Tracing) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
@@ -79,16 +82,16 @@ func (t *tracing) shutdown(ctx context.Context) error {
 	return nil
 }
 
-// serverOptions and backendOptions are what tracing adds to the CRI server and its backends:
-// nothing when it is off.
-func (t *tracing) serverOptions() []cri.Option {
+// ServerOptions is what tracing adds to the CRI server: nothing when it is off.
+func (t *Tracing) ServerOptions() []cri.Option {
 	if t == nil {
 		return nil
 	}
 	return []cri.Option{t.server}
 }
 
-func (t *tracing) backendOptions() []cri.BackendOption {
+// BackendOptions is what tracing adds to the CRI server's backends: nothing when it is off.
+func (t *Tracing) BackendOptions() []cri.BackendOption {
 	if t == nil {
 		return nil
 	}
