@@ -235,7 +235,9 @@ func (r *Rig) removePods(ctx context.Context) error {
 	}
 	rs, err := remote.NewRemoteRuntimeServiceBuilder().
 		WithEndpoint(r.Endpoint).
-		WithConnectionTimeout(5 * time.Second).
+		// callTimeout, as the tests' own calls: a StopPodSandbox took over 5 s under make
+		// test's load and failed TestInspectCommands at its teardown.
+		WithConnectionTimeout(callTimeout).
 		WithTracerProvider(nil).
 		Build(ctx)
 	if err != nil {
