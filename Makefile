@@ -3,7 +3,11 @@
 #   make demo    podgate's mission on a real containerd and API server: governed pulls, DRA before
 #                CNI, sysctls, PodResources; a timeline of each pod start (root). Builds only what
 #                it uses (make rig-node rig-control-plane), not the kubelet nor crictl/grpcurl
-#   make test    lint + all tests with -race; the end-to-end tests run when root
+#   make test    lint + all tests with -race; the end-to-end tests run when root, on the newest
+#                kubelet and containerd of the tested matrix, and their core again on the oldest
+#                pair (the skew lane, test/matrix)
+#   make matrix  the core of the real-stack tests on every kubelet × containerd cell of the tested
+#                matrix (test/matrix/versions.env); prints the "Tested with" table (root)
 #   make unit    the inner loop: the unit tests (not the real-stack ones under test/), no root,
 #                rig nor lint
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
@@ -30,7 +34,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench soak generate verify-generate install uninstall clean clean-rig
+.PHONY: all build demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench soak generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -78,6 +82,17 @@ soak: rig
 # code is what the pinned generators make of the .proto files.
 test: lint verify-generate $(if $(IS_ROOT),rig)
 	$(GO) test -race -count=1 -shuffle=on -timeout 30m ./...
+ifeq ($(IS_ROOT),yes)
+	bash test/matrix/run.sh skew
+endif
+
+# matrix: every kubelet × containerd release of the tested matrix built beside the default ones
+# (about 5 minutes per kubelet, 2 per containerd, the first time), then the core of the real-stack
+# tests on each cell (test/matrix/run.sh).
+matrix:
+	@[ "$$(id -u)" = 0 ] || { echo "make matrix: needs root (the rig runs containerd and kubelets)"; exit 1; }
+	bash test/rig/install.sh node cluster tools matrix
+	bash test/matrix/run.sh all
 
 # unit: the inner loop, every package but the real-stack ones under test/ (they need the rig),
 # without lint, the rig or root. None of them uses the rig; the tests that need root (network

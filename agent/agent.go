@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/compat"
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
@@ -46,6 +47,8 @@ type Agent struct {
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
+	// peerVersions says the kubelet's and the runtime's versions against the tested range.
+	peerVersions *prometheus.GaugeVec
 	// events writes pod Events; nil without the Kubernetes API.
 	events *kube.EventRecorder
 }
@@ -62,8 +65,9 @@ func New(cfg *config.Configuration, version string) *Agent {
 		Namespace: "podgate", Subsystem: "registry", Name: "rebuilds_total",
 		Help: "Attempts to rebuild the pod registry from the runtime at start-up, by result (ok, error: the runtime did not answer; podgate retries).",
 	}, []string{"result"})
-	reg.MustRegister(buildInfo, rebuilds)
-	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds}
+	peerVersions := newPeerVersions()
+	reg.MustRegister(buildInfo, rebuilds, peerVersions)
+	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds, peerVersions: peerVersions}
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting CRI connections,
@@ -152,13 +156,14 @@ func (a *Agent) runnables(p *proxy, services []service, tr *tracing.Tracing, run
 		runnable{name: "kubernetes", run: loop(runKube), release: a.waitFetches},
 		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, p.runtime) }),
 			release: func(context.Context) error { a.sandboxes.Flush(); return nil }},
+		runnable{name: "runtime version", run: loop(func(ctx context.Context) { a.readRuntimeVersion(ctx, p.runtime) })},
 		runnable{name: "image pulls", run: loop(p.pulls.Run), release: func(context.Context) error { p.pulls.Close(); return nil }},
 		runnable{name: "resources", run: loop(p.resources.Run)},
 	)
 	if a.events != nil {
 		list = append(list, runnable{name: "pod events", run: loop(a.events.Run)})
 	}
-	if a.needNode(p) {
+	if a.pods != nil {
 		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { a.readNode(ctx, p) })})
 	}
 	if p.drivers != nil {
@@ -358,17 +363,10 @@ func warnAutoBlind(logger klog.Logger, cfg *config.Configuration) {
 		"off", off, "prepare", cfg.DRA.Prepare)
 }
 
-// needNode: something podgate does depends on this node's Node object (memory QoS's ceiling
-// without the kubelet's config file; dra.prepare auto, the kubelet's version).
-func (a *Agent) needNode(p *proxy) bool {
-	if a.pods == nil {
-		return false
-	}
-	return (p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "") || (p.drivers != nil && a.cfg.DRA.Prepare == config.PrepareAuto)
-}
-
 // readNode reads this node's Node object once — one GET at start-up, retried with a backoff
-// while the API server does not answer — and hands it to what depends on it.
+// while the API server does not answer — and hands it to what depends on it: the kubelet's
+// version (logged against the tested range; dra.prepare auto), memory QoS's ceiling without the
+// kubelet's config file.
 func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	logger := klog.FromContext(ctx)
 	var node *corev1.Node
@@ -386,6 +384,7 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	if err != nil {
 		return // ctx ended
 	}
+	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
 	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
 		p.resources.ResolveAllocatable(ctx, "", node)
 	}

@@ -65,6 +65,20 @@ var (
 // the rig's install directory ($PODGATE_RIG_DIR, by default /var/lib/podgate-rig).
 func BinDir() string { return filepath.Join(rig.InstallDir(), "cluster", "bin") }
 
+// KubeletVersionEnv names the kubelet release a cell of the tested matrix runs (make matrix,
+// make test's skew lane): one test/rig/install.sh built into cluster/kubelet/VERSION. Unset, the
+// kubelet is the default one in BinDir, of the control plane's release.
+const KubeletVersionEnv = "PODGATE_KUBELET_VERSION"
+
+// binPath is where the cluster's binary name is: the kubelet of KubeletVersionEnv's release, or
+// BinDir's.
+func binPath(name string) string {
+	if v := os.Getenv(KubeletVersionEnv); name == "kubelet" && v != "" {
+		return filepath.Join(rig.InstallDir(), "cluster", "kubelet", v, name)
+	}
+	return filepath.Join(BinDir(), name)
+}
+
 // CheckInstalled reports, wrapping ErrNotInstalled, the first missing binary.
 func CheckInstalled() error { return checkInstalled(binaries) }
 
@@ -75,7 +89,7 @@ func CheckControlPlaneInstalled() error { return checkInstalled(controlPlane) }
 
 func checkInstalled(binaries []string) error {
 	for _, b := range binaries {
-		p := filepath.Join(BinDir(), b)
+		p := binPath(b)
 		if err := unix.Access(p, unix.X_OK); err != nil {
 			return fmt.Errorf("%w (%s: %w)", ErrNotInstalled, p, err)
 		}

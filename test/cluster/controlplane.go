@@ -295,7 +295,7 @@ func (c *Cluster) startDaemon(ctx context.Context, name string, timeout time.Dur
 			return nil, nil, fmt.Errorf("start %s: %w", name, err)
 		}
 		start := time.Now()
-		p, err := startProcess(name, logPath, filepath.Join(BinDir(), name), args(ports)...)
+		p, err := startProcess(name, logPath, binPath(name), args(ports)...)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -11,8 +11,14 @@
 #                                                                       Kubernetes of test/cluster)
 #   tools          crictl v1.36.x                                      (built; README "Debugging", test/e2e)
 #                  grpcurl v1.9.x                                      (built; README "PodResources", test/e2e)
+#   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
+#                  matrix (test/matrix/versions.env)
+#   matrix         every containerd and kubelet of the matrix          (built; make matrix)
 #
-# No PART means all of them (make rig, make test); make demo asks for node and control-plane.
+# A containerd of the matrix lands in $RIG_DIR/containerd/VERSION, a kubelet in
+# $RIG_DIR/cluster/kubelet/VERSION; the default (newest) ones are links to bin/ and cluster/bin/.
+# No PART means node, cluster, tools and skew (make rig, make test); make demo asks for node and
+# control-plane.
 # The Debian packages every part needs are installed first.
 #
 # Everything lands in $PODGATE_RIG_DIR (default /var/lib/podgate-rig). Idempotent: what is
@@ -20,11 +26,15 @@
 set -euo pipefail
 
 RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
-CONTAINERD_VERSION=${CONTAINERD_VERSION:-v2.4.2}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../matrix/versions.env
+. "$HERE/../matrix/versions.env"
+read -r -a CONTAINERDS <<<"$CONTAINERD_VERSIONS"
+read -r -a KUBELETS <<<"$KUBELET_VERSIONS"
+CONTAINERD_VERSION=${CONTAINERDS[-1]} # the newest: the default of every test
 RUNC_VERSION=${RUNC_VERSION:-v1.5.2}
 CRICTL_VERSION=${CRICTL_VERSION:-v1.36.0}
 GRPCURL_VERSION=${GRPCURL_VERSION:-v1.9.4}
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 export PATH=/usr/local/go/bin:$PATH
 
@@ -36,7 +46,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(node cluster tools)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(node cluster tools skew)
 part() {
 	local p
 	for p in "${PARTS[@]}"; do [ "$p" = "$1" ] && return 0; done
@@ -44,9 +54,9 @@ part() {
 }
 for p in "${PARTS[@]}"; do
 	case $p in
-	node | control-plane | cluster | tools) ;;
+	node | control-plane | cluster | tools | skew | matrix) ;;
 	*)
-		log "unknown part $p: want some of node control-plane cluster tools"
+		log "unknown part $p: want some of node control-plane cluster tools skew matrix"
 		exit 2
 		;;
 	esac
@@ -69,19 +79,41 @@ fi
 # built_at BIN VERSION: true when bin/BIN was built from its module at VERSION. `go install
 # pkg@version` records the main module's version in the binary, so a build made by hand (or by an
 # interrupted earlier run) is recognised too, and no separate stamp file can go stale.
-built_at() {
-	[ -x "$RIG_DIR/bin/$1" ] &&
-		[ "$(go version -m "$RIG_DIR/bin/$1" 2>/dev/null | awk '$1 == "mod" { print $3; exit }')" = "$2" ]
+built_at() { built_in "$RIG_DIR/bin" "$@"; }
+built_in() {
+	[ -x "$1/$2" ] &&
+		[ "$(go version -m "$1/$2" 2>/dev/null | awk '$1 == "mod" { print $3; exit }')" = "$3" ]
+}
+
+# build_containerd VERSION DIR: build containerd, its runc shim and ctr at VERSION into DIR, unless there.
+build_containerd() {
+	local b
+	for b in containerd containerd-shim-runc-v2 ctr; do
+		built_in "$2" "$b" "$1" || {
+			log "building containerd $1 (about 2 minutes)"
+			GOBIN="$2" go install \
+				"github.com/containerd/containerd/v2/cmd/containerd@$1" \
+				"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$1" \
+				"github.com/containerd/containerd/v2/cmd/ctr@$1"
+			return
+		}
+	done
+}
+
+# matrix_containerd VERSION: containerd VERSION of the matrix in $RIG_DIR/containerd/VERSION; the
+# default one is a link to bin/, built by the node part.
+matrix_containerd() {
+	mkdir -p "$RIG_DIR/containerd"
+	if [ "$1" = "$CONTAINERD_VERSION" ]; then
+		ln -sfn ../bin "$RIG_DIR/containerd/$1"
+	else
+		build_containerd "$1" "$RIG_DIR/containerd/$1"
+	fi
 }
 
 if part node; then
-	if ! built_at containerd "$CONTAINERD_VERSION" || ! built_at containerd-shim-runc-v2 "$CONTAINERD_VERSION" || ! built_at ctr "$CONTAINERD_VERSION"; then
-		log "building containerd $CONTAINERD_VERSION (about 2 minutes)"
-		GOBIN="$RIG_DIR/bin" go install \
-			"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
-			"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
-			"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
-	fi
+	build_containerd "$CONTAINERD_VERSION" "$RIG_DIR/bin"
+	matrix_containerd "$CONTAINERD_VERSION"
 
 	if ! built_at runc "$RUNC_VERSION"; then
 		log "building runc $RUNC_VERSION"
@@ -122,8 +154,26 @@ fi
 # binaries in $RIG_DIR/cluster/bin.
 if part cluster; then
 	PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh"
+	mkdir -p "$RIG_DIR/cluster/kubelet"
+	ln -sfn ../bin "$RIG_DIR/cluster/kubelet/${KUBELETS[-1]}"
 elif part control-plane; then
 	PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh" etcd kube-apiserver
+fi
+
+# The other cells of the matrix: the oldest pair for make test's skew lane, or every release.
+older=()
+if part matrix; then
+	older=("${CONTAINERDS[@]:0:${#CONTAINERDS[@]}-1}")
+	kubelets=("${KUBELETS[@]:0:${#KUBELETS[@]}-1}")
+elif part skew; then
+	older=("${CONTAINERDS[0]}")
+	kubelets=("${KUBELETS[0]}")
+fi
+for v in "${older[@]}"; do
+	matrix_containerd "$v"
+done
+if [ ${#older[@]} -gt 0 ]; then
+	PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh" "${kubelets[@]/#/kubelet@}"
 fi
 
 log "ready in $RIG_DIR: ${PARTS[*]}"

@@ -77,10 +77,24 @@ func InstallDir() string {
 	return "/var/lib/podgate-rig"
 }
 
+// ContainerdVersionEnv names the containerd release a cell of the tested matrix runs (make
+// matrix, make test's skew lane): one install.sh built into containerd/VERSION of InstallDir.
+// Unset, the rig runs the default containerd, in bin.
+const ContainerdVersionEnv = "PODGATE_CONTAINERD_VERSION"
+
+// containerdDir is where the rig's containerd, shim and ctr are, relative to InstallDir.
+func containerdDir() string {
+	if v := os.Getenv(ContainerdVersionEnv); v != "" {
+		return filepath.Join("containerd", v)
+	}
+	return "bin"
+}
+
 // CheckInstalled reports, wrapping ErrNotInstalled, the first missing part of the rig.
 func CheckInstalled() error {
+	cd := containerdDir()
 	for _, f := range []string{
-		"bin/containerd", "bin/containerd-shim-runc-v2", "bin/ctr", "bin/runc",
+		filepath.Join(cd, "containerd"), filepath.Join(cd, "containerd-shim-runc-v2"), filepath.Join(cd, "ctr"), "bin/runc",
 		"images/pause.tar", "images/busybox.tar",
 	} {
 		if _, err := os.Stat(filepath.Join(InstallDir(), f)); err != nil {

@@ -23,6 +23,10 @@ CNI_BIN_DIR=${PODGATE_RIG_CNI_BIN_DIR:-}
 # A test may have containerd trace to its OTLP/gRPC collector (host:port). containerd 2.x takes
 # its tracing from the OpenTelemetry environment, not from config.toml.
 OTLP_ENDPOINT=${PODGATE_RIG_OTLP_ENDPOINT:-}
+# The containerd of a matrix cell (make matrix, make test's skew lane): a release install.sh put
+# in $RIG_DIR/containerd/VERSION. Unset: the default, in $RIG_DIR/bin.
+CONTAINERD_BIN=$RIG_DIR/bin
+[ -z "${PODGATE_CONTAINERD_VERSION:-}" ] || CONTAINERD_BIN=$RIG_DIR/containerd/$PODGATE_CONTAINERD_VERSION
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 BUSYBOX_IMAGE=docker.io/library/busybox:1.35
 
@@ -41,8 +45,8 @@ die() {
 [ $# -eq 1 ] || refuse "usage: up.sh DIR (a short path such as /tmp/pgr-XXXXXX)"
 [ "$(id -u)" = 0 ] || refuse "needs root (containerd, mounts, network namespaces)"
 
-for f in bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc images/pause.tar images/busybox.tar; do
-	[ -e "$RIG_DIR/$f" ] || refuse "rig not installed: $RIG_DIR/$f is missing; run test/rig/install.sh (make rig)"
+for f in "$CONTAINERD_BIN/containerd" "$CONTAINERD_BIN/containerd-shim-runc-v2" "$CONTAINERD_BIN/ctr" "$RIG_DIR/bin/runc" "$RIG_DIR/images/pause.tar" "$RIG_DIR/images/busybox.tar"; do
+	[ -e "$f" ] || refuse "rig not installed: $f is missing; run test/rig/install.sh (make rig; make matrix for another containerd)"
 done
 for p in bridge host-local loopback; do
 	[ -x "/usr/lib/cni/$p" ] || refuse "CNI plugin /usr/lib/cni/$p missing; run test/rig/install.sh (make rig)"
@@ -200,7 +204,7 @@ EOF
 
 # The host is cgroup v1/v2 hybrid on purpose; ctr would repeat containerd's cgroup v1
 # deprecation warning on every call.
-ctr() { CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$RIG_DIR/bin/ctr" --address "$SOCK" "$@"; }
+ctr() { CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1 "$CONTAINERD_BIN/ctr" --address "$SOCK" "$@"; }
 
 fail() {
 	log "$*"
@@ -215,12 +219,12 @@ fail() {
 # containerd finds containerd-shim-runc-v2 on PATH. setsid puts it in its own session, so a ^C on
 # the terminal that ran the tests does not kill it half-way; down.sh is what stops it. Its output
 # goes to the log only: an inherited stdout would keep the caller's pipe open forever.
-log "starting containerd in $DIR (bridge $BRIDGE, subnet $SUBNET)"
+log "starting containerd $("$CONTAINERD_BIN/containerd" --version | awk '{print $3}') in $DIR (bridge $BRIDGE, subnet $SUBNET)"
 tracing_env=()
 if [ -n "$OTLP_ENDPOINT" ]; then
 	tracing_env=(OTEL_EXPORTER_OTLP_ENDPOINT="http://$OTLP_ENDPOINT" OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_SERVICE_NAME=containerd)
 fi
-PATH="$RIG_DIR/bin:$PATH" env "${tracing_env[@]}" setsid "$RIG_DIR/bin/containerd" --config "$DIR/config.toml" \
+PATH="$CONTAINERD_BIN:$RIG_DIR/bin:$PATH" env "${tracing_env[@]}" setsid "$CONTAINERD_BIN/containerd" --config "$DIR/config.toml" \
 	</dev/null >>"$DIR/containerd.log" 2>&1 &
 echo $! >"$DIR/containerd.pid"
 
