@@ -149,7 +149,8 @@ type Registry struct {
 	onChange PodChangeFunc
 
 	// persistMu orders checkpoint writes: each write takes its snapshot under it, so a later
-	// change is never overwritten by an earlier snapshot.
+	// change is never overwritten by an earlier snapshot. Lock order: a section's own change
+	// lock (the claim store's), persistMu, mu, a section's own state lock (Save, watchers).
 	persistMu sync.Mutex
 	// writeQueued: a background write is due and has not taken its snapshot yet; changes made
 	// meanwhile are in it. Guarded by mu.
