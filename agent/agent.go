@@ -42,8 +42,11 @@ type Agent struct {
 	pods *kube.PodLookup
 	// api, when set (tests), is the Kubernetes API in place of the kubeconfig's.
 	api kube.API
-	// sandboxes is the pod registry; set by Run.
+	// sandboxes is the pod registry, claims and intents the DRA features' sections of its
+	// checkpoint; set by Run.
 	sandboxes *registry.Registry
+	claims    *manager.Claims
+	intents   *attach.Intents
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
@@ -209,12 +212,11 @@ func (a *Agent) openRegistry(logger klog.Logger) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	cp := registry.NewCheckpoint(a.cfg.StateDir)
-	d, err := cp.ReadAll()
+	var err error
+	a.sandboxes, a.claims, a.intents, err = openState(registry.NewCheckpoint(a.cfg.StateDir))
 	if err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	a.sandboxes = registry.NewRegistry(cp, d)
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "podgate", Subsystem: "registry", Name: "checkpoint_write_errors_total",
 		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",
@@ -225,6 +227,27 @@ func (a *Agent) openRegistry(logger klog.Logger) error {
 		logger.Error(err, "Write the pod registry's checkpoint")
 	})
 	return nil
+}
+
+// openState reads the checkpoint cp into the pod registry and the DRA features' sections of it
+// (the claims, the attach intents), each registered before anything changes the registry: a
+// record the rebuild from the runtime drops leaves its attached devices as intents, and the
+// PodResources service shows the pods' claims from the start.
+func openState(cp *registry.Checkpoint) (*registry.Registry, *manager.Claims, *attach.Intents, error) {
+	d, err := cp.ReadAll()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	reg := registry.NewRegistry(cp, d)
+	claims, err := manager.NewClaims(reg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	intents, err := attach.NewIntents(reg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return reg, claims, intents, nil
 }
 
 // proxy is the CRI server and what it was built from.
@@ -331,8 +354,8 @@ func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
 			attachOpts = append(attachOpts, attach.WithPublisher(a.pods.Client()))
 		}
 	}
-	p.attach = attach.New(a.sandboxes, attachOpts...)
-	p.dra = manager.New(a.pods, p.drivers, resolver, a.sandboxes, p.runtime, a.registry,
+	p.attach = attach.New(a.sandboxes, a.intents, attachOpts...)
+	p.dra = manager.New(a.pods, p.drivers, resolver, a.claims, a.sandboxes, p.runtime, a.registry,
 		manager.WithPrepare(a.cfg.DRA.Prepare),
 		manager.WithKubelet(p.kubeletPods), // with auto: the kubelet, through the PodResources socket
 		manager.WithSettle(a.rebuilt, p.attach),

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/user"
 	"strconv"
 
@@ -44,9 +45,22 @@ func Check(c *config.Configuration) error {
 		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
 		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
 		prefixed("kubeconfig", kube.CheckKubeconfig(c.Kubeconfig)),
-		prefixed("stateDir", registry.CheckStateDir(c.StateDir)),
+		prefixed("stateDir", checkStateDir(c.StateDir)),
 		prefixed("resources.kubeletConfig", checkKubeletConfig(c.Resources.KubeletConfig)),
 	)
+}
+
+// checkStateDir checks stateDir and its checkpoint as start-up reads it: the file, and each
+// feature's section of it.
+func checkStateDir(dir string) error {
+	if err := registry.CheckStateDir(dir); err != nil {
+		return err
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return nil // does not exist yet: podgate creates it
+	}
+	_, _, _, err := openState(registry.NewCheckpoint(dir))
+	return err
 }
 
 func prefixed(key string, err error) error {

@@ -142,17 +142,18 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	if err := readCheckpointBytes(links.snapshot, &crashed); err != nil {
 		t.Fatal(err)
 	}
+	crashedIntents := onDiskIntents(t, crashed)
 	var id string
 	switch {
-	case len(crashed.Attaching) == 1:
-		id = crashed.Attaching[0].SandboxID
+	case len(crashedIntents) == 1:
+		id = crashedIntents[0].SandboxID
 	case len(crashed.Sandboxes) == 1:
 		id = crashed.Sandboxes[0].ID
 	default:
 		t.Fatalf("checkpoint at the crash: %+v; want the attach's intent or the sandbox's record", crashed)
 	}
-	if want := crash != crashAfterRecord; (len(crashed.Attaching) == 1) != want {
-		t.Fatalf("checkpoint at the crash holds intents %+v; want one: %t", crashed.Attaching, want)
+	if want := crash != crashAfterRecord; (len(crashedIntents) == 1) != want {
+		t.Fatalf("checkpoint at the crash holds intents %+v; want one: %t", crashedIntents, want)
 	}
 
 	// While podgate is down.
@@ -177,7 +178,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	if err := os.WriteFile(cpPath, links.snapshot, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d, at, restarted, counted := restartDRA(t, dr, hostIfs, hostIf, podNetns)
+	d, at, restarted, intents, counted := restartDRA(t, dr, hostIfs, hostIf, podNetns)
 	if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	}
 	at.Settle(ctx)
 
-	if left := restarted.LeftAttaches(); len(left) != 0 {
+	if left := intents.LeftAttaches(); len(left) != 0 {
 		t.Errorf("left after settling: %+v", left)
 	}
 	rec, running := restarted.Sandbox(id)
@@ -260,8 +261,8 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(final.Attaching) != 0 || len(restarted.LeftAttaches()) != 0 {
-		t.Errorf("intents left recorded: on disk %+v, in the registry %+v", final.Attaching, restarted.LeftAttaches())
+	if len(onDiskIntents(t, final)) != 0 || len(intents.LeftAttaches()) != 0 {
+		t.Errorf("intents left recorded: on disk %+v, in the registry %+v", onDiskIntents(t, final), intents.LeftAttaches())
 	}
 	for _, s := range final.Sandboxes {
 		if len(s.Attached) != 0 {
@@ -273,21 +274,16 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 // restartDRA is podgate started again on dr's state directory: a registry from the checkpoint
 // there, a DRA manager and an attacher attaching with package dra, counting the give backs
 // that find the device away from the host.
-func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*manager.Manager, *attach.Attacher, *registry.Registry, *countingLinks) {
+func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*manager.Manager, *attach.Attacher, *registry.Registry, *attach.Intents, *countingLinks) {
 	t.Helper()
-	cp := registry.NewCheckpoint(dr.stateDir)
-	onDisk, err := cp.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	restarted := registry.NewRegistry(cp, onDisk)
+	restarted, store, intents := restartState(t, dr.stateDir)
 	restarted.SetWriteDelay(0)
 	t.Cleanup(restarted.Flush)
 	counted := &countingLinks{t: t, hostIf: hostIf, podNetns: podNetns}
-	at := attach.New(restarted, attach.WithDevices([]string{testDriver}, hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(counted))
-	d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry(),
+	at := attach.New(restarted, intents, attach.WithDevices([]string{testDriver}, hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(counted))
+	d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry(),
 		manager.WithHostInterfaces(hostIfs), manager.WithSettle(nil, at))
-	return d, at, restarted, counted
+	return d, at, restarted, intents, counted
 }
 
 // attachOptions are the DRA rig's with dra.attach of testDriver, its devices moved by links,
@@ -540,7 +536,7 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 					t.Errorf("%s on the host after the failed start: %+v (found %t), want %+v", name, got, ok, want)
 				}
 			}
-			left := dr.registry.LeftAttaches()
+			left := dr.intents.LeftAttaches()
 			if reclaimFails != (len(left) == 1) || (reclaimFails && left[0].HostInterface != second) {
 				t.Fatalf("left intents %+v; want %s's only when its give back failed", left, second)
 			}
@@ -551,8 +547,8 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(onDisk.Attaching) != 0 || len(dr.registry.LeftAttaches()) != 0 {
-				t.Errorf("intents after settling: on disk %+v, in the registry %+v", onDisk.Attaching, dr.registry.LeftAttaches())
+			if len(onDiskIntents(t, onDisk)) != 0 || len(dr.intents.LeftAttaches()) != 0 {
+				t.Errorf("intents after settling: on disk %+v, in the registry %+v", onDiskIntents(t, onDisk), dr.intents.LeftAttaches())
 			}
 		})
 	}

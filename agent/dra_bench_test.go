@@ -54,7 +54,7 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 				}
 				sb.End()
 				if i > maxPods {
-					forgetPodClaims(b, dr.registry, podList[(i-maxPods)%pods].UID)
+					forgetPodClaims(b, dr.claimStore, podList[(i-maxPods)%pods].UID)
 				}
 			}
 			b.ReportMetric(float64(dr.gets.Load()-start)/float64(i), "api-gets/pod")

@@ -61,10 +61,10 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 		wg.Go(func() { ids[i], errs[i] = dr.runPod(t, p) })
 	}
 	if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		c, ok := dr.registry.Claim("claim-shared")
+		c, ok := dr.claimStore.Claim("claim-shared")
 		return ok && len(c.PodUIDs) == n, nil
 	}); err != nil {
-		c, _ := dr.registry.Claim("claim-shared")
+		c, _ := dr.claimStore.Claim("claim-shared")
 		t.Fatalf("claim's users %v, want all %d pods: %v", c.PodUIDs, n, err)
 	}
 	close(release)
@@ -98,7 +98,7 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared", "unprepare default/shared"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
 	}
-	if c := dr.registry.Claims(); len(c) != 0 {
+	if c := dr.claimStore.List(); len(c) != 0 {
 		t.Errorf("claim records left: %+v", c)
 	}
 }
@@ -224,12 +224,8 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			if err := os.WriteFile(cpPath, crashed, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
-			if err != nil {
-				t.Fatal(err)
-			}
-			restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
-			d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
+			restarted, store, _ := restartState(t, dr.stateDir)
+			d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry())
 			before := len(dr.driver.Calls())
 			after := func() []string { return dr.driver.Calls()[before:] }
 			for _, name := range tc.rerun {
@@ -237,7 +233,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				if err := prepareAgain(ctx, d, p); err != nil {
 					t.Fatalf("sandbox of %s started again: %v", name, err)
 				}
-				if c, ok := restarted.Claim("claim-net"); !ok || !c.Prepared || len(c.Devices) != 1 {
+				if c, ok := store.Claim("claim-net"); !ok || !c.Prepared || len(c.Devices) != 1 {
 					t.Errorf("after %s started again: claim record %+v (%v), want prepared with its device", name, c, ok)
 				}
 			}
@@ -267,7 +263,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			if n := countOf(after(), "unprepare default/net"); n != tc.unprepares {
 				t.Errorf("unprepares after the restart: %d (calls %v), want %d", n, after(), tc.unprepares)
 			}
-			if c, p := restarted.Claims(), restarted.DRAPods(); len(c) != 0 || len(p) != 0 {
+			if c, p := store.List(), store.Pods(); len(c) != 0 || len(p) != 0 {
 				t.Errorf("left recorded after converging: claims %+v, pods %+v", c, p)
 			}
 		})
@@ -421,8 +417,8 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 			if calls := dr.driver.Calls(); !slices.Equal(calls, want) {
 				t.Errorf("driver calls %v, want %v", calls, want)
 			}
-			c, ok := dr.registry.Claim("claim-shared")
-			if !ok || !c.Prepared || c.PreparedBy != registry.PreparedByPodgate || len(c.Devices) != 1 || c.Devices[0].Device != "dev-shared" ||
+			c, ok := dr.claimStore.Claim("claim-shared")
+			if !ok || !c.Prepared || c.PreparedBy != manager.PreparedByPodgate || len(c.Devices) != 1 || c.Devices[0].Device != "dev-shared" ||
 				!slices.Equal(c.PodUIDs, []types.UID{p2.UID}) {
 				t.Errorf("claim record %+v (%v), want it prepared by podgate with its device, used by %s", c, ok, p2.UID)
 			}
@@ -439,7 +435,7 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 			if calls := dr.driver.Calls(); !slices.Equal(calls, append(want, "unprepare default/shared")) {
 				t.Errorf("driver calls after the new pod is gone %v, want one more unprepare", calls)
 			}
-			if c := dr.registry.Claims(); len(c) != 0 {
+			if c := dr.claimStore.List(); len(c) != 0 {
 				t.Errorf("claim records left: %+v", c)
 			}
 		})

@@ -22,7 +22,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
@@ -73,15 +72,15 @@ func TestDRAPrepareModes(t *testing.T) {
 		socket  bool   // a kubelet socket is there
 		by      string
 	}{
-		{"always", config.PrepareAlways, "v1.36.3", "", true, true, registry.PreparedByPodgate},
-		{"never", config.PrepareNever, "", "", false, false, registry.PreparedByKubelet},
-		{"auto: kubelet 1.36 manages the pod", config.PrepareAuto, "v1.36.3", "", true, true, registry.PreparedByKubelet},
-		{"auto: kubelet does not know the pod (another CRI client)", config.PrepareAuto, "v1.36.3", "", false, true, registry.PreparedByPodgate},
-		{"auto: kubelet stopped", config.PrepareAuto, "v1.36.3", "", true, false, registry.PreparedByPodgate},
-		{"auto: kubelet 1.33", config.PrepareAuto, "v1.33.5", "", true, true, registry.PreparedByPodgate},
-		{"auto: kubelet version not known, no Node", config.PrepareAuto, "", "", true, true, registry.PreparedByPodgate},
+		{"always", config.PrepareAlways, "v1.36.3", "", true, true, manager.PreparedByPodgate},
+		{"never", config.PrepareNever, "", "", false, false, manager.PreparedByKubelet},
+		{"auto: kubelet 1.36 manages the pod", config.PrepareAuto, "v1.36.3", "", true, true, manager.PreparedByKubelet},
+		{"auto: kubelet does not know the pod (another CRI client)", config.PrepareAuto, "v1.36.3", "", false, true, manager.PreparedByPodgate},
+		{"auto: kubelet stopped", config.PrepareAuto, "v1.36.3", "", true, false, manager.PreparedByPodgate},
+		{"auto: kubelet 1.33", config.PrepareAuto, "v1.33.5", "", true, true, manager.PreparedByPodgate},
+		{"auto: kubelet version not known, no Node", config.PrepareAuto, "", "", true, true, manager.PreparedByPodgate},
 		// podgate started before the kubelet registered the Node: the pod start reads it.
-		{"auto: kubelet version not read yet, the Node says 1.36", config.PrepareAuto, "", "v1.36.3", true, true, registry.PreparedByKubelet},
+		{"auto: kubelet version not read yet, the Node says 1.36", config.PrepareAuto, "", "v1.36.3", true, true, manager.PreparedByKubelet},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := draPod("1", "net")
@@ -130,13 +129,13 @@ func TestDRAPrepareModes(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantCalls := []string{"prepare default/net"}
-			if tt.by == registry.PreparedByKubelet {
+			if tt.by == manager.PreparedByKubelet {
 				wantCalls = nil
 			}
 			if calls := dr.driver.Calls(); !slices.Equal(calls, wantCalls) {
 				t.Errorf("driver calls %v, want %v", calls, wantCalls)
 			}
-			c, ok := dr.registry.Claim("claim-net")
+			c, ok := dr.claimStore.Claim("claim-net")
 			if !ok || !c.Prepared || c.PreparedBy != tt.by || len(c.Devices) != 1 || c.Devices[0].Device != "dev-net" ||
 				c.Devices[0].Network == nil || c.Devices[0].Network.HostInterface != "eth7" {
 				t.Errorf("claim record %+v, want prepared by %s with device dev-net, host interface eth7", c, tt.by)
@@ -148,13 +147,13 @@ func TestDRAPrepareModes(t *testing.T) {
 			}
 			waitPodGoneFromInformer(t, dr, pod.UID)
 			dr.dra.Reconcile(t.Context())
-			if tt.by == registry.PreparedByPodgate {
+			if tt.by == manager.PreparedByPodgate {
 				wantCalls = append(wantCalls, "unprepare default/net")
 			}
 			if calls := dr.driver.Calls(); !slices.Equal(calls, wantCalls) {
 				t.Errorf("driver calls after the pod is gone %v, want %v", calls, wantCalls)
 			}
-			if _, ok := dr.registry.Claim("claim-net"); ok {
+			if _, ok := dr.claimStore.Claim("claim-net"); ok {
 				t.Error("claim still recorded after its pod is gone")
 			}
 			// Nor remembered: a claim read after that is read from the API server.
@@ -204,7 +203,7 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 		if at := dr.atRun.Load(); at == nil || !slices.Contains(*at, "prepare default/"+claim) {
 			t.Errorf("pod %d: driver calls when the runtime got the sandbox %v, want its claim prepared by podgate", i+1, at)
 		}
-		if c, ok := dr.registry.Claim(types.UID("claim-" + claim)); !ok || !c.Prepared || c.PreparedBy != registry.PreparedByPodgate {
+		if c, ok := dr.claimStore.Claim(types.UID("claim-" + claim)); !ok || !c.Prepared || c.PreparedBy != manager.PreparedByPodgate {
 			t.Errorf("pod %d: claim record %+v, want prepared by podgate", i+1, c)
 		}
 		if got := counterValue(t, metrics, "podgate_podresources_kubelet_requests_total", "result", "not_listening"); got != float64(i+1) {
@@ -214,7 +213,7 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 			t.Errorf("after pod %d: kubelet_requests_total{unavailable} = %v: podgate waited for a kubelet that is not there", i+1, got)
 		}
 	}
-	if n := counterValue(t, dr.metrics, "podgate_dra_pod_claims_prepared_total", "by", registry.PreparedByPodgate); n != 2 {
+	if n := counterValue(t, dr.metrics, "podgate_dra_pod_claims_prepared_total", "by", manager.PreparedByPodgate); n != 2 {
 		t.Errorf("pod_claims_prepared_total{by=podgate} = %v, want 2", n)
 	}
 }

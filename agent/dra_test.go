@@ -146,12 +146,12 @@ func newDRARigWith(t testing.TB, callTimeout time.Duration, o draOptions, objs .
 		if o.attach != nil {
 			aopts = o.attach(dr)
 		}
-		dr.attach = attach.New(r.registry, aopts...)
+		dr.attach = attach.New(r.registry, r.intents, aopts...)
 		mopts := []manager.Option{manager.WithKubelet(func() manager.KubeletPods { return dr.kubelet })}
 		if o.manager != nil {
 			mopts = append(mopts, o.manager(dr)...)
 		}
-		dr.dra = manager.New(pods, drivers, dr.claims, r.registry, r.runtimeClient, r.metrics, mopts...)
+		dr.dra = manager.New(pods, drivers, dr.claims, r.claimStore, r.registry, r.runtimeClient, r.metrics, mopts...)
 		return dr.dra, dr.attach
 	}
 	dr.pipelineRig = newPipelineRigWith(t, o.rigOptions)
@@ -204,10 +204,14 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	// On disk at once (the claim's change is written before anyone sees it): one record per
 	// claim with its users, and the pod's use of it.
 	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
-	wantInfo := []registry.ClaimInfo{{UID: "claim-net", Namespace: "default", Name: "net", Drivers: []string{testDriver}, Prepared: true,
-		Devices: want[0].Devices, PreparedBy: registry.PreparedByPodgate, PodUIDs: []types.UID{pod.UID}}}
-	if err != nil || !sameJSON(t, onDisk.Claims, wantInfo) || len(onDisk.Pods) != 1 || onDisk.Pods[0].Pod.UID != pod.UID {
-		t.Errorf("checkpoint: claims %+v, pods %+v (%v); want %+v used by %s", onDisk.Claims, onDisk.Pods, err, wantInfo, pod.UID)
+	wantInfo := []manager.ClaimInfo{{UID: "claim-net", Namespace: "default", Name: "net", Drivers: []string{testDriver}, Prepared: true,
+		Devices: want[0].Devices, PreparedBy: manager.PreparedByPodgate, PodUIDs: []types.UID{pod.UID}}}
+	var onDiskClaims []manager.ClaimInfo
+	var onDiskPods []manager.PodDRA
+	section(t, onDisk, "claims", &onDiskClaims)
+	section(t, onDisk, "draPods", &onDiskPods)
+	if err != nil || !sameJSON(t, onDiskClaims, wantInfo) || len(onDiskPods) != 1 || onDiskPods[0].Pod.UID != pod.UID {
+		t.Errorf("checkpoint: claims %+v, pods %+v (%v); want %+v used by %s", onDiskClaims, onDiskPods, err, wantInfo, pod.UID)
 	}
 
 	// The kubelet re-creates the pod's sandbox: nothing is asked again.
@@ -342,8 +346,8 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 		t.Error("claims record kept after the unprepare")
 	}
 	dr.registry.Flush()
-	if onDisk, _ := registry.NewCheckpoint(dr.stateDir).ReadAll(); len(onDisk.PodClaims) != 0 {
-		t.Errorf("checkpoint keeps %+v", onDisk.PodClaims)
+	if onDisk, _ := registry.NewCheckpoint(dr.stateDir).ReadAll(); len(onDisk.Sections["podClaims"]) != 0 || len(onDisk.Sections["draPods"]) != 0 {
+		t.Errorf("checkpoint keeps %s %s", onDisk.Sections["podClaims"], onDisk.Sections["draPods"])
 	}
 }
 
@@ -391,16 +395,12 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	// checkpoint; the pod is gone since.
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second)
-	recordPodClaims(t, dr.registry, registry.PodClaims{
+	recordPodClaims(t, dr.claimStore, registry.PodClaims{
 		Pod:    registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
 		Claims: []registry.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
 	})
-	onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	restarted := registry.NewRegistry(registry.NewCheckpoint(dr.stateDir), onDisk)
-	d := manager.New(dr.pods, dr.drivers, dr.claims, restarted, dr.runtimeClient, prometheus.NewRegistry())
+	restarted, store, _ := restartState(t, dr.stateDir)
+	d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry())
 	d.Reconcile(t.Context())
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"unprepare default/net"}) {
 		t.Errorf("driver calls %v, want the recorded claim unprepared", calls)
@@ -433,7 +433,7 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 	now = time.Now()
 	dr.driver.SetHook(func(context.Context, string) error { return errors.New("device busy") })
 	dr.dra.Reconcile(ctx)
-	if c, ok := dr.registry.Claim("claim-net"); !ok || len(c.PodUIDs) != 0 {
+	if c, ok := dr.claimStore.Claim("claim-net"); !ok || len(c.PodUIDs) != 0 {
 		t.Fatalf("claim record %+v (%v): want it kept, used by no pod, since the unprepare failed", c, ok)
 	}
 	dr.driver.SetHook(nil)
@@ -444,7 +444,7 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 	}
 	now = now.Add(manager.RetryInitial)
 	dr.dra.Reconcile(ctx)
-	if _, ok := dr.registry.Claim("claim-net"); ok {
+	if _, ok := dr.claimStore.Claim("claim-net"); ok {
 		t.Error("obligation kept after a successful retry")
 	}
 	if n := counterValue(t, dr.metrics, "podgate_dra_claims_released_total", "how", "unprepared"); n != 1 {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 )
 
@@ -63,39 +65,79 @@ func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clien
 	return a
 }
 
-// recordPodClaims records pc in reg as the DRA stage does: the pod as a user of its claims
-// (durable), then the devices of those it holds prepared.
-func recordPodClaims(t testing.TB, reg *registry.Registry, pc registry.PodClaims) {
+// recordPodClaims records pc in the claim store as the DRA stage does: the pod as a user of its
+// claims (durable), then the devices of those it holds prepared.
+func recordPodClaims(t testing.TB, store *manager.Claims, pc registry.PodClaims) {
 	t.Helper()
-	uses := make([]registry.ClaimUse, len(pc.Claims))
+	uses := make([]manager.ClaimUse, len(pc.Claims))
 	prepared := map[types.UID][]registry.DeviceRecord{}
 	for i, c := range pc.Claims {
-		uses[i] = registry.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
+		uses[i] = manager.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
 		if c.Prepared {
 			prepared[c.UID] = c.Devices
 		}
 	}
-	if err := reg.UseClaims(pc.Pod, pc.Containers, uses); err != nil {
+	if err := store.UseClaims(pc.Pod, pc.Containers, uses); err != nil {
 		t.Fatal(err)
 	}
 	if len(prepared) > 0 {
-		if err := reg.SetPrepared(prepared); err != nil {
+		if err := store.SetPrepared(prepared); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-// forgetPodClaims releases a pod's claims in reg and forgets those no pod uses, as the DRA
-// reconciler does once their drivers unprepared them.
-func forgetPodClaims(t testing.TB, reg *registry.Registry, uid types.UID) {
+// forgetPodClaims releases a pod's claims in the claim store and forgets those no pod uses, as
+// the DRA reconciler does once their drivers unprepared them.
+func forgetPodClaims(t testing.TB, store *manager.Claims, uid types.UID) {
 	t.Helper()
-	unused, err := reg.ReleasePod(uid)
+	unused, err := store.ReleasePod(uid)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range unused {
-		if err := reg.ClaimUnprepared(c.UID); err != nil {
+		if err := store.ClaimUnprepared(c.UID); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// memoryState is a registry in memory only with its claim store, as openState builds them.
+func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
+	t.Helper()
+	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	claims, err := manager.NewClaims(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, claims
+}
+
+// restartState is podgate's state read again from the checkpoint in stateDir, as start-up
+// reads it.
+func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.Claims, *attach.Intents) {
+	t.Helper()
+	reg, claims, intents, err := openState(registry.NewCheckpoint(stateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, claims, intents
+}
+
+// section decodes the checkpoint data's section key into out (left as it is when absent).
+func section(t testing.TB, d registry.CheckpointData, key string, out any) {
+	t.Helper()
+	if raw, ok := d.Sections[key]; ok {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("checkpoint section %s: %v", key, err)
+		}
+	}
+}
+
+// onDiskIntents are the attach intents the checkpoint data d holds.
+func onDiskIntents(t testing.TB, d registry.CheckpointData) []attach.Intent {
+	t.Helper()
+	var out []attach.Intent
+	section(t, d, "attaching", &out)
+	return out
 }

@@ -39,9 +39,12 @@ type pipelineRig struct {
 	pipeline      *pipeline.Runner
 	core          *pipeline.Core
 	registry      *registry.Registry
-	stateDir      string
-	client        runtimeapi.RuntimeServiceClient
-	metrics       *prometheus.Registry
+	// claimStore and intents are the DRA features' sections of the registry's checkpoint.
+	claimStore *manager.Claims
+	intents    *attach.Intents
+	stateDir   string
+	client     runtimeapi.RuntimeServiceClient
+	metrics    *prometheus.Registry
 }
 
 // newPipelineRig builds the rig; change lets a test alter the stages before they serve.
@@ -124,7 +127,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.registry = registry.NewRegistry(registry.NewCheckpoint(r.stateDir), registry.CheckpointData{})
+	r.registry, r.claimStore, r.intents = restartState(t, r.stateDir)
 	r.runtimeClient = srv.RuntimeClient()
 	verify := config.VerifyWarn
 	if o.verify != "" {

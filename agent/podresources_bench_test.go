@@ -22,7 +22,7 @@ import (
 // of 4 containers, each with a sandbox and one prepared pod-level network claim.
 func benchRegistry(b *testing.B) *registry.Registry {
 	b.Helper()
-	r := registry.NewRegistry(nil, registry.CheckpointData{})
+	r, claims := memoryState(b)
 	for i := range 110 {
 		ref := registry.PodRef{UID: types.UID(fmt.Sprintf("uid-%03d", i)), Name: fmt.Sprintf("pod-%03d", i), Namespace: fmt.Sprintf("ns-%d", i%10)}
 		rec := sampleRecord(fmt.Sprintf("sandbox-%03d", i))
@@ -43,7 +43,7 @@ func benchRegistry(b *testing.B) *registry.Registry {
 			}},
 			Containers: []registry.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
 		}
-		recordPodClaims(b, r, pc)
+		recordPodClaims(b, claims, pc)
 	}
 	return r
 }

@@ -67,11 +67,11 @@ func webClaims(prepared bool) registry.PodClaims {
 // updated by its sandbox, removed once neither sandbox nor claims are left; a change that
 // changes nothing visible is not told.
 func TestRegistryPodChanges(t *testing.T) {
-	r := registry.NewRegistry(nil, registry.CheckpointData{})
+	r, claims := memoryState(t)
 	changes := watchRegistry(r)
 
-	recordPodClaims(t, r, webClaims(false))
-	recordPodClaims(t, r, webClaims(true))
+	recordPodClaims(t, claims, webClaims(false))
+	recordPodClaims(t, claims, webClaims(true))
 	rec := sampleRecord("web")
 	rec.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
 	if err := r.Add(rec); err != nil {
@@ -80,7 +80,7 @@ func TestRegistryPodChanges(t *testing.T) {
 	r.Update(rec.ID, func(*registry.SandboxRecord) {}) // nothing changes
 	r.Update(rec.ID, func(s *registry.SandboxRecord) { s.Ready = false })
 	r.Remove(rec.ID)
-	forgetPodClaims(t, r, "uid-web")
+	forgetPodClaims(t, claims, "uid-web")
 
 	want := []pb.WatchEvent_Type{
 		pb.WatchEvent_POD_ADDED, pb.WatchEvent_DEVICES_PREPARED, pb.WatchEvent_POD_UPDATED,
@@ -158,7 +158,7 @@ func TestPodResourcesThroughTheAgent(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	recordPodClaims(t, a.sandboxes, webClaims(true))
+	recordPodClaims(t, a.claims, webClaims(true))
 
 	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

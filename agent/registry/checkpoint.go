@@ -8,18 +8,22 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // CheckpointVersion is the format of the pod registry's checkpoint file: v3 adds the intents to
-// attach DRA network devices (AttachIntent) to v2, which keeps one record per DRA claim. A v2
-// file is a v3 file without intents; a v1 file (a copy of each claim in every pod using it) is
-// read and migrated; a file of another version is refused, not guessed at.
+// attach DRA network devices (package attach's section, "attaching") to v2, which keeps one
+// record per DRA claim (package manager's section, "claims" and "draPods"). A v2 file is a v3
+// file without intents; a v1 file (a copy of each claim in every pod using it, "podClaims") is
+// read and migrated by the claims' section; a file of another version is refused, not guessed
+// at.
 //
-// A checkpoint without intents is written as v2, which a podgate before v3 reads: one put back
-// starts, and refuses the file only while an attach is under way or left by a crash, whose
-// intents it would not know of.
+// A checkpoint no section needs v3 for is written as v2, which a podgate before v3 reads: one
+// put back starts, and refuses the file only while an attach is under way or left by a crash,
+// whose intents it would not know of.
 const CheckpointVersion = "podgate.dev/registry/v3"
 
 // checkpointVersionV2 is the format before attach intents, still written when there are none.
@@ -27,6 +31,13 @@ const checkpointVersionV2 = "podgate.dev/registry/v2"
 
 // checkpointVersionV1 is the format before one record per claim, migrated when read.
 const checkpointVersionV1 = "podgate.dev/registry/v1"
+
+// The formats as numbers (CheckpointData.Version).
+const (
+	checkpointV1 = 1
+	checkpointV2 = 2
+	checkpointV3 = 3
+)
 
 // CheckpointFile is the registry checkpoint's name in stateDir.
 const CheckpointFile = "registry.json"
@@ -39,16 +50,65 @@ type Checkpoint struct {
 	path string
 }
 
-// CheckpointData is what the checkpoint holds: the sandboxes, the DRA claims podgate holds
-// (its obligations to unprepare them), one record each, what each pod uses of them, and the
-// DRA network devices podgate is moving into pods (its obligations to give them back).
+// CheckpointData is what the checkpoint holds: the sandboxes, and each feature's section
+// (the DRA claims podgate holds, one record each, and what each pod uses of them; the DRA
+// network devices podgate is moving into pods), kept raw: the features decode their own.
 type CheckpointData struct {
-	Sandboxes []SandboxRecord `json:"sandboxes"`
-	Claims    []ClaimInfo     `json:"claims,omitempty"`
-	Pods      []PodDRA        `json:"draPods,omitempty"`
-	Attaching []AttachIntent  `json:"attaching,omitempty"`
-	// PodClaims is how a v1 checkpoint kept the claims: read for the migration, never written.
-	PodClaims []PodClaims `json:"podClaims,omitempty"`
+	Sandboxes []SandboxRecord
+	// Sections are the data keys beside "sandboxes", raw.
+	Sections map[string]json.RawMessage
+	// Version is the format: read, the file's (1, 2 or 3); written, 3 for v3, else v2.
+	Version int
+}
+
+// MarshalJSON writes the data object: "sandboxes" first, then the sections by key.
+func (d CheckpointData) MarshalJSON() ([]byte, error) {
+	sandboxes := d.Sandboxes
+	if sandboxes == nil {
+		sandboxes = []SandboxRecord{}
+	}
+	var buf bytes.Buffer
+	buf.WriteString(`{"sandboxes":`)
+	b, err := json.Marshal(sandboxes)
+	if err != nil {
+		return nil, err
+	}
+	buf.Write(b)
+	for _, k := range slices.Sorted(maps.Keys(d.Sections)) {
+		if k == sandboxesKey {
+			continue
+		}
+		kb, err := json.Marshal(k)
+		if err != nil {
+			return nil, err
+		}
+		buf.WriteByte(',')
+		buf.Write(kb)
+		buf.WriteByte(':')
+		if err := json.Compact(&buf, d.Sections[k]); err != nil {
+			return nil, fmt.Errorf("section %q: %w", k, err)
+		}
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+// UnmarshalJSON reads the data object: the sandboxes, and every other key raw. Version is
+// left as it is (the file's, not the data's).
+func (d *CheckpointData) UnmarshalJSON(b []byte) error {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return err
+	}
+	d.Sandboxes = nil
+	if raw, ok := keys[sandboxesKey]; ok {
+		if err := json.Unmarshal(raw, &d.Sandboxes); err != nil {
+			return fmt.Errorf("sandboxes: %w", err)
+		}
+		delete(keys, sandboxesKey)
+	}
+	d.Sections = keys
+	return nil
 }
 
 // checkpointFile is the file's layout. Data is kept raw so the checksum covers the very bytes
@@ -99,6 +159,7 @@ func (c *Checkpoint) ReadAll() (CheckpointData, error) {
 	if err := json.Unmarshal(f.Data, &d); err != nil {
 		return CheckpointData{}, c.corrupt(err.Error())
 	}
+	d.Version = map[string]int{checkpointVersionV1: checkpointV1, checkpointVersionV2: checkpointV2, CheckpointVersion: checkpointV3}[f.Version]
 	return d, nil
 }
 
@@ -106,21 +167,14 @@ func (c *Checkpoint) corrupt(why string) error {
 	return fmt.Errorf("checkpoint %s is damaged (%s): move it away to start with a registry rebuilt from the runtime alone", c.path, why)
 }
 
-// Write replaces the checkpoint with d.
+// Write replaces the checkpoint with d, as v3 when d.Version says so, else as v2.
 func (c *Checkpoint) Write(d CheckpointData) error {
-	if d.Sandboxes == nil {
-		d.Sandboxes = []SandboxRecord{}
-	}
-	if len(d.PodClaims) > 0 {
-		claims, pods := migratePodClaims(d.PodClaims)
-		d.Claims, d.Pods, d.PodClaims = append(d.Claims, sortedClaims(claims)...), append(d.Pods, sortedPods(pods)...), nil
-	}
 	data, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
 	version := checkpointVersionV2
-	if len(d.Attaching) > 0 {
+	if d.Version >= checkpointV3 {
 		version = CheckpointVersion
 	}
 	var buf bytes.Buffer

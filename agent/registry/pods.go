@@ -43,7 +43,11 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// One pass over the sandboxes, not one per pod: List asks for every pod of a full node.
-	pods := make(map[types.UID]*PodState, len(r.draPods)+len(r.entries))
+	var claimPods []PodRef
+	if r.claims != nil {
+		claimPods = r.claims.ClaimPods()
+	}
+	pods := make(map[types.UID]*PodState, len(claimPods)+len(r.entries))
 	state := func(uid types.UID) *PodState {
 		p, ok := pods[uid]
 		if !ok {
@@ -52,9 +56,10 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 		}
 		return p
 	}
-	for uid := range r.draPods {
-		c, _ := r.podClaimsLocked(uid)
-		state(uid).Claims = &c
+	for _, ref := range claimPods {
+		if c, ok := r.claims.PodClaims(ref.UID); ok {
+			state(ref.UID).Claims = &c
+		}
 	}
 	for _, e := range r.entries {
 		p := state(e.Pod.UID)
@@ -85,9 +90,11 @@ func (r *Registry) PodByName(namespace, name string) (PodState, bool) {
 			best = p
 		}
 	}
-	for uid, p := range r.draPods {
-		if p.Pod.Namespace == namespace && p.Pod.Name == name {
-			consider(uid)
+	if r.claims != nil {
+		for _, p := range r.claims.ClaimPods() {
+			if p.Namespace == namespace && p.Name == name {
+				consider(p.UID)
+			}
 		}
 	}
 	for _, e := range r.entries {
@@ -139,4 +146,18 @@ func (r *Registry) changedLocked(uid types.UID, before *PodState) {
 	if r.onChange != nil {
 		r.onChange(r.revision, before, r.podStateLocked(uid))
 	}
+}
+
+// PodClaims implements PodClaimsGetter with the claims' section (none: no pod has claims).
+func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.podClaimsLocked(uid)
+}
+
+func (r *Registry) podClaimsLocked(uid types.UID) (PodClaims, bool) {
+	if r.claims == nil {
+		return PodClaims{}, false
+	}
+	return r.claims.PodClaims(uid)
 }

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -129,13 +130,16 @@ type Registry struct {
 	// containers are the sandboxes' containers, by ID. They are not in the checkpoint: the
 	// runtime holds them, and the start-up rebuild reads them from it.
 	containers map[string]*ContainerRecord
-	// claimInfos are the DRA claims, one record per claim; draPods what each pod uses of them.
-	// Both are replaced whole by changeClaims, once the checkpoint holds the new ones.
-	claimInfos map[types.UID]*ClaimInfo
-	draPods    map[types.UID]*PodDRA
-	// attaching are the intents to move DRA devices into pods (AttachIntent), by sandbox and
-	// host interface.
-	attaching map[attachKey]*attachEntry
+	// sections are the features' parts of the checkpoint (Register); raw holds the data keys
+	// of the checkpoint read at start-up that no section took up, carried through every write.
+	// loadedVersion is that file's format.
+	sections      []Section
+	raw           map[string]json.RawMessage
+	loadedVersion int
+	// watchers are the sections told of sandbox records set and gone; claims the one that
+	// holds the pods' DRA claims (nil: none).
+	watchers []SandboxWatcher
+	claims   PodClaimsSource
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -144,11 +148,9 @@ type Registry struct {
 	revision uint64
 	onChange PodChangeFunc
 
-	// claimMu serialises the changes of the DRA claims (changeClaims): each is built on the
-	// state the one before it left. Taken before persistMu and mu.
-	claimMu sync.Mutex
 	// persistMu orders checkpoint writes: each write takes its snapshot under it, so a later
-	// change is never overwritten by an earlier snapshot.
+	// change is never overwritten by an earlier snapshot. Lock order: a section's own change
+	// lock (the claim store's), persistMu, mu, a section's own state lock (Save, watchers).
 	persistMu sync.Mutex
 	// writeQueued: a background write is due and has not taken its snapshot yet; changes made
 	// meanwhile are in it. Guarded by mu.
@@ -174,31 +176,19 @@ var (
 )
 
 // NewRegistry creates a registry that persists to cp (nil: memory only), holding what it
-// already holds.
+// already holds: the sandboxes, and the sections' data for them to take up (Register). The
+// sections register before anything writes the checkpoint; a key none takes up is carried
+// through writes unchanged.
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
-		attaching:   map[attachKey]*attachEntry{},
+		raw: maps.Clone(d.Sections), loadedVersion: d.Version,
 		writeFailed: func(error) {}, writeDelay: WriteDelay,
 	}
 	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {
 		rec := d.Sandboxes[i].Clone()
 		r.entries[rec.ID] = &rec
-	}
-	r.claimInfos, r.draPods = migratePodClaims(d.PodClaims) // empty but for an older checkpoint
-	for i := range d.Claims {
-		c := d.Claims[i].Clone()
-		r.claimInfos[c.UID] = &c
-	}
-	for i := range d.Pods {
-		p := d.Pods[i].Clone()
-		r.draPods[p.Pod.UID] = &p
-	}
-	// Intents in the checkpoint are a crash's: no call of this podgate is at them.
-	for i := range d.Attaching {
-		in := d.Attaching[i].Clone()
-		r.attaching[attachKey{in.SandboxID, in.HostInterface}] = &attachEntry{intent: in, left: true}
 	}
 	return r
 }
@@ -265,9 +255,11 @@ func compareStrings(a, b string) int {
 // finds them after a crash — the rebuild adopts the sandbox without them, and its stop gives
 // back only what its record holds, so a virtual interface would be destroyed with the pod's
 // namespace and a physical one come back to the host under its pod name. Such a record counts
-// only once the checkpoint holds it, as the DRA claims' changes do (changeClaims): Add returns
-// after the write, and changes nothing when the write fails. The same write drops the devices'
-// attach intents (BeginAttach): the record now holds the obligation.
+// only once the checkpoint holds it, as the DRA claims' changes do (Commit): Add returns after
+// the write, and changes nothing when the write fails. The same write holds the record in place
+// of the devices' attach intents (the attach section saves no intent of a device a record holds
+// as attached), and the section, told of the record (SandboxWatcher), drops them: the record
+// now holds the obligation.
 func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
@@ -291,7 +283,9 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	}
 	before := r.beforeLocked(rec.Pod.UID)
 	r.entries[rec.ID] = &c
-	r.dropAttachedIntentsLocked(&c)
+	for _, w := range r.watchers {
+		w.SandboxSet(&c)
+	}
 	r.touchLocked(rec.ID)
 	r.changedLocked(rec.Pod.UID, before)
 	r.mu.Unlock()
@@ -305,13 +299,11 @@ func (r *Registry) Add(rec SandboxRecord) error {
 // place of a record of that ID). persistMu is held.
 func (r *Registry) writeWithLocked(rec SandboxRecord) error {
 	r.mu.Lock()
-	snap := r.snapshotLocked()
-	snap.Sandboxes = append(slices.DeleteFunc(snap.Sandboxes, func(e SandboxRecord) bool { return e.ID == rec.ID }), rec.Clone())
-	slices.SortFunc(snap.Sandboxes, compareSandboxes)
-	snap.Attaching = slices.DeleteFunc(snap.Attaching, func(in AttachIntent) bool {
-		return in.SandboxID == rec.ID && slices.ContainsFunc(rec.Attached, func(a AttachedDevice) bool { return a.Interface.HostName == in.HostInterface })
-	})
+	snap, err := r.snapshotLocked(&rec, nil, nil)
 	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if err := r.checkpoint.Write(snap); err != nil {
 		return fmt.Errorf("pod registry: %w", err)
 	}
@@ -337,15 +329,60 @@ func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 	return ok
 }
 
+// UpdateDurable changes a sandbox's record with fn and returns once the checkpoint holds the
+// change, for a change that is an obligation (a device recorded as attached: see Add). It
+// reports false, changing nothing, when the sandbox is not (or, once written, no longer)
+// recorded; when the write fails it changes nothing either. The sections are told of the record
+// (SandboxWatcher), as by Add: the write that holds a device as attached drops its intent.
+func (r *Registry) UpdateDurable(id string, fn func(*SandboxRecord)) (bool, error) {
+	if r.checkpoint != nil {
+		r.persistMu.Lock()
+		defer r.persistMu.Unlock()
+		r.mu.Lock()
+		e, ok := r.entries[id]
+		if !ok {
+			r.mu.Unlock()
+			return false, nil
+		}
+		rec := e.Clone()
+		fn(&rec)
+		rec.Pod.UID = e.Pod.UID // a sandbox never moves to another pod
+		snap, err := r.snapshotLocked(&rec, nil, nil)
+		r.mu.Unlock()
+		if err != nil {
+			return false, err
+		}
+		if err := r.checkpoint.Write(snap); err != nil {
+			return false, fmt.Errorf("pod registry: %w", err)
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[id]
+	if !ok {
+		return false, nil // Remove took it meanwhile, telling the sections
+	}
+	uid := e.Pod.UID
+	before := r.beforeLocked(uid)
+	fn(e)
+	e.Pod.UID = uid
+	for _, w := range r.watchers {
+		w.SandboxSet(e)
+	}
+	r.changedLocked(uid, before)
+	return true, nil
+}
+
 // Remove forgets a sandbox; the checkpoint follows in the background. Forgetting an unknown
-// sandbox is not an error: Stop and Remove are idempotent. Devices the record still holds as
-// attached (the sandbox was stopped past podgate) become left attach intents, to be given back.
+// sandbox is not an error: Stop and Remove are idempotent. The sections are told the record goes
+// (SandboxWatcher): devices it still holds as attached (the sandbox was stopped past podgate)
+// become left attach intents, to be given back.
 func (r *Registry) Remove(id string) {
 	r.mu.Lock()
 	e, ok := r.entries[id]
 	if ok {
 		before := r.beforeLocked(e.Pod.UID)
-		r.leaveAttachedLocked(e)
+		r.goneLocked(e)
 		delete(r.entries, id)
 		r.changedLocked(e.Pod.UID, before)
 	}
@@ -354,6 +391,13 @@ func (r *Registry) Remove(id string) {
 	r.mu.Unlock()
 	if ok {
 		r.persistSoon()
+	}
+}
+
+// goneLocked tells the sections that rec goes.
+func (r *Registry) goneLocked(rec *SandboxRecord) {
+	for _, w := range r.watchers {
+		w.SandboxGone(rec)
 	}
 }
 
@@ -380,8 +424,8 @@ func (r *Registry) beginRebuild() (end func()) {
 // reconcile makes the registry hold exactly the sandboxes the runtime listed (seen), keeping
 // what the registry already knew of each: a sandbox it knew keeps its origin and pipeline
 // results with the runtime's view refreshed; one it did not know is added as adopted; one the
-// runtime no longer has is dropped, the devices it holds as attached becoming left attach
-// intents. Sandboxes the pipeline touched since beginRebuild are left as the pipeline made
+// runtime no longer has is dropped, the sections told it goes (the devices it holds as attached
+// become left attach intents). Sandboxes the pipeline touched since beginRebuild are left as the pipeline made
 // them. The containers are reconciled the same way with containers, and those of a sandbox
 // that is gone go with it. It returns how many sandbox records it added and dropped.
 func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord) (added, dropped int) {
@@ -418,7 +462,7 @@ func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord)
 	}
 	for id, e := range r.entries {
 		if !inRuntime[id] && !r.touched[id] {
-			r.leaveAttachedLocked(e)
+			r.goneLocked(e)
 			delete(r.entries, id)
 			dropped++
 		}
@@ -452,22 +496,12 @@ func (r *SandboxRecord) FillFromRuntime(seen *SandboxRecord) {
 	}
 }
 
-// persist writes the checkpoint now.
-func (r *Registry) persist() error {
-	if r.checkpoint == nil {
-		return nil
-	}
-	r.persistMu.Lock()
-	defer r.persistMu.Unlock()
-	return r.writeLocked()
-}
-
 // WriteDelay is how long a background checkpoint write waits before it takes its snapshot, so
 // that the changes of one pod start (the record, then what the status read and the sysctl
 // verification add) reach the disk in one write, after the kubelet's next calls rather than
 // beside them: each write is two fsyncs on the journal containerd's own commits fsync on. What
 // a crash loses of them, the start-up rebuild finds again in the runtime; changes of the DRA
-// claims never wait (changeClaims writes them before they count).
+// claims never wait (Commit writes them before they count).
 const WriteDelay = time.Second
 
 // SetWriteDelay sets how long a background write waits for more changes (WriteDelay unless set;
@@ -551,22 +585,15 @@ func (r *Registry) OnWriteError(fn func(error)) {
 // writeLocked writes a snapshot of the registry; persistMu is held.
 func (r *Registry) writeLocked() error {
 	r.mu.Lock()
-	snap := r.snapshotLocked()
+	snap, err := r.snapshotLocked(nil, nil, nil)
 	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	if err := r.checkpoint.Write(snap); err != nil {
 		return fmt.Errorf("pod registry: %w", err)
 	}
 	return nil
-}
-
-// snapshotLocked is what the checkpoint holds of the registry now.
-func (r *Registry) snapshotLocked() CheckpointData {
-	return CheckpointData{
-		Sandboxes: r.sortedLocked(func(*SandboxRecord) bool { return true }),
-		Claims:    r.claimsLocked(),
-		Pods:      r.draPodsLocked(),
-		Attaching: r.intentsLocked(func(*attachEntry) bool { return true }),
-	}
 }
 
 // Len is the number of sandboxes recorded.

@@ -25,6 +25,8 @@ type Attacher struct {
 	// off: DRA is off (no Kubernetes API); the stage does nothing.
 	off      bool
 	registry *registry.Registry
+	// intents are the attach intents (their checkpoint section).
+	intents *Intents
 	// links moves the devices (package dra). settling is held to settle a left attach
 	// intent, and shared by an attach's mark and move and by a stop's give back: settling
 	// gives back what carries the mark, and reads the record a stop gives back from.
@@ -69,9 +71,10 @@ func WithPublisher(client dra.ResourceClaimStatusClient) Option {
 // between the steps).
 func WithNetdevs(links Netdevs) Option { return func(a *Attacher) { a.links = links } }
 
-// New returns the attacher of DRA network devices, recording in reg what it moves.
-func New(reg *registry.Registry, opts ...Option) *Attacher {
-	a := &Attacher{registry: reg, links: DRANetdevs{}}
+// New returns the attacher of DRA network devices, recording in intents what it moves and in
+// reg's sandbox records what it moved.
+func New(reg *registry.Registry, intents *Intents, opts ...Option) *Attacher {
+	a := &Attacher{registry: reg, intents: intents, links: DRANetdevs{}}
 	for _, o := range opts {
 		o(a)
 	}
@@ -118,12 +121,12 @@ func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 	// Each move is an obligation to give the device back, on disk before the move (an attach
 	// intent, attachOne) and taken up by the sandbox's record, which the record stage writes
 	// before the sandbox counts (registry.Add writes a record with Attached at once, and
-	// drops the intents in the same write). An intent that is still there when the call ends
+	// the intents, a device held as attached, go from the same write). An intent that is still there when the call ends
 	// (a give back failed), or that a crash left, is settled later (Settle): the
 	// device stays recorded when it is in the pod of a sandbox that still runs, and is given
 	// back otherwise, found by podgate's mark (dra.Attach).
 	id := sb.Rec.ID
-	sb.OnEnd(func() { d.registry.LeaveAttaches(id) })
+	sb.OnEnd(func() { d.intents.LeaveAttaches(id) })
 	for _, t := range todo {
 		dev, err := d.attachOne(ctx, sb.Rec, t)
 		if err != nil {
@@ -173,7 +176,7 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 	if err != nil {
 		return registry.AttachedDevice{}, err
 	}
-	in := registry.AttachIntent{
+	in := Intent{
 		SandboxID: rec.ID, Pod: rec.Pod, NetNS: rec.NetNS,
 		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
 		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device,
@@ -183,7 +186,7 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 	// this attach marks and moves it.
 	d.settling.RLock()
 	defer d.settling.RUnlock()
-	if err := d.registry.BeginAttach(in); err != nil {
+	if err := d.intents.BeginAttach(in); err != nil {
 		return registry.AttachedDevice{}, err
 	}
 	att, err := d.links.Attach(ctx, host, rec.NetNS, cfg)
@@ -193,7 +196,7 @@ func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t 
 		if undo := d.links.Reclaim(ctx, host, rec.NetNS); undo != nil {
 			return registry.AttachedDevice{}, errors.Join(err, fmt.Errorf("give back: %w", undo))
 		}
-		d.registry.EndAttach(rec.ID, host)
+		d.intents.EndAttach(rec.ID, host)
 		return registry.AttachedDevice{}, err
 	}
 	return in.Attached(attachedRecord(att)), nil
@@ -232,7 +235,7 @@ func (d *Attacher) detach(ctx context.Context, rec registry.SandboxRecord) error
 	if cur, ok := d.registry.Sandbox(rec.ID); ok {
 		rec = cur
 	}
-	intents := d.registry.AttachIntents(rec.ID)
+	intents := d.intents.AttachIntents(rec.ID)
 	if len(rec.Attached) == 0 && len(intents) == 0 {
 		return nil
 	}
@@ -272,7 +275,7 @@ func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord)
 			continue
 		}
 		d.count("detach", "success")
-		d.registry.EndAttach(rec.ID, dev.Interface.HostName)
+		d.intents.EndAttach(rec.ID, dev.Interface.HostName)
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
 		if dev.Published && d.on && d.publisher != nil {
 			if err := dra.ClearNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{network(dev)}); err != nil {
@@ -292,7 +295,7 @@ func (d *Attacher) Settle(ctx context.Context) {
 	if d.off {
 		return
 	}
-	for _, in := range d.registry.LeftAttaches() {
+	for _, in := range d.intents.LeftAttaches() {
 		if ctx.Err() != nil {
 			return
 		}
@@ -308,10 +311,10 @@ func (d *Attacher) Settle(ctx context.Context) {
 // finished and the device recorded as attached, so that the sandbox's stop gives it back;
 // otherwise whatever the attach left is given back, found by its mark, and the intent goes.
 // An error leaves the intent, for the next reconcile.
-func (d *Attacher) settleAttach(ctx context.Context, in registry.AttachIntent) error {
+func (d *Attacher) settleAttach(ctx context.Context, in Intent) error {
 	d.settling.Lock()
 	defer d.settling.Unlock()
-	if !d.registry.HasAttachIntent(in.SandboxID, in.HostInterface) {
+	if !d.intents.HasAttachIntent(in.SandboxID, in.HostInterface) {
 		return nil // the sandbox's stop gave it back meanwhile
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", in.SandboxID, "pod", klog.KRef(in.Pod.Namespace, in.Pod.Name),
@@ -327,7 +330,7 @@ func (d *Attacher) settleAttach(ctx context.Context, in registry.AttachIntent) e
 			if d.publisher != nil {
 				d.publishOne(ctx, &dev)
 			}
-			recorded, err := d.registry.SettleAttach(in.SandboxID, dev)
+			recorded, err := d.intents.SettleAttach(in.SandboxID, dev)
 			if err != nil {
 				d.count("resume", "error")
 				return err // the device stays in the pod, its intent on disk
@@ -348,13 +351,13 @@ func (d *Attacher) settleAttach(ctx context.Context, in registry.AttachIntent) e
 
 // reclaim gives back what the attach of an intent left, from podgate's mark, and then drops
 // the intent.
-func (d *Attacher) reclaim(ctx context.Context, in registry.AttachIntent) error {
+func (d *Attacher) reclaim(ctx context.Context, in Intent) error {
 	if err := d.links.Reclaim(ctx, in.HostInterface, in.NetNS); err != nil {
 		d.count("reclaim", "error")
 		return err
 	}
 	d.count("reclaim", "success")
-	d.registry.EndAttach(in.SandboxID, in.HostInterface)
+	d.intents.EndAttach(in.SandboxID, in.HostInterface)
 	return nil
 }
 

@@ -9,16 +9,17 @@ import (
 	"github.com/podgate/podgate/dra"
 )
 
-// The registry holds its own plain copies of what an attach records (it imports no feature);
-// these convert between them and the dra package's types at the attacher's edges.
+// The registry holds its own plain copies of what an attach records (it imports no feature), and
+// an intent its own of the interface's configuration; these convert between them and the dra
+// package's types at the attacher's edges.
 
-// configRecord is cfg as the registry's attach intent holds it.
-func configRecord(cfg dra.InterfaceConfig) registry.InterfaceConfig {
-	return registry.InterfaceConfig{Name: cfg.Name, MTU: cfg.MTU, Addresses: slices.Clone(cfg.Addresses)}
+// configRecord is cfg as an attach intent holds it.
+func configRecord(cfg dra.InterfaceConfig) InterfaceConfig {
+	return InterfaceConfig{Name: cfg.Name, MTU: cfg.MTU, Addresses: slices.Clone(cfg.Addresses)}
 }
 
 // interfaceConfig is the configuration an attach intent recorded.
-func interfaceConfig(c registry.InterfaceConfig) dra.InterfaceConfig {
+func interfaceConfig(c InterfaceConfig) dra.InterfaceConfig {
 	return dra.InterfaceConfig{Name: c.Name, MTU: c.MTU, Addresses: slices.Clone(c.Addresses)}
 }
 

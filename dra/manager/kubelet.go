@@ -20,19 +20,19 @@ import (
 func (d *Manager) preparer(ctx context.Context, ref registry.PodRef) string {
 	switch d.mode {
 	case PrepareNever:
-		return registry.PreparedByKubelet
+		return PreparedByKubelet
 	case PrepareAlways:
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	}
 	var kubelet KubeletPods
 	if d.kubelet != nil {
 		kubelet = d.kubelet()
 	}
 	if kubelet == nil { // no podResources.kubeletSocket: nobody to ask
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	}
 	if v := d.kubeletVersionNow(ctx); v == nil || v.LessThan(kubeletPreparesFrom) {
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	}
 	known, err := kubelet.KubeletKnowsPod(ctx, ref.Namespace, ref.Name)
 	switch {
@@ -40,15 +40,15 @@ func (d *Manager) preparer(ctx context.Context, ref registry.PodRef) string {
 		// A kubelet that died and left its socket behind: decided at once, as with no socket
 		// (podgate_podresources_kubelet_requests_total{result="not_listening"} counts it).
 		klog.FromContext(ctx).V(1).Info("Nobody listens on the kubelet's PodResources socket: no kubelet, podgate prepares the pod's claims", "err", err)
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	case err != nil:
 		klog.FromContext(ctx).V(1).Info("The kubelet's PodResources did not say whether it manages the pod: podgate prepares its claims", "err", err)
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	}
 	if !known {
-		return registry.PreparedByPodgate
+		return PreparedByPodgate
 	}
-	return registry.PreparedByKubelet
+	return PreparedByKubelet
 }
 
 // kubeletVersionNow is the kubelet's version for a decision now: the one read at start-up or,

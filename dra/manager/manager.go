@@ -58,19 +58,23 @@ const nodeGetTimeout = 10 * time.Second
 
 // Manager prepares a pod's DRA claims before its sandbox is created, so that the devices
 // exist when containerd runs CNI, and unprepares them once the pod is gone from the API server
-// and from the runtime. What it prepares is recorded in the pod registry before any driver is
-// called: a crash never loses the obligation to unprepare.
+// and from the runtime. What it prepares is recorded in its claim store (Claims), a section of
+// the pod registry's checkpoint, before any driver is called: a crash never loses the
+// obligation to unprepare.
 //
 // A failure after the prepare stage does not unprepare: the kubelet retries the sandbox, and
 // the claims stay prepared until the pod is gone, as with the kubelet's own DRA manager.
 type Manager struct {
 	// off is why DRA is off (no Kubernetes API); empty when it is on.
-	off      string
-	pods     *kube.PodLookup
-	claims   *dra.ClaimResolver
-	drivers  *dra.Drivers
-	registry *registry.Registry
-	runtime  runtimeapi.RuntimeServiceClient
+	off     string
+	pods    *kube.PodLookup
+	claims  *dra.ClaimResolver
+	drivers *dra.Drivers
+	// store holds the claims (their checkpoint section); sandboxes tells which of a pod's
+	// sandboxes podgate saw run.
+	store     *Claims
+	sandboxes registry.PodSandboxLister
+	runtime   runtimeapi.RuntimeServiceClient
 
 	// rebuilt is closed once the registry is rebuilt from the runtime: settler settles what
 	// is left from then on. Nil: never (tests settle themselves).
@@ -166,11 +170,11 @@ func WithClock(now func() time.Time) Option { return func(d *Manager) { d.now = 
 func WithWaitHook(fn func(types.UID)) Option { return func(d *Manager) { d.onWait = fn } }
 
 // New returns the DRA manager: pods looked up in pods, claims resolved by claims, prepared by
-// drivers, recorded in reg; rt tells which sandboxes still run. Its metrics are registered
-// with r.
-func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, reg *registry.Registry, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer, opts ...Option) *Manager {
+// drivers, recorded in store; sandboxes (the pod registry) and rt tell which sandboxes still
+// run. Its metrics are registered with r.
+func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, store *Claims, sandboxes registry.PodSandboxLister, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer, opts ...Option) *Manager {
 	d := &Manager{
-		pods: pods, drivers: drivers, claims: claims, registry: reg, runtime: rt, mode: PrepareAlways,
+		pods: pods, drivers: drivers, claims: claims, store: store, sandboxes: sandboxes, runtime: rt, mode: PrepareAlways,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "dra", Name: "pod_claims_prepared_total",
 			Help: "Pod starts with DRA claims, by who prepared the claims: podgate (it called the drivers, or found them prepared by podgate for another pod), kubelet (the kubelet's DRA manager did; podgate recorded their devices).",
@@ -193,7 +197,7 @@ func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, 
 		Help: "Claims podgate holds prepared for the pods of this node.",
 	}, func() float64 {
 		n := 0
-		for _, c := range reg.Claims() {
+		for _, c := range store.List() {
 			if c.Prepared {
 				n++
 			}
@@ -252,7 +256,7 @@ func (d *Manager) prepareClaims(ctx context.Context, ref registry.PodRef, pod *c
 	if err != nil || len(claims) == 0 {
 		return err
 	}
-	uses := make([]registry.ClaimUse, len(claims))
+	uses := make([]ClaimUse, len(claims))
 	containers := SpecContainers(pod)
 	for i, c := range claims {
 		for _, name := range c.Drivers() {
@@ -260,7 +264,7 @@ func (d *Manager) prepareClaims(ctx context.Context, ref registry.PodRef, pod *c
 				return fmt.Errorf("pod %s/%s claim %s/%s: %w", ref.Namespace, ref.Name, c.Namespace, c.Name, err)
 			}
 		}
-		uses[i] = registry.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()}
+		uses[i] = ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers()}
 		if c.Extended {
 			// The claim of the pod's extended resources has no name in the pod's spec: it
 			// gets one that no spec name can be, listed under the containers it serves.
@@ -275,12 +279,12 @@ func (d *Manager) prepareClaims(ctx context.Context, ref registry.PodRef, pod *c
 	// The obligation is on disk before any driver is called: the pod is a user of each claim.
 	// From now on no unprepare of these claims begins (unprepare looks for users); one that
 	// began before is waited for (prepareOnce).
-	if err := d.registry.UseClaims(ref, containers, uses); err != nil {
+	if err := d.store.UseClaims(ref, containers, uses); err != nil {
 		return err
 	}
 	by := d.preparer(ctx, ref)
 	d.decisions.WithLabelValues(by).Inc()
-	if by == registry.PreparedByKubelet {
+	if by == PreparedByKubelet {
 		klog.FromContext(ctx).V(2).Info("Claims prepared by the kubelet: recording their devices", "claims", len(claims))
 	}
 	if err := d.prepareOnce(ctx, claims, by); err != nil {

@@ -24,7 +24,7 @@ func (d *Manager) observed(ctx context.Context, claims []dra.PodClaim) map[types
 	devices := allocatedDevices(claims)
 	var fresh []registry.ClaimRecord
 	for _, c := range claims {
-		if info, ok := d.registry.Claim(c.UID); ok && info.Prepared {
+		if info, ok := d.store.Claim(c.UID); ok && info.Prepared {
 			delete(devices, c.UID) // recorded already, with its network data
 			continue
 		}
@@ -86,7 +86,7 @@ func (d *Manager) prepareOnce(ctx context.Context, claims []dra.PodClaim, by str
 				waits[c.UID] = op
 				continue
 			}
-			if info, ok := d.registry.Claim(c.UID); ok && info.Prepared {
+			if info, ok := d.store.Claim(c.UID); ok && info.Prepared {
 				continue
 			}
 			d.busy[c.UID] = &claimOp{done: make(chan struct{})}
@@ -127,7 +127,7 @@ func (d *Manager) prepareOnce(ctx context.Context, claims []dra.PodClaim, by str
 // prepareMine prepares the claims this call holds: it records the devices of those the kubelet
 // prepared (by kubelet), and calls the drivers of the others.
 func (d *Manager) prepareMine(ctx context.Context, claims []dra.PodClaim, by string, undone map[types.UID]bool) error {
-	if by != registry.PreparedByKubelet {
+	if by != PreparedByKubelet {
 		return d.callAndRecord(ctx, claims)
 	}
 	var observe, call []dra.PodClaim
@@ -141,7 +141,7 @@ func (d *Manager) prepareMine(ctx context.Context, claims []dra.PodClaim, by str
 	}
 	var errs []error
 	if len(observe) > 0 {
-		errs = append(errs, d.registry.SetObserved(d.observed(ctx, observe)))
+		errs = append(errs, d.store.SetObserved(d.observed(ctx, observe)))
 	}
 	if len(call) > 0 {
 		errs = append(errs, d.callAndRecord(ctx, call))
@@ -165,7 +165,7 @@ func (d *Manager) callAndRecord(ctx context.Context, claims []dra.PodClaim) erro
 		for _, c := range fresh {
 			devices[c.UID] = c.Devices
 		}
-		if werr := d.registry.SetPrepared(devices); werr != nil {
+		if werr := d.store.SetPrepared(devices); werr != nil {
 			// The drivers prepared; the record says not yet: the next sandbox prepares again,
 			// which drivers accept, and the claim stays an obligation to unprepare.
 			err = errors.Join(err, werr)

@@ -70,7 +70,7 @@ func (d *Manager) Run(ctx context.Context) {
 // stays prepared for it: the last user unprepares it.
 func (d *Manager) Reconcile(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	for _, p := range d.registry.DRAPods() {
+	for _, p := range d.store.Pods() {
 		if ctx.Err() != nil {
 			return
 		}
@@ -82,7 +82,7 @@ func (d *Manager) Reconcile(ctx context.Context) {
 		if !gone {
 			continue
 		}
-		unused, err := d.registry.ReleasePod(p.Pod.UID)
+		unused, err := d.store.ReleasePod(p.Pod.UID)
 		if err != nil {
 			logger.Error(err, "Release claims of a gone pod", "pod", klog.KRef(p.Pod.Namespace, p.Pod.Name))
 			continue
@@ -92,7 +92,7 @@ func (d *Manager) Reconcile(ctx context.Context) {
 			logger.Info("Pod gone: claims other pods of the node use stay prepared", "pod", klog.KRef(p.Pod.Namespace, p.Pod.Name), "shared", shared)
 		}
 	}
-	for _, c := range d.registry.Claims() {
+	for _, c := range d.store.List() {
 		if ctx.Err() != nil {
 			return
 		}
@@ -115,18 +115,18 @@ func (d *Manager) Reconcile(ctx context.Context) {
 // a crash may have come between the driver's prepare and its record. A sandbox whose pod takes
 // the claim up while the drivers unprepare it waits (prepareOnce) and then finds it unprepared,
 // used by its pod (ClaimUnprepared, ClaimUnprepareFailed): it prepares it again.
-func (d *Manager) unprepare(ctx context.Context, c registry.ClaimInfo) error {
+func (d *Manager) unprepare(ctx context.Context, c ClaimInfo) error {
 	d.mu.Lock()
 	if _, busy := d.busy[c.UID]; busy {
 		d.mu.Unlock()
 		return nil // a sandbox is preparing it: it is used again
 	}
-	c, ok := d.registry.Claim(c.UID)
+	c, ok := d.store.Claim(c.UID)
 	if !ok || len(c.PodUIDs) > 0 {
 		d.mu.Unlock()
 		return nil
 	}
-	op := &claimOp{done: make(chan struct{}), unprepare: c.PreparedBy != registry.PreparedByKubelet}
+	op := &claimOp{done: make(chan struct{}), unprepare: c.PreparedBy != PreparedByKubelet}
 	d.busy[c.UID] = op
 	d.mu.Unlock()
 	defer func() {
@@ -136,12 +136,12 @@ func (d *Manager) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 		d.mu.Unlock()
 	}()
 	logger := klog.FromContext(ctx)
-	if c.PreparedBy == registry.PreparedByKubelet {
+	if c.PreparedBy == PreparedByKubelet {
 		// The kubelet unprepares what it prepared, once its own pods are gone.
 		d.unprepared.WithLabelValues("kubelet").Inc()
 		logger.V(2).Info("Forgot claim the kubelet prepared", "claim", klog.KRef(c.Namespace, c.Name))
 		d.claims.Forget(c.Namespace, c.Name)
-		return d.registry.ClaimUnprepared(c.UID)
+		return d.store.ClaimUnprepared(c.UID)
 	}
 	claim := dra.Claim{Namespace: c.Namespace, Name: c.Name, UID: c.UID}
 	var errs []error
@@ -160,11 +160,11 @@ func (d *Manager) unprepare(ctx context.Context, c registry.ClaimInfo) error {
 	if err := errors.Join(errs...); err != nil {
 		// A driver may have torn part of the claim down: a pod that took it up meanwhile
 		// must not find it prepared.
-		return errors.Join(err, d.registry.ClaimUnprepareFailed(c.UID))
+		return errors.Join(err, d.store.ClaimUnprepareFailed(c.UID))
 	}
 	d.unprepared.WithLabelValues("unprepared").Inc()
 	d.claims.Forget(c.Namespace, c.Name)
-	return d.registry.ClaimUnprepared(c.UID)
+	return d.store.ClaimUnprepared(c.UID)
 }
 
 // releaseRetry is when a failed release of a pod's claims is tried again.
@@ -212,7 +212,7 @@ func (d *Manager) podGone(ctx context.Context, ref registry.PodRef) (bool, error
 			return false, err
 		}
 	}
-	if slices.ContainsFunc(d.registry.PodSandboxes(ref.UID), func(r registry.SandboxRecord) bool { return r.Ready }) {
+	if slices.ContainsFunc(d.sandboxes.PodSandboxes(ref.UID), func(r registry.SandboxRecord) bool { return r.Ready }) {
 		return false, nil
 	}
 	// Sandboxes made past podgate count too: the kubelet labels each with its pod's UID.

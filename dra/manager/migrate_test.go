@@ -1,4 +1,4 @@
-package registry
+package manager
 
 import (
 	"crypto/sha256"
@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/podgate/podgate/agent/registry"
 )
 
 // v1Data is what podgate before claim-centric state wrote: a copy of the shared claim in each
@@ -28,7 +30,7 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := NewCheckpoint(dir)
+	cp := registry.NewCheckpoint(dir)
 	if err := os.WriteFile(cp.Path(), file, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -36,10 +38,14 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	if err != nil {
 		t.Fatalf("v1 checkpoint refused: %v", err)
 	}
-	reg := NewRegistry(cp, d)
-	claims := reg.Claims()
+	reg := registry.NewRegistry(cp, d)
+	store, err := NewClaims(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := store.List()
 	want := []ClaimInfo{{UID: "claim-shared", Namespace: "ns", Name: "shared", Drivers: []string{"net.example"}, Prepared: true,
-		Devices: []DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PreparedBy: PreparedByPodgate, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
+		Devices: []registry.DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PreparedBy: PreparedByPodgate, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
 	if !sameJSON(t, claims, want) {
 		t.Errorf("migrated claims %+v, want %+v", claims, want)
 	}
@@ -50,19 +56,21 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	if a, _ := reg.PodClaims("uid-a"); len(a.Containers) != 1 || a.Containers[0].Name != "app" {
 		t.Errorf("pod a's containers %+v, want app", a.Containers)
 	}
-	if err := reg.persist(); err != nil {
-		t.Fatal(err)
-	}
+	reg.PersistSoon()
+	reg.Flush()
 	raw, err := os.ReadFile(cp.Path())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f checkpointFile
+	var f struct {
+		Version string `json:"version"`
+	}
 	if err := json.Unmarshal(raw, &f); err != nil || f.Version != checkpointVersionV2 {
 		t.Errorf("rewritten checkpoint of version %q (%v), want %q", f.Version, err, checkpointVersionV2)
 	}
 	again, err := cp.ReadAll()
-	if err != nil || len(again.PodClaims) != 0 || !sameJSON(t, again.Claims, want) {
+	_, v1Kept := again.Sections[podClaimsKey]
+	if err != nil || v1Kept || !sameJSON(t, onDiskClaims(t, again), want) {
 		t.Errorf("rewritten checkpoint: %+v (%v), want the claims in the current format only", again, err)
 	}
 }

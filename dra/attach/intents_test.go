@@ -1,0 +1,303 @@
+package attach
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// sampleRecord is a started, verified sandbox record of pod "uid-"+id.
+func sampleRecord(id string) registry.SandboxRecord {
+	return registry.SandboxRecord{
+		ID:        id,
+		Pod:       registry.PodRef{UID: types.UID("uid-" + id), Name: id, Namespace: "ns"},
+		Origin:    registry.OriginStarted,
+		Ready:     true,
+		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC),
+		NetNS:     "/var/run/netns/cni-" + id,
+		PID:       42,
+		IPs:       []string{"10.88.0.7"},
+		Sysctls:   registry.SysctlRecord{Verification: registry.SysctlsOK},
+	}
+}
+
+// sameJSON reports whether a and b encode to the same JSON: what the checkpoint would hold.
+func sameJSON(t *testing.T, a, b any) bool {
+	t.Helper()
+	ja, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jb, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ja) == string(jb)
+}
+
+// checkpointVersionV2 is the format a checkpoint without intents is written as.
+const checkpointVersionV2 = "podgate.dev/registry/v2"
+
+// newIntents is a registry of cp holding d, with its attach intents.
+func newIntents(t *testing.T, cp *registry.Checkpoint, d registry.CheckpointData) (*registry.Registry, *Intents) {
+	t.Helper()
+	reg := registry.NewRegistry(cp, d)
+	in, err := NewIntents(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg, in
+}
+
+// onDiskIntents are the intents the checkpoint data d holds.
+func onDiskIntents(t *testing.T, d registry.CheckpointData) []Intent {
+	t.Helper()
+	var out []Intent
+	if raw, ok := d.Sections["attaching"]; ok {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func sampleIntent(sandbox, hostIf string) Intent {
+	return Intent{
+		SandboxID: sandbox, Pod: registry.PodRef{UID: types.UID("uid-" + sandbox), Name: sandbox, Namespace: "ns"}, NetNS: "/var/run/netns/cni-" + sandbox,
+		ClaimNamespace: "ns", ClaimName: "net", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev-" + hostIf,
+		HostInterface: hostIf, Config: InterfaceConfig{Name: "net1", Addresses: []string{"192.0.2.7/24"}},
+	}
+}
+
+// fileVersion is the version the checkpoint file at path says.
+func fileVersion(t *testing.T, path string) string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f struct {
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	return f.Version
+}
+
+// reopen is a restart: a registry from what the checkpoint holds now, and its intents.
+func reopen(t *testing.T, cp *registry.Checkpoint) *Intents {
+	t.Helper()
+	d, err := cp.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, in := newIntents(t, cp, d)
+	return in
+}
+
+// TestAttachIntentIsDurableBeforeTheMove: an intent to attach a device is on disk when
+// BeginAttach returns (a v3 file), and not recorded when it cannot be written; after a restart
+// it is left, for the start-up to settle; once the sandbox's record takes the device up (Add),
+// the intent is gone from the same write, and the file is v2 again.
+func TestAttachIntentIsDurableBeforeTheMove(t *testing.T) {
+	dir := t.TempDir()
+	cp := registry.NewCheckpoint(dir)
+	reg, intents := newIntents(t, cp, registry.CheckpointData{})
+	reg.SetWriteDelay(time.Hour) // only the writes that must be synchronous write
+	in := sampleIntent("sb", "veth7")
+	if err := intents.BeginAttach(in); err != nil {
+		t.Fatal(err)
+	}
+	onDisk, err := cp.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameJSON(t, onDiskIntents(t, onDisk), []Intent{in}) || fileVersion(t, cp.Path()) != registry.CheckpointVersion {
+		t.Fatalf("checkpoint when BeginAttach returned: %+v, version %s; want the intent, %s", onDiskIntents(t, onDisk), fileVersion(t, cp.Path()), registry.CheckpointVersion)
+	}
+	if left := intents.LeftAttaches(); len(left) != 0 {
+		t.Errorf("an intent of a call under way is left: %+v", left)
+	}
+
+	restarted := reopen(t, cp)
+	if left := restarted.LeftAttaches(); !sameJSON(t, left, []Intent{in}) {
+		t.Errorf("after a restart, left intents %+v, want %+v", left, in)
+	}
+
+	// The record stage: Add takes the device up and drops its intent in one write.
+	rec := sampleRecord("sb")
+	rec.Attached = []registry.AttachedDevice{in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1"})}
+	if err := reg.Add(rec); err != nil {
+		t.Fatal(err)
+	}
+	onDisk, err = cp.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDiskIntents(t, onDisk)) != 0 || len(onDisk.Sandboxes) != 1 || len(onDisk.Sandboxes[0].Attached) != 1 {
+		t.Errorf("checkpoint when Add returned: %+v; want the record with its device and no intent", onDisk)
+	}
+	if v := fileVersion(t, cp.Path()); v != checkpointVersionV2 {
+		t.Errorf("checkpoint without intents written as %s, want %s (which older podgates read)", v, checkpointVersionV2)
+	}
+	if got := intents.AttachIntents("sb"); len(got) != 0 {
+		t.Errorf("intents after Add: %+v", got)
+	}
+
+	// The checkpoint cannot be written: no intent, and the caller must not move the device.
+	if err := os.Remove(cp.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(cp.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := intents.BeginAttach(sampleIntent("sb2", "veth8")); err == nil || !strings.Contains(err.Error(), "pod registry") {
+		t.Errorf("BeginAttach with the checkpoint not writable: %v, want its failure", err)
+	}
+	if intents.HasAttachIntent("sb2", "veth8") {
+		t.Error("an intent counts although it is not on disk")
+	}
+	if err := os.Remove(cp.Path()); err != nil {
+		t.Fatal(err)
+	}
+	reg.Flush()
+}
+
+// TestSettleAttach: a left intent whose device is in the pod becomes the sandbox's attached
+// device in one write; one whose sandbox is not recorded changes nothing; EndAttach forgets one
+// (in the background); an intent whose call ended without settling it is left.
+func TestSettleAttach(t *testing.T) {
+	dir := t.TempDir()
+	cp := registry.NewCheckpoint(dir)
+	reg, intents := newIntents(t, cp, registry.CheckpointData{Sandboxes: []registry.SandboxRecord{sampleRecord("sb")}})
+	reg.SetWriteDelay(time.Hour)
+	for _, in := range []Intent{sampleIntent("sb", "veth7"), sampleIntent("gone", "veth8"), sampleIntent("sb", "veth9")} {
+		if err := intents.BeginAttach(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	intents.LeaveAttaches("sb")
+	left := intents.LeftAttaches()
+	if len(left) != 2 || left[0].HostInterface != "veth7" || left[1].HostInterface != "veth9" {
+		t.Fatalf("left after the call ended: %+v, want sb's two", left)
+	}
+
+	in := left[0]
+	dev := in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})
+	if ok, err := intents.SettleAttach("sb", dev); !ok || err != nil {
+		t.Fatalf("SettleAttach: %t, %v", ok, err)
+	}
+	onDisk, err := cp.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(onDisk.Sandboxes) != 1 || !sameJSON(t, onDisk.Sandboxes[0].Attached, []registry.AttachedDevice{dev}) {
+		t.Errorf("checkpoint after SettleAttach: sandboxes %+v, want sb with the device", onDisk.Sandboxes)
+	}
+	if got := slices.IndexFunc(onDiskIntents(t, onDisk), func(a Intent) bool { return a.HostInterface == "veth7" }); got >= 0 {
+		t.Errorf("settled intent still on disk: %+v", onDiskIntents(t, onDisk))
+	}
+	if rec, _ := reg.Sandbox("sb"); !sameJSON(t, rec.Attached, []registry.AttachedDevice{dev}) {
+		t.Errorf("record after SettleAttach: %+v", rec.Attached)
+	}
+	// Settling again replaces the device, not adds it.
+	if ok, err := intents.SettleAttach("sb", dev); !ok || err != nil {
+		t.Fatalf("SettleAttach again: %t, %v", ok, err)
+	}
+	if rec, _ := reg.Sandbox("sb"); len(rec.Attached) != 1 {
+		t.Errorf("record after settling twice: %+v", rec.Attached)
+	}
+
+	gone := sampleIntent("gone", "veth8")
+	if ok, err := intents.SettleAttach("gone", gone.Attached(registry.AttachedInterface{HostName: "veth8", PodName: "net1"})); ok || err != nil {
+		t.Errorf("SettleAttach of a sandbox not recorded: %t, %v; want false, nil", ok, err)
+	}
+	if !intents.HasAttachIntent("gone", "veth8") {
+		t.Error("intent of a sandbox not recorded dropped by SettleAttach")
+	}
+	intents.EndAttach("gone", "veth8")
+	intents.EndAttach("sb", "veth9")
+	reg.Flush()
+	if restarted := reopen(t, cp); len(restarted.LeftAttaches()) != 0 {
+		t.Errorf("after EndAttach and a restart, left: %+v", restarted.LeftAttaches())
+	}
+}
+
+// TestRecordGoneLeavesItsDevices: a record that goes while it holds attached devices (removed
+// after a stop past podgate, or dropped by the rebuild because the runtime no longer has the
+// sandbox) leaves them as intents, to be given back.
+func TestRecordGoneLeavesItsDevices(t *testing.T) {
+	for _, how := range []string{"removed", "rebuild"} {
+		t.Run(how, func(t *testing.T) {
+			reg, intents := newIntents(t, nil, registry.CheckpointData{})
+			rec := sampleRecord("sb")
+			in := sampleIntent("sb", "veth7")
+			rec.Attached = []registry.AttachedDevice{in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})}
+			if err := reg.Add(rec); err != nil {
+				t.Fatal(err)
+			}
+			if how == "removed" {
+				reg.Remove("sb")
+			} else {
+				rebuildFromEmptyRuntime(t, reg)
+			}
+			left := intents.LeftAttaches()
+			in.NetNS = rec.NetNS
+			in.Pod = rec.Pod
+			if !sameJSON(t, left, []Intent{in}) {
+				t.Errorf("left intents %+v, want %+v", left, in)
+			}
+		})
+	}
+}
+
+// emptyRuntime is a runtime with no sandbox and no container.
+type emptyRuntime struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (emptyRuntime) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	return &runtimeapi.ListPodSandboxResponse{}, nil
+}
+
+func (emptyRuntime) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	return &runtimeapi.ListContainersResponse{}, nil
+}
+
+// rebuildFromEmptyRuntime rebuilds reg from a runtime, served on a unix socket, that has no
+// sandbox any more.
+func rebuildFromEmptyRuntime(t *testing.T, reg *registry.Registry) {
+	t.Helper()
+	sock := filepath.Join(testfs.ShortDir(t), "rt.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, emptyRuntime{})
+	go srv.Serve(l) //nolint:errcheck // returns once stopped
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, _, dropped, err := reg.Rebuild(t.Context(), runtimeapi.NewRuntimeServiceClient(conn)); err != nil || dropped != 1 {
+		t.Fatalf("Rebuild: dropped %d, %v; want the sandbox dropped", dropped, err)
+	}
+}
