@@ -20,6 +20,10 @@
 // boundary ([Server] records per-method metrics there); an error that already is a gRPC
 // status, such as one from containerd, passes through unchanged.
 //
+// podgate's own calls to the runtime take [Server.RuntimeClient], whose lists stream where the
+// runtime serves list streaming (KEP-5825), falling back to the unary List ([StreamingLists]):
+// a node's list may be more than one message can hold.
+//
 // [StopGracefully] is the one graceful stop with a deadline of podgate's gRPC servers (the
 // PodResources server's).
 package cri

@@ -45,6 +45,16 @@ type testRuntime struct {
 	eventsOpen   chan struct{}
 	eventsEnded  chan struct{}
 	containers   []*runtimeapi.Container
+	sandboxes    []*runtimeapi.PodSandbox
+	// List streaming: the pages StreamContainers and StreamPodSandboxes send (nil: the
+	// runtime answers Unimplemented, as one older than list streaming), then streamErr as the
+	// stream's status. With pageGate set StreamContainers waits for it after its first page.
+	containerPages [][]*runtimeapi.Container
+	sandboxPages   [][]*runtimeapi.PodSandbox
+	streamErr      error
+	pageGate       chan struct{}
+	streamFilter   *runtimeapi.ContainerFilter // the last StreamContainers' filter
+	streams, lists atomic.Int64                // Stream* and List* calls of containers and sandboxes
 }
 
 func newTestRuntime(t testing.TB, path string) *testRuntime {
@@ -110,7 +120,52 @@ func (r *testRuntime) ExecSync(ctx context.Context, req *runtimeapi.ExecSyncRequ
 
 func (r *testRuntime) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
 	r.record(ctx, nil)
+	r.lists.Add(1)
 	return &runtimeapi.ListContainersResponse{Containers: r.containers}, nil
+}
+
+func (r *testRuntime) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	r.record(ctx, nil)
+	r.lists.Add(1)
+	return &runtimeapi.ListPodSandboxResponse{Items: r.sandboxes}, nil
+}
+
+func (r *testRuntime) StreamContainers(req *runtimeapi.StreamContainersRequest, s runtimeapi.RuntimeService_StreamContainersServer) error {
+	r.record(s.Context(), nil)
+	r.streams.Add(1)
+	r.mu.Lock()
+	r.streamFilter = req.GetFilter()
+	r.mu.Unlock()
+	if r.containerPages == nil {
+		return r.UnimplementedRuntimeServiceServer.StreamContainers(req, s)
+	}
+	for i, page := range r.containerPages {
+		if err := s.Send(&runtimeapi.StreamContainersResponse{Containers: page}); err != nil {
+			return err
+		}
+		if i == 0 && r.pageGate != nil {
+			select {
+			case <-r.pageGate:
+			case <-s.Context().Done():
+				return s.Context().Err()
+			}
+		}
+	}
+	return r.streamErr
+}
+
+func (r *testRuntime) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, s runtimeapi.RuntimeService_StreamPodSandboxesServer) error {
+	r.record(s.Context(), nil)
+	r.streams.Add(1)
+	if r.sandboxPages == nil {
+		return r.UnimplementedRuntimeServiceServer.StreamPodSandboxes(req, s)
+	}
+	for _, page := range r.sandboxPages {
+		if err := s.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: page}); err != nil {
+			return err
+		}
+	}
+	return r.streamErr
 }
 
 func (r *testRuntime) GetContainerEvents(req *runtimeapi.GetEventsRequest, s runtimeapi.RuntimeService_GetContainerEventsServer) error {

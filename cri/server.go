@@ -36,6 +36,9 @@ type Server struct {
 	image   *Backend
 	metrics *Metrics
 	logger  klog.Logger
+	// runtimeClient is podgate's own client of the runtime, one for the connection: its lists
+	// stream where the runtime can (StreamingLists), which it remembers.
+	runtimeClient runtimeapi.RuntimeServiceClient
 
 	relay *relay.Server
 	// The relay's targets: the runtime and image backends, and podgate itself for services
@@ -101,6 +104,7 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 			s.unary["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}
 	}
+	s.runtimeClient = StreamingLists(runtimeapi.NewRuntimeServiceClient(runtime.conn))
 	s.runtimeTarget = runtime.target()
 	s.imageTarget = s.runtimeTarget
 	if image != runtime {
@@ -269,9 +273,12 @@ func (s *Server) Probe(ctx context.Context) error {
 }
 
 // RuntimeClient is a client of the backend runtime, for interceptors that must ask it something
-// (a sandbox's status) or clean up after a call they fail.
+// (a sandbox's status) or clean up after a call they fail, and for podgate's own lists: its
+// ListPodSandbox and ListContainers stream where the runtime serves list streaming
+// (StreamingLists), so that a node with more containers than one 16 MiB message holds is listed
+// whole. It is the same client for every caller, which shares what the runtime serves.
 func (s *Server) RuntimeClient() runtimeapi.RuntimeServiceClient {
-	return runtimeapi.NewRuntimeServiceClient(s.runtime.conn)
+	return s.runtimeClient
 }
 
 // Quiet waits until no call has been served for quiet (none in flight, the last ended quiet
