@@ -4,68 +4,103 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// rebuildAttemptTimeout bounds one rebuild attempt: a list and a status call per sandbox,
-// which containerd answers from memory.
-const rebuildAttemptTimeout = time.Minute
+// A rebuild attempt is bounded in time: the lists within listTimeout, then the status calls, a
+// call per sandbox and per live container, which containerd answers from memory, within
+// statusBudget plus perItemBudget for each (a full node of 30,000 containers gets about three
+// minutes; at statusWorkers calls at a time an idle containerd answers them in seconds).
+const (
+	listTimeout   = time.Minute
+	statusBudget  = time.Minute
+	perItemBudget = 5 * time.Millisecond
+	// statusWorkers is how many status calls a rebuild keeps open at once: enough to hide the
+	// round trips, few enough not to crowd out the kubelet's calls during podgate's start-up.
+	statusWorkers = 8
+)
 
 // Rebuild lists the runtime's sandboxes, reads each one's status, and reconciles the registry
 // with them (see reconcile): known is how many the runtime has, added how many the registry
 // did not know (adopted), dropped how many it knew that the runtime no longer has. One attempt,
 // bounded in time; the caller retries.
 func (reg *Registry) Rebuild(ctx context.Context, rt runtimeapi.RuntimeServiceClient) (known, added, dropped int, err error) {
-	ctx, cancel := context.WithTimeout(ctx, rebuildAttemptTimeout)
-	defer cancel()
 	end := reg.beginRebuild()
 	defer end()
-	resp, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("list sandboxes: %w", err)
-	}
-	seen := make([]SandboxRecord, 0, len(resp.GetItems()))
-	for _, sb := range resp.GetItems() {
-		rec := recordFromRuntime(ctx, rt, sb)
-		if rec.gone {
-			continue // removed between the list and its status
-		}
-		seen = append(seen, rec.SandboxRecord)
-	}
-	containers, err := listContainers(ctx, rt, seen)
+	sandboxes, live, err := runtimeLists(ctx, rt)
 	if err != nil {
 		return 0, 0, 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, statusBudget+time.Duration(len(sandboxes)+len(live))*perItemBudget)
+	defer cancel()
+	seen := sandboxRecords(ctx, rt, sandboxes)
+	containers := containerRecords(ctx, rt, seen, live)
+	if err := ctx.Err(); err != nil {
+		// Some statuses were not read: the registry must not take the sandboxes left out for
+		// gone. The caller tries again.
+		return 0, 0, 0, fmt.Errorf("read the statuses of %d sandboxes and %d containers: %w", len(sandboxes), len(live), err)
 	}
 	added, dropped = reg.reconcile(seen, containers)
 	return len(seen), added, dropped, nil
 }
 
-// listContainers reads the runtime's containers that have a cgroup to verify (created or
-// running; an exited container's cgroup is gone) with what their runtime spec asks, as adopted
-// records. A container removed between the list and its status is left out.
-func listContainers(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []SandboxRecord) ([]ContainerRecord, error) {
-	resp, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+// runtimeLists lists the runtime's sandboxes, and its containers that have a cgroup to verify
+// (created or running; an exited container's cgroup is gone).
+func runtimeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient) ([]*runtimeapi.PodSandbox, []*runtimeapi.Container, error) {
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
+	sbs, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, nil, fmt.Errorf("list sandboxes: %w", err)
 	}
+	ctrs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list containers: %w", err)
+	}
+	live := slices.DeleteFunc(ctrs.GetContainers(), func(c *runtimeapi.Container) bool {
+		s := c.GetState()
+		return s != runtimeapi.ContainerState_CONTAINER_RUNNING && s != runtimeapi.ContainerState_CONTAINER_CREATED
+	})
+	return sbs.GetItems(), live, nil
+}
+
+// sandboxRecords reads each sandbox's status, statusWorkers at a time, into adopted records in
+// the list's order. A sandbox removed between the list and its status is left out.
+func sandboxRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sbs []*runtimeapi.PodSandbox) []SandboxRecord {
+	recs := make([]runtimeRecord, len(sbs))
+	workqueue.ParallelizeUntil(ctx, statusWorkers, len(sbs), func(i int) { recs[i] = recordFromRuntime(ctx, rt, sbs[i]) })
+	seen := make([]SandboxRecord, 0, len(recs))
+	for i := range recs {
+		if !recs[i].gone {
+			seen = append(seen, recs[i].SandboxRecord)
+		}
+	}
+	return seen
+}
+
+// containerRecords reads what each live container's runtime spec asks, statusWorkers at a
+// time, into adopted records in the list's order. A container removed between the list and its
+// status is left out; one whose status could not be read is kept with the error, verified (and
+// so read again) at the next recheck.
+func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []SandboxRecord, live []*runtimeapi.Container) []ContainerRecord {
 	pods := make(map[string]types.UID, len(sandboxes))
 	for i := range sandboxes {
 		pods[sandboxes[i].ID] = sandboxes[i].Pod.UID
 	}
-	var out []ContainerRecord
-	for _, c := range resp.GetContainers() {
+	recs := make([]ContainerRecord, len(live))
+	gone := make([]bool, len(live))
+	workqueue.ParallelizeUntil(ctx, statusWorkers, len(live), func(i int) {
+		c := live[i]
 		verification := CgroupUnverified
-		switch c.GetState() {
-		case runtimeapi.ContainerState_CONTAINER_RUNNING:
-		case runtimeapi.ContainerState_CONTAINER_CREATED:
+		if c.GetState() == runtimeapi.ContainerState_CONTAINER_CREATED {
 			verification = CgroupPending
-		default:
-			continue
 		}
 		rec := ContainerRecord{
 			ID: c.GetId(), Name: c.GetMetadata().GetName(), SandboxID: c.GetPodSandboxId(),
@@ -75,15 +110,21 @@ func listContainers(ctx context.Context, rt runtimeapi.RuntimeServiceClient, san
 		spec, err := containerSpec(ctx, rt, c.GetId())
 		switch {
 		case status.Code(err) == codes.NotFound:
-			continue // removed meanwhile
+			gone[i] = true // removed meanwhile
 		case err != nil:
-			rec.Error = err.Error() // verified, and so retried, at the next recheck
+			rec.Error = err.Error()
 		default:
 			rec.Asked, rec.CgroupsPath = spec.Linux.Resources, spec.Linux.CgroupsPath
 		}
-		out = append(out, rec)
+		recs[i] = rec
+	})
+	out := make([]ContainerRecord, 0, len(recs))
+	for i := range recs {
+		if !gone[i] {
+			out = append(out, recs[i])
+		}
 	}
-	return out, nil
+	return out
 }
 
 // podUIDLabel is the label the kubelet puts on every container with its pod's UID.
