@@ -2,12 +2,14 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -30,6 +32,8 @@ type listRuntime struct {
 	*listFixture
 	streams          bool
 	streamed, listed atomic.Int64 // Stream* and List* calls
+	// stall is a container whose status the runtime never answers (a hung shim).
+	stall string
 }
 
 // listFixture is what a listRuntime holds; tests share one per size, built once.
@@ -132,7 +136,11 @@ func (r *listRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSan
 }
 
 // ContainerStatus answers with a verbose info whose runtime spec holds the container's cgroup.
-func (r *listRuntime) ContainerStatus(_ context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+func (r *listRuntime) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+	if req.GetContainerId() == r.stall {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if _, ok := r.pod[req.GetContainerId()]; !ok {
 		return nil, status.Error(codes.NotFound, "no such container")
 	}
@@ -198,5 +206,30 @@ func TestRebuildFallsBackToList(t *testing.T) {
 		if s, l := rt.streamed.Load(), rt.listed.Load(); s != 2 || l != int64(2*attempt) {
 			t.Errorf("after rebuild %d the runtime got %d streams and %d lists, want 2 and %d", attempt, s, l, 2*attempt)
 		}
+	}
+}
+
+// An attempt whose time ends before every status was read fails, and the registry keeps what it
+// held: the sandboxes it did not get to read are not taken for gone.
+func TestRebuildOutOfTimeChangesNothing(t *testing.T) {
+	f := newListFixture(3, 2)
+	rt, client := startListRuntime(t, f, true)
+	reg := NewRegistry(nil, CheckpointData{})
+	if _, _, _, err := reg.Rebuild(t.Context(), client); err != nil {
+		t.Fatal(err)
+	}
+	before := reg.Sandboxes()
+	rt.stall = f.containers[len(f.containers)-1].GetId()
+	// Every sandbox goes from the runtime's answer: a rebuild that completed would drop them.
+	f2 := *f
+	f2.sandboxes = nil
+	rt.listFixture = &f2
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	if _, _, _, err := reg.Rebuild(ctx, client); err == nil || status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("rebuild with a hung container status: %v, want its deadline exceeded", err)
+	}
+	if after := reg.Sandboxes(); len(after) != len(before) || len(before) != 3 {
+		t.Errorf("after the failed rebuild the registry holds %d sandboxes, want the %d it held", len(after), len(before))
 	}
 }
