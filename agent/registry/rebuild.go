@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -40,12 +41,12 @@ func (reg *Registry) Rebuild(ctx context.Context, rt runtimeapi.RuntimeServiceCl
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusBudget+time.Duration(len(sandboxes)+len(live))*perItemBudget)
 	defer cancel()
-	seen := sandboxRecords(ctx, rt, sandboxes)
-	containers := containerRecords(ctx, rt, seen, live)
-	if err := ctx.Err(); err != nil {
+	seen, sbRead := sandboxRecords(ctx, rt, sandboxes)
+	containers, ctrRead := containerRecords(ctx, rt, seen, live)
+	if !sbRead || !ctrRead {
 		// Some statuses were not read: the registry must not take the sandboxes left out for
 		// gone. The caller tries again.
-		return 0, 0, 0, fmt.Errorf("read the statuses of %d sandboxes and %d containers: %w", len(sandboxes), len(live), err)
+		return 0, 0, 0, fmt.Errorf("read the statuses of %d sandboxes and %d containers: %w", len(sandboxes), len(live), cmp.Or(ctx.Err(), context.Canceled))
 	}
 	added, dropped = reg.reconcile(seen, containers)
 	return len(seen), added, dropped, nil
@@ -72,31 +73,39 @@ func runtimeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient) ([]*r
 }
 
 // sandboxRecords reads each sandbox's status, statusWorkers at a time, into adopted records in
-// the list's order. A sandbox removed between the list and its status is left out.
-func sandboxRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sbs []*runtimeapi.PodSandbox) []SandboxRecord {
+// the list's order. A sandbox removed between the list and its status is left out. read is
+// false when ctx ended before every status was asked for.
+func sandboxRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sbs []*runtimeapi.PodSandbox) (seen []SandboxRecord, read bool) {
 	recs := make([]runtimeRecord, len(sbs))
-	workqueue.ParallelizeUntil(ctx, statusWorkers, len(sbs), func(i int) { recs[i] = recordFromRuntime(ctx, rt, sbs[i]) })
-	seen := make([]SandboxRecord, 0, len(recs))
+	var asked atomic.Int64
+	workqueue.ParallelizeUntil(ctx, statusWorkers, len(sbs), func(i int) {
+		asked.Add(1)
+		recs[i] = recordFromRuntime(ctx, rt, sbs[i])
+	})
+	seen = make([]SandboxRecord, 0, len(recs))
 	for i := range recs {
 		if !recs[i].gone {
 			seen = append(seen, recs[i].SandboxRecord)
 		}
 	}
-	return seen
+	return seen, asked.Load() == int64(len(sbs))
 }
 
 // containerRecords reads what each live container's runtime spec asks, statusWorkers at a
 // time, into adopted records in the list's order. A container removed between the list and its
 // status is left out; one whose status could not be read is kept with the error, verified (and
-// so read again) at the next recheck.
-func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []SandboxRecord, live []*runtimeapi.Container) []ContainerRecord {
+// so read again) at the next recheck. read is false when ctx ended before every status was
+// asked for.
+func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []SandboxRecord, live []*runtimeapi.Container) (out []ContainerRecord, read bool) {
 	pods := make(map[string]types.UID, len(sandboxes))
 	for i := range sandboxes {
 		pods[sandboxes[i].ID] = sandboxes[i].Pod.UID
 	}
 	recs := make([]ContainerRecord, len(live))
 	gone := make([]bool, len(live))
+	var asked atomic.Int64
 	workqueue.ParallelizeUntil(ctx, statusWorkers, len(live), func(i int) {
+		asked.Add(1)
 		c := live[i]
 		verification := CgroupUnverified
 		if c.GetState() == runtimeapi.ContainerState_CONTAINER_CREATED {
@@ -118,13 +127,13 @@ func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, s
 		}
 		recs[i] = rec
 	})
-	out := make([]ContainerRecord, 0, len(recs))
+	out = make([]ContainerRecord, 0, len(recs))
 	for i := range recs {
 		if !gone[i] {
 			out = append(out, recs[i])
 		}
 	}
-	return out
+	return out, asked.Load() == int64(len(live))
 }
 
 // podUIDLabel is the label the kubelet puts on every container with its pod's UID.

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri"
@@ -32,8 +33,10 @@ type listRuntime struct {
 	*listFixture
 	streams          bool
 	streamed, listed atomic.Int64 // Stream* and List* calls
-	// stall is a container whose status the runtime never answers (a hung shim).
-	stall string
+	// hang: the runtime answers no sandbox status (a hung runtime) until the call ends;
+	// hanging counts the calls it holds.
+	hang    atomic.Bool
+	hanging atomic.Int64
 }
 
 // listFixture is what a listRuntime holds; tests share one per size, built once.
@@ -124,7 +127,12 @@ func sendPages[T any](items []T, send func([]T) error) error {
 }
 
 // PodSandboxStatus answers as containerd does, with the part of its verbose info podgate reads.
-func (r *listRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+func (r *listRuntime) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	if r.hang.Load() {
+		r.hanging.Add(1)
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	i, ok := r.pod[req.GetPodSandboxId()]
 	if !ok {
 		return nil, status.Error(codes.NotFound, "no such sandbox")
@@ -137,10 +145,7 @@ func (r *listRuntime) PodSandboxStatus(_ context.Context, req *runtimeapi.PodSan
 
 // ContainerStatus answers with a verbose info whose runtime spec holds the container's cgroup.
 func (r *listRuntime) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
-	if req.GetContainerId() == r.stall {
-		<-ctx.Done()
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
+
 	if _, ok := r.pod[req.GetContainerId()]; !ok {
 		return nil, status.Error(codes.NotFound, "no such container")
 	}
@@ -209,27 +214,35 @@ func TestRebuildFallsBackToList(t *testing.T) {
 	}
 }
 
-// An attempt whose time ends before every status was read fails, and the registry keeps what it
-// held: the sandboxes it did not get to read are not taken for gone.
-func TestRebuildOutOfTimeChangesNothing(t *testing.T) {
-	f := newListFixture(3, 2)
+// An attempt that ends before every status was asked for (its time ran out, podgate stops)
+// fails, and the registry keeps what it held: the sandboxes it did not get to read are not taken
+// for gone.
+func TestRebuildCutShortChangesNothing(t *testing.T) {
+	f := newListFixture(2*statusWorkers, 1) // more sandboxes than status calls at once
 	rt, client := startListRuntime(t, f, true)
 	reg := NewRegistry(nil, CheckpointData{})
 	if _, _, _, err := reg.Rebuild(t.Context(), client); err != nil {
 		t.Fatal(err)
 	}
 	before := reg.Sandboxes()
-	rt.stall = f.containers[len(f.containers)-1].GetId()
-	// Every sandbox goes from the runtime's answer: a rebuild that completed would drop them.
-	f2 := *f
-	f2.sandboxes = nil
-	rt.listFixture = &f2
-	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-	defer cancel()
-	if _, _, _, err := reg.Rebuild(ctx, client); err == nil || status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("rebuild with a hung container status: %v, want its deadline exceeded", err)
+	rt.hang.Store(true)
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { _, _, _, err := reg.Rebuild(ctx, client); errc <- err }()
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return rt.hanging.Load() == statusWorkers, nil
+	})
+	if err != nil {
+		t.Fatalf("%d status calls reached the runtime, want %d at once: %v", rt.hanging.Load(), statusWorkers, err)
 	}
-	if after := reg.Sandboxes(); len(after) != len(before) || len(before) != 3 {
-		t.Errorf("after the failed rebuild the registry holds %d sandboxes, want the %d it held", len(after), len(before))
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("rebuild cut short: %v, want context.Canceled", err)
+	}
+	if n := rt.hanging.Load(); n != statusWorkers {
+		t.Errorf("%d status calls asked, want the %d in flight when it was cut short", n, statusWorkers)
+	}
+	if after := reg.Sandboxes(); len(after) != len(before) || len(before) != 2*statusWorkers {
+		t.Errorf("after the rebuild cut short the registry holds %d sandboxes, want the %d it held", len(after), len(before))
 	}
 }
