@@ -111,7 +111,7 @@ func noteBytes(t *testing.T, note string) (done, total float64) {
 	return d * unit[m[2]], tot * unit[m[4]]
 }
 
-// TestPullEvents runs pods through a real kubelet 1.36 on podgate with a cap of one pull, from
+// TestPullEvents runs pods through a real kubelet on podgate with a cap of one pull, from
 // the throttled local registry: the pod whose image downloads gets progress Events whose bytes
 // grow and end at the image's size (from containerd's content store); the pod behind it a
 // queue Event naming the cap and its place; a pod deleted while its pull waits a cancellation
@@ -132,6 +132,10 @@ func TestPullEvents(t *testing.T) {
 		s := reg.Stats()
 		return len(s.BlobGets) >= 2, fmt.Errorf("registry: %+v", s)
 	})
+	// The big pull stays in flight, part-way, until the pods behind it are lined up and one is
+	// cancelled, however slowly the machine starts them: six seconds of download alone were
+	// not always enough.
+	reg.Pause()
 	waiting := createPod(t, c, pullingPod("waiting", c.NodeName(), small[0]))
 	waitEvent(t, c, waiting, "PullQueued", small[0], "imagePulls.maxParallel 1, 1 running", "place 1 of 1")
 	deleted := createPod(t, c, pullingPod("deleted", c.NodeName(), small[1]))
@@ -141,6 +145,7 @@ func TestPullEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEvent(t, c, deleted, "PullCancelled", small[1], "while it waited in podgate's queue; it never reached the runtime")
+	reg.Resume()
 
 	waitPod(t, c, running.Namespace, running.Name, func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	final := waitEvent(t, c, running, "PullProgress", "Pulled image", "(100%)")

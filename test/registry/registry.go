@@ -44,6 +44,9 @@ type Registry struct {
 	log   []Request
 	// held, while not nil, holds blob downloads until it is closed (Hold, Release).
 	held chan struct{}
+	// paused, while not nil, stops blob downloads under way after their current chunk until
+	// it is closed (Pause, Resume).
+	paused chan struct{}
 }
 
 // Request is one entry of the request log: a GET or HEAD of a manifest or a blob.
@@ -212,6 +215,34 @@ func (r *Registry) Release() {
 	}
 }
 
+// Pause stops the blob downloads under way, and those that start, after their current chunk
+// (32 KiB) until Resume: a pull stays in flight, part-way, however long the test takes to line
+// others up behind it. Resumed downloads go on at the throttle's rate, without a burst to catch
+// up.
+func (r *Registry) Pause() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.paused == nil {
+		r.paused = make(chan struct{})
+	}
+}
+
+// Resume lets the paused downloads go on.
+func (r *Registry) Resume() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.paused != nil {
+		close(r.paused)
+		r.paused = nil
+	}
+}
+
+func (r *Registry) pausing() chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.paused
+}
+
 func (r *Registry) holding() chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -256,7 +287,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now()}
+	pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now(), pause: r.pausing, done: req.Context().Done()}
 	r.handler.ServeHTTP(pw, req)
 	entry.Bytes = pw.written
 	r.mu.Lock()
@@ -328,12 +359,16 @@ func FirstRequests(log []Request) []string {
 	return out
 }
 
-// pacedWriter throttles a response to bps bytes per second.
+// pacedWriter throttles a response to bps bytes per second, and stops it while pause says so.
 type pacedWriter struct {
 	http.ResponseWriter
 	bps     int
 	start   time.Time
 	written int64
+	// pause returns the channel to wait on while the registry is paused, nil otherwise; done
+	// is the request's end (the puller gave up).
+	pause func() chan struct{}
+	done  <-chan struct{}
 }
 
 func (p *pacedWriter) Write(b []byte) (int, error) {
@@ -350,6 +385,15 @@ func (p *pacedWriter) Write(b []byte) (int, error) {
 		b = b[c:]
 		due := p.start.Add(time.Duration(float64(p.written) / float64(p.bps) * float64(time.Second)))
 		time.Sleep(time.Until(due)) // the throttle: this download may not run ahead of bps
+		if ch := p.pause(); ch != nil {
+			stopped := time.Now()
+			select {
+			case <-ch:
+				p.start = p.start.Add(time.Since(stopped)) // no burst to make up for the pause
+			case <-p.done:
+				return n, http.ErrAbortHandler
+			}
+		}
 	}
 	return n, nil
 }

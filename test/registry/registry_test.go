@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,3 +146,48 @@ func firstLayer(t *testing.T, ref string) v1.Layer {
 	}
 	return layers[0]
 }
+
+// TestPause: a paused download stops part-way, in flight, and completes after Resume.
+func TestPause(t *testing.T) {
+	const size = 512 << 10
+	reg := New(64 << 20)
+	reg.Serve(t)
+	reg.Count(true)
+	layer := firstLayer(t, reg.Push(t, "paused", 1, size)[0])
+	reg.Pause()
+	var got atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		rc, err := layer.Compressed()
+		if err == nil {
+			_, err = io.Copy(writerFunc(func(b []byte) (int, error) { got.Add(int64(len(b))); return len(b), nil }), rc)
+			rc.Close()
+		}
+		done <- err
+	}()
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return got.Load() > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("no byte of the paused download arrived: %v", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the download ended while paused (%d bytes): %v", got.Load(), err)
+	default:
+	}
+	if n := got.Load(); n >= size {
+		t.Errorf("%d bytes arrived while paused, want part of %d", n, size)
+	}
+	reg.Resume()
+	if err := <-done; err != nil {
+		t.Fatalf("download after Resume: %v", err)
+	}
+	if n := got.Load(); n < size {
+		t.Errorf("after Resume: %d bytes, want the layer's %d at least", n, size)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
