@@ -323,7 +323,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)),
 		resources.WithKubeletMemoryQoS(p.kubelet.writesMemoryQoS))
 	p.resources.LogNode(klog.FromContext(ctx))
-	logKubeletDecisions(ctx, p.kubelet.get(), a.cfg)
+	logKubeletDecisions(ctx, p.kubelet.get(), a.cfg, p.resources.MemoryQoS())
 	if err := a.newImagePulls(ctx, p); err != nil {
 		closeAll(p.backends)
 		return nil, err
@@ -415,7 +415,7 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 		return // ctx ended
 	}
 	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
-	p.kubelet.learnVersion(logger, node.Status.NodeInfo.KubeletVersion, a.cfg.Resources.MemoryQoS)
+	p.kubelet.learnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
 	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
 		p.resources.ResolveAllocatable(ctx, "", node)
 	}

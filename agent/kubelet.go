@@ -55,20 +55,21 @@ func (v *kubeletView) writesMemoryQoS() bool {
 }
 
 // learnVersion records the kubelet's version from its Node and logs memory QoS's decision
-// again when the version changed it.
-func (v *kubeletView) learnVersion(logger klog.Logger, version string, podgateAsked bool) {
+// again when the version changed it; podgateQoS is whether podgate's own memory QoS is on.
+func (v *kubeletView) learnVersion(logger klog.Logger, version string, podgateQoS bool) {
 	before := v.get()
 	after := before
 	after.Version = version
 	v.k.Store(&after)
-	if d := after.MemoryQoSDecision(podgateAsked); d != before.MemoryQoSDecision(podgateAsked) {
+	if d := after.MemoryQoSDecision(podgateQoS); d != before.MemoryQoSDecision(podgateQoS) {
 		logger.Info(d.Feature, d.KeysAndValues()...)
 	}
 }
 
 // kubeletDecisions are, for each feature the kubelet may do part of, who does it on this node,
 // with the default sysctls both set differently: what start-up logs and check-config prints.
-func kubeletDecisions(k kubeletinfo.Kubelet, cfg *config.Configuration) ([]kubeletinfo.Decision, []sysctl.Conflict) {
+// podgateQoS is whether podgate's own memory QoS is on.
+func kubeletDecisions(k kubeletinfo.Kubelet, cfg *config.Configuration, podgateQoS bool) ([]kubeletinfo.Decision, []sysctl.Conflict) {
 	kubeletDefaults, _ := k.DefaultPodSysctls()
 	conflicts := sysctl.DefaultConflicts(sysctlConfig(&cfg.Sysctls, kubeletDefaults))
 	podgateDefaults := len(cfg.Sysctls.PodDefaults)
@@ -78,17 +79,18 @@ func kubeletDecisions(k kubeletinfo.Kubelet, cfg *config.Configuration) ([]kubel
 	limits := pullLimits(&cfg.ImagePulls)
 	pullCap, _, _ := k.PullCap()
 	return []kubeletinfo.Decision{
-		k.MemoryQoSDecision(cfg.Resources.MemoryQoS),
+		k.MemoryQoSDecision(podgateQoS),
 		k.SysctlsDecision(podgateDefaults, len(conflicts)),
 		k.PullsDecision(limits.Capped(), limits.MaskedBy(pullCap)),
 	}, conflicts
 }
 
 // logKubeletDecisions says at start-up, one line per feature, what podgate does on this node
-// and why, and one line per default sysctl left to the kubelet.
-func logKubeletDecisions(ctx context.Context, k kubeletinfo.Kubelet, cfg *config.Configuration) {
+// and why, and one line per default sysctl left to the kubelet; podgateQoS is whether
+// podgate's own memory QoS is on.
+func logKubeletDecisions(ctx context.Context, k kubeletinfo.Kubelet, cfg *config.Configuration, podgateQoS bool) {
 	logger := klog.FromContext(ctx)
-	decisions, conflicts := kubeletDecisions(k, cfg)
+	decisions, conflicts := kubeletDecisions(k, cfg, podgateQoS)
 	for _, d := range decisions {
 		logger.Info(d.Feature, d.KeysAndValues()...)
 	}
@@ -110,10 +112,11 @@ func kubeletPullCap(k kubeletinfo.Kubelet) []imagepull.FeatureOption {
 // what podgate would do on this node beside the kubelet whose configuration file is
 // resources.kubeletConfig, one line each, and one line per default sysctl both set
 // differently. The kubelet's version is not known here (the Node is not read): a gate whose
-// default depends on it says so.
+// default depends on it says so. podgate's memory QoS counts as on when asked for with a
+// kubeconfig (start-up also needs the node's memory controller, which the Cgroups line says).
 func KubeletDecisions(cfg *config.Configuration) []string {
 	k, _ := describeKubelet(cfg.Resources.KubeletConfig, cgroup.Detect()) // Check reports the error
-	decisions, conflicts := kubeletDecisions(k, cfg)
+	decisions, conflicts := kubeletDecisions(k, cfg, cfg.Resources.MemoryQoS && cfg.Kubeconfig != "")
 	var lines []string
 	for _, d := range decisions {
 		lines = append(lines, d.String())

@@ -44,7 +44,7 @@ func TestKubeletViewLearnsVersion(t *testing.T) {
 	}
 	v.learnVersion(logger, "v1.37.2", true) // no change: no line
 	out := logged()
-	const line = `Memory QoS writer="kubelet" podgate="verifies" reason="kubelet v1.37.2 MemoryQoS on by default, cgroup v2; resources.memoryQoS left to the kubelet"`
+	const line = `Memory QoS writer="kubelet" podgate="verifies" reason="kubelet v1.37.2 MemoryQoS on by default, cgroup v2; podgate's memory QoS left to the kubelet"`
 	if strings.Count(out, line) != 1 {
 		t.Errorf("log:\n%s\nwant once: %s", out, line)
 	}
@@ -86,10 +86,10 @@ func TestLogKubeletDecisions(t *testing.T) {
 	four := int32(4)
 	cfg.ImagePulls.MaxParallel = &four
 	v := newKubeletView(logger, path, cgroup.Node{Mode: cgroup.ModeUnified})
-	logKubeletDecisions(klog.NewContext(t.Context(), logger), v.get(), cfg)
+	logKubeletDecisions(klog.NewContext(t.Context(), logger), v.get(), cfg, true)
 	out := logged()
 	for _, want := range []string{
-		`Memory QoS writer="kubelet" podgate="verifies" reason="featureGates.MemoryQoS: true in ` + path + `, cgroup v2; resources.memoryQoS left to the kubelet"`,
+		`Memory QoS writer="kubelet" podgate="verifies" reason="featureGates.MemoryQoS: true in ` + path + `, cgroup v2; podgate's memory QoS left to the kubelet"`,
 		`Default sysctls writer="kubelet+podgate"`,
 		`Default sysctl set by podgate and by the kubelet to different values: the kubelet's wins sysctl="net.ipv4.tcp_keepalive_time" field="sysctls.podDefaults" podgate="600" kubelet="120" winner="kubelet"`,
 		`Image pull caps writer="kubelet" podgate="never queues" reason="serializeImagePulls: true, one pull at a time`,

@@ -22,10 +22,11 @@ const (
 )
 
 // MemoryQoSDecision says who writes memory.min/memory.low and memory.high on this node:
-// the kubelet where it does (podgate then verifies them only), else podgate when asked for
-// (resources.memoryQoS), nobody off cgroup v2. Before the kubelet's version is known podgate writes, leaving alone
+// the kubelet where it does (podgate then verifies them only), else podgate when its own
+// memory QoS is on (podgateOn: resources.memoryQoS, with the Kubernetes API), nobody off
+// cgroup v2. Before the kubelet's version is known podgate writes, leaving alone
 // each request the kubelet already gave memory QoS.
-func (k Kubelet) MemoryQoSDecision(podgateAsked bool) Decision {
+func (k Kubelet) MemoryQoSDecision(podgateOn bool) Decision {
 	d := Decision{Feature: FeatureMemoryQoS}
 	writes, known, why := k.WritesMemoryQoS()
 	switch {
@@ -33,17 +34,17 @@ func (k Kubelet) MemoryQoSDecision(podgateAsked bool) Decision {
 		d.Writer, d.Podgate, d.Reason = WriterNone, "off", why+": neither the kubelet nor podgate writes memory QoS"
 	case known && writes:
 		d.Writer, d.Podgate, d.Reason = WriterKubelet, "verifies", why
-		if podgateAsked {
-			d.Reason += "; resources.memoryQoS left to the kubelet"
+		if podgateOn {
+			d.Reason += "; podgate's memory QoS left to the kubelet"
 		}
-	case podgateAsked && known:
+	case podgateOn && known:
 		d.Writer, d.Podgate, d.Reason = WriterPodgate, "writes", why
-	case podgateAsked:
+	case podgateOn:
 		d.Writer, d.Podgate, d.Reason = WriterPodgate, "writes", why+"; podgate writes until the kubelet's version is known, leaving a request the kubelet gave memory.min or memory.low as it is"
 	case known:
-		d.Writer, d.Podgate, d.Reason = WriterNone, "off", why+"; resources.memoryQoS off"
+		d.Writer, d.Podgate, d.Reason = WriterNone, "off", why+"; podgate's memory QoS off"
 	default:
-		d.Writer, d.Podgate, d.Reason = WriterUnknown, "verifies", why+"; resources.memoryQoS off"
+		d.Writer, d.Podgate, d.Reason = WriterUnknown, "verifies", why+"; podgate's memory QoS off"
 	}
 	return d
 }

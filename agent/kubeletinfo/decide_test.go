@@ -14,11 +14,12 @@ func TestMemoryQoSDecision(t *testing.T) {
 		writer, podgate string
 		reason          string
 	}{
-		{"kubelet 1.37 on cgroup v2", Kubelet{Version: "v1.37.2", CgroupV2: true}, true, WriterKubelet, "verifies", "kubelet v1.37.2 MemoryQoS on by default, cgroup v2; resources.memoryQoS left to the kubelet"},
+		{"kubelet 1.37 on cgroup v2", Kubelet{Version: "v1.37.2", CgroupV2: true}, true, WriterKubelet, "verifies", "kubelet v1.37.2 MemoryQoS on by default, cgroup v2; podgate's memory QoS left to the kubelet"},
 		{"kubelet 1.36", Kubelet{Version: "v1.36.3", CgroupV2: true}, true, WriterPodgate, "writes", "kubelet v1.36.3 MemoryQoS off by default, cgroup v2"},
 		{"version not known yet", Kubelet{CgroupV2: true}, true, WriterPodgate, "writes", "until the kubelet's version is known"},
-		{"podgate's off, kubelet 1.36", Kubelet{Version: "v1.36.3", CgroupV2: true}, false, WriterNone, "off", "resources.memoryQoS off"},
+		{"podgate's off, kubelet 1.36", Kubelet{Version: "v1.36.3", CgroupV2: true}, false, WriterNone, "off", "podgate's memory QoS off"},
 		{"podgate's off, kubelet writes", Kubelet{Version: "v1.37.2", CgroupV2: true}, false, WriterKubelet, "verifies", "cgroup v2"},
+		{"podgate's off, version not known yet", Kubelet{CgroupV2: true}, false, WriterUnknown, "verifies", "not known (no Node read); podgate's memory QoS off"},
 		{"cgroup v1", Kubelet{Version: "v1.37.2"}, true, WriterNone, "off", "not cgroup v2, which the kubelet's memory QoS needs: neither"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
