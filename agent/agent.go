@@ -273,6 +273,8 @@ type proxy struct {
 	pulls *imagepull.Feature
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resources.Hooks
+	// kubelet is the node's kubelet, from which each feature's share of the work is decided.
+	kubelet *kubeletView
 }
 
 // cgroupProcs lists the processes of a cgroup, for the sysctl verification's pause process
@@ -299,7 +301,10 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 		}
 		p.backends = append(p.backends, image)
 	}
-	policy, err := sysctlPolicy(&a.cfg.Sysctls)
+	node := cgroup.Detect()
+	p.kubelet = newKubeletView(klog.FromContext(ctx), a.cfg.Resources.KubeletConfig, node)
+	kubeletDefaults, _ := p.kubelet.get().DefaultPodSysctls()
+	policy, err := sysctlPolicy(&a.cfg.Sysctls, kubeletDefaults)
 	if err != nil {
 		closeAll(p.backends)
 		return nil, err
@@ -314,9 +319,11 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
 	}
 	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach), a.sandboxes, a.registry, opts...)
-	p.resources = resources.New(resourcesConfig(a.cfg.Resources), cgroup.Detect(), a.sandboxes, p.runtime, a.registry,
-		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)))
+	p.resources = resources.New(resourcesConfig(a.cfg.Resources), node, a.sandboxes, p.runtime, a.registry,
+		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)),
+		resources.WithKubeletMemoryQoS(p.kubelet.writesMemoryQoS))
 	p.resources.LogNode(klog.FromContext(ctx))
+	logKubeletDecisions(ctx, p.kubelet.get(), a.cfg, p.resources.MemoryQoS())
 	if err := a.newImagePulls(ctx, p); err != nil {
 		closeAll(p.backends)
 		return nil, err
@@ -388,8 +395,8 @@ func warnAutoBlind(logger klog.Logger, cfg *config.Configuration) {
 
 // readNode reads this node's Node object once — one GET at start-up, retried with a backoff
 // while the API server does not answer — and hands it to what depends on it: the kubelet's
-// version (logged against the tested range; dra.prepare auto), memory QoS's ceiling without the
-// kubelet's config file.
+// version (logged against the tested range; dra.prepare auto; whether the kubelet writes memory
+// QoS itself), memory QoS's ceiling without the kubelet's config file.
 func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	logger := klog.FromContext(ctx)
 	var node *corev1.Node
@@ -408,6 +415,7 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 		return // ctx ended
 	}
 	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
+	p.kubelet.learnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
 	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
 		p.resources.ResolveAllocatable(ctx, "", node)
 	}

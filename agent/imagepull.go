@@ -13,7 +13,8 @@ var _ podresources.PullLister = (*imagepull.Feature)(nil)
 
 // newImagePulls wires the image-pull feature (cri/imagepull): the pod informer when podgate
 // has the Kubernetes API, the pod Events when it can write them, containerd's content store
-// unless imagePulls.containerdAddress is "".
+// unless imagePulls.containerdAddress is "", and the kubelet's own cap when its configuration
+// was read.
 func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
 	cfg := a.cfg.ImagePulls
 	opts := []imagepull.FeatureOption{imagepull.WithProgress(a.cfg.ContainerdSocket(), cfg.ContainerdNamespace)}
@@ -24,6 +25,7 @@ func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
 		opts = append(opts, imagepull.WithEvents(pullEventSink{a.events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
+	opts = append(opts, kubeletPullCap(p.kubelet.get())...)
 	f, err := imagepull.NewFeature(ctx, pullLimits(&cfg), sandboxPriority(&cfg), a.registry, opts...)
 	if err != nil {
 		return err

@@ -16,8 +16,9 @@ const module = "github.com/podgate/podgate"
 var features = []string{"sysctl", "dra", "resources", "cri/imagepull", "podresources"}
 
 // leaves may import no feature at all: the infrastructure every feature builds on, and the
-// configuration and registry that agent composes features' parts into.
-var leaves = []string{"pipeline", "cri", "cri/relay", "cri/endpoint", "agent/config", "agent/registry"}
+// configuration and registry that agent composes features' parts into, and the description of
+// the node's kubelet that agent decides each feature's share from.
+var leaves = []string{"pipeline", "cri", "cri/relay", "cri/endpoint", "agent/config", "agent/registry", "agent/kubeletinfo"}
 
 // TestImportGraph holds the house's rooms to their rule: no package imports agent but the
 // command and the real-stack tests; no feature imports another feature; the infrastructure

@@ -41,7 +41,7 @@ var v2Node = cgroup.Node{Mode: cgroup.ModeUnified, V2Controllers: []string{"cpu"
 func TestReadOnlyHooksChangeNothing(t *testing.T) {
 	cfg := config.DefaultConfiguration()
 	cfg.Sysctls.PodDefaults = map[string]string{"net.ipv4.tcp_keepalive_time": "600"}
-	policy, err := sysctlPolicy(&cfg.Sysctls)
+	policy, err := sysctlPolicy(&cfg.Sysctls, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

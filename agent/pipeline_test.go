@@ -123,7 +123,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	srv := cri.NewServer(backend, backend)
 	cfg := config.DefaultConfiguration()
 	cfg.Sysctls.PodDefaults = map[string]string{"net.ipv4.tcp_keepalive_time": "600"}
-	policy, err := sysctlPolicy(&cfg.Sysctls)
+	policy, err := sysctlPolicy(&cfg.Sysctls, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func TestAllowedUnsafeUnsetTrustsTheKubelet(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", tc.doc, err)
 		}
-		policy, err := sysctlPolicy(&c.Sysctls)
+		policy, err := sysctlPolicy(&c.Sysctls, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.doc, err)
 		}

@@ -49,6 +49,8 @@ type Hooks struct {
 	verifyFail bool
 	recheck    time.Duration
 	pods       *kube.PodLookup
+	// kubeletQoS tells whether the kubelet writes memory QoS itself; nil: it is not known to.
+	kubeletQoS func() bool
 	runtime    runtimeapi.RuntimeServiceClient
 	// allocatable is the node's allocatable memory, the ceiling of memory.high for a container
 	// without a limit (ResolveAllocatable sets it; 0: unknown).
@@ -81,6 +83,17 @@ func WithPods(pods *kube.PodLookup) Option {
 // not wait.
 func WithQuiet(quiet func(context.Context) error) Option {
 	return func(s *Hooks) { s.quiet = quiet }
+}
+
+// WithKubeletMemoryQoS tells whether the node's kubelet writes memory.min/memory.low and
+// memory.high itself (its MemoryQoS feature gate on, on cgroup v2), asked at each call: the
+// kubelet's version, which decides the gate's default, may be learnt after start-up. While it
+// does, CreateContainer and UpdateContainerResources leave memory QoS to the kubelet — one
+// writer — and the container's cgroup is still verified against the kubelet's values, which
+// the request carries. Without it podgate writes memory QoS when it is on, leaving alone a
+// request the kubelet already gave memory.min or memory.low.
+func WithKubeletMemoryQoS(writes func() bool) Option {
+	return func(s *Hooks) { s.kubeletQoS = writes }
 }
 
 // New returns the hooks for a node of these cgroups, recording containers in reg and asking
@@ -142,6 +155,12 @@ func memoryQoSOn(asked bool, node cgroup.Node, pods *kube.PodLookup) (on bool, o
 // (ResolveAllocatable).
 func (s *Hooks) MemoryQoS() bool { return s.memoryQoS }
 
+// writesMemoryQoS tells whether podgate writes memory QoS into this call: it is on, and the
+// kubelet does not write it itself.
+func (s *Hooks) writesMemoryQoS() bool {
+	return s.memoryQoS && (s.kubeletQoS == nil || !s.kubeletQoS())
+}
+
 // LogNode says once what podgate can do with this node's cgroups.
 func (s *Hooks) LogNode(logger klog.Logger) {
 	kv := []any{"mode", s.node.Mode, "v2Controllers", s.node.V2Controllers, "memoryQoS", s.memoryQoS}
@@ -159,7 +178,7 @@ func (s *Hooks) CreateContainer(ctx context.Context, req *runtimeapi.CreateConta
 	next = timed(t, next)
 	md := req.GetSandboxConfig().GetMetadata()
 	uid, name := types.UID(md.GetUid()), req.GetConfig().GetMetadata().GetName()
-	if res := req.GetConfig().GetLinux().GetResources(); res != nil && s.memoryQoS {
+	if res := req.GetConfig().GetLinux().GetResources(); res != nil && s.writesMemoryQoS() {
 		if err := s.applyMemoryQoS(ctx, uid, name, res); err != nil {
 			return nil, err
 		}
@@ -205,7 +224,7 @@ func (s *Hooks) UpdateContainerResources(ctx context.Context, req *runtimeapi.Up
 	next = timed(t, next)
 	id := req.GetContainerId()
 	rec, known := s.containers.Container(id)
-	if res := req.GetLinux(); res != nil && s.memoryQoS && known {
+	if res := req.GetLinux(); res != nil && s.writesMemoryQoS() && known {
 		if err := s.applyMemoryQoS(ctx, rec.PodUID, rec.Name, res); err != nil {
 			return nil, err
 		}

@@ -18,6 +18,14 @@ type Config struct {
 	// NamespaceDefaults are added to the pods of one Kubernetes namespace; they win over
 	// PodDefaults.
 	NamespaceDefaults map[string]map[string]string
+	// KubeletDefaults are the kubelet's own defaults (its defaultPodSysctls), given only where
+	// the kubelet applies them (its DefaultPodSysctls gate on). The kubelet merges them into
+	// RunPodSandbox's sysctls, where podgate cannot tell them from the pod's own: so they win
+	// over PodDefaults and NamespaceDefaults (the pod's own values win over all), and one the
+	// request lacks is added with the kubelet's value, so that the verification reads back every
+	// default the pod does not override. Names outside the network and IPC namespaces, which
+	// podgate does not handle, are left to the kubelet.
+	KubeletDefaults map[string]string
 	// AllowedUnsafe are names, or prefixes ending in "*", that pods may set beyond the safe set.
 	// Empty, the policy trusts the caller's (the kubelet's) admission of a pod's unsafe
 	// namespaced sysctls; set, it enforces this list too. Node defaults must be safe or in it
@@ -34,6 +42,8 @@ type Policy struct {
 	unsafePrefix  []string
 	podDefaults   map[Name]string
 	nsDefaults    map[string]map[Name]string
+	// kubeletDefaults are Config.KubeletDefaults of the namespaces podgate handles.
+	kubeletDefaults map[Name]string
 }
 
 // NewPolicy validates the operator's configuration against the running kernel (kernel) and the
@@ -74,6 +84,7 @@ func NewPolicy(cfg Config, kernel KernelVersion, procSys string) (*Policy, error
 		}
 		p.nsDefaults[ns] = check("sysctls.namespaceDefaults."+ns, cfg.NamespaceDefaults[ns])
 	}
+	p.kubeletDefaults = kubeletDefaults(cfg.KubeletDefaults)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -194,8 +205,8 @@ func (p *Policy) unsafeAllowed(n Name) bool {
 }
 
 // Complete checks a pod's sysctls and returns them with the node's defaults added for what the
-// pod does not set (its own values win; net.* defaults skip host-network pods, IPC ones
-// host-IPC pods). added lists the defaults it added. The pod's own keys are kept as written.
+// pod does not set (its own values win, then the kubelet's defaults, the namespace's, the
+// node's; net.* defaults skip host-network pods, IPC ones host-IPC pods). added lists the defaults it added. The pod's own keys are kept as written.
 // A pod's unsafe sysctls must match the allowlist only when the configuration has one. The
 // first refused sysctl is returned as a *RejectedError.
 func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]string, added []Name, err error) {
@@ -225,6 +236,7 @@ func (p *Policy) Complete(pod Pod, sysctls map[string]string) (out map[string]st
 			added = append(added, n)
 		}
 	}
+	add(p.kubeletDefaults)           // the kubelet's, normally in the request already, win over podgate's
 	add(p.nsDefaults[pod.Namespace]) // the namespace's defaults win over the node-wide ones
 	add(p.podDefaults)
 	if err := checkPortRange(values, spelling); err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/resources/cgroup"
 )
 
 // podgate check-config refuses, with exit status 1 and the key named, what would stop podgate at
@@ -74,5 +75,49 @@ func TestCheckConfigResolvesStartUp(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// podgate check-config says, after ok, what podgate would do beside the kubelet whose
+// configuration file resources.kubeletConfig names: here a kubelet that writes memory QoS
+// (its gate set), sets a default sysctl podgate sets otherwise, and pulls one image at a time.
+func TestCheckConfigSaysKubeletDecisions(t *testing.T) {
+	dir := t.TempDir()
+	kubelet := filepath.Join(dir, "kubelet.yaml")
+	if err := os.WriteFile(kubelet, []byte(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+featureGates:
+  MemoryQoS: true
+  DefaultPodSysctls: true
+defaultPodSysctls:
+  net.ipv4.tcp_keepalive_time: "120"
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := writeConfig(t, "stateDir: "+filepath.Join(dir, "state")+"\n"+
+		"resources:\n  memoryQoS: true\n  kubeletConfig: "+kubelet+"\n"+
+		"sysctls:\n  podDefaults:\n    net.ipv4.tcp_keepalive_time: \"600\"\n"+
+		"imagePulls:\n  maxParallel: 4\n")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"check-config", file}, &stdout, &stderr); code != 0 {
+		t.Fatalf("podgate check-config: exit %d; output:\n%s%s", code, stdout.String(), stderr.String())
+	}
+	out := stdout.String()
+	// The kubelet's memory QoS, and podgate's, need cgroup v2: the host decides.
+	memoryQoS := `kubelet: Memory QoS: writer=none podgate=off reason="not cgroup v2`
+	if cgroup.Detect().Mode == cgroup.ModeUnified {
+		memoryQoS = `kubelet: Memory QoS: writer=kubelet podgate=verifies reason="featureGates.MemoryQoS: true in ` + kubelet + `, cgroup v2`
+	}
+	for _, w := range []string{
+		file + ": ok\n",
+		memoryQoS,
+		"kubelet: Default sysctls: writer=kubelet+podgate",
+		`kubelet: sysctl net.ipv4.tcp_keepalive_time: sysctls.podDefaults sets "600", the kubelet's defaultPodSysctls "120": the kubelet's value wins`,
+		"kubelet: Image pull caps: writer=kubelet podgate=never queues",
+		"never queue a pull: imagePulls.maxParallel (4)",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("podgate check-config: output\n%s\nwant it to say %q", out, w)
+		}
 	}
 }

@@ -69,7 +69,10 @@ and exit: 0 when it is valid, 1 when it is not, 2 on a usage error.
 
 Beyond the file's syntax and values, it resolves what podgate resolves at start-up without
 the running node: the criSocketGroup group, the kubeconfig file, the sysctl names on this
-kernel, and the pod registry's checkpoint in stateDir.`,
+kernel, and the pod registry's checkpoint in stateDir. A valid file's report goes on with
+what podgate would do beside this node's kubelet (resources.kubeletConfig): per feature the
+kubelet may do part of (memory QoS, default sysctls, image pull caps), who does it and why,
+one "kubelet:" line each.`,
 		Example: "  podgate check-config /etc/podgate/config.yaml",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 1 {
@@ -121,6 +124,8 @@ func defaultsYAML() ([]byte, error) {
 // checkConfig loads and checks file, reporting the verdict; an invalid file is exit status 1.
 // It checks what start-up resolves without the running node (agent.Check), so that a
 // file it calls ok does not stop podgate at start-up on a group, kubeconfig or checkpoint.
+// A valid file's report goes on with what podgate would do beside the node's kubelet
+// (agent.KubeletDecisions), one "kubelet: " line each.
 func checkConfig(file string, stdout, stderr io.Writer) error {
 	cfg, err := config.LoadFile(file)
 	if err == nil {
@@ -131,6 +136,11 @@ func checkConfig(file string, stdout, stderr io.Writer) error {
 		return &exitError{code: 1}
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", file)
+	// What podgate would do beside this node's kubelet: a valid file may still leave a
+	// feature to the kubelet, or be held back by it.
+	for _, line := range agent.KubeletDecisions(cfg) {
+		fmt.Fprintf(stdout, "kubelet: %s\n", line)
+	}
 	return nil
 }
 

@@ -45,6 +45,8 @@ type featureConfig struct {
 	sink                                       EventSink
 	waitAfter, progressAfter, progressInterval time.Duration
 	socket, namespace                          string
+	// kubeletCap is the kubelet's cap on pulls in flight (WithKubeletCap); nil: not known.
+	kubeletCap *int
 }
 
 // WithPods takes each pull's priority from its pod in the API server when the pod is known
@@ -89,6 +91,9 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 		gopts = append(gopts, WithObserver(f.events))
 	}
 	f.governor = New(limits, gopts...)
+	if c.kubeletCap != nil {
+		registerKubeletCap(reg, limits, *c.kubeletCap)
+	}
 	v.governor = f.governor
 	logger := klog.FromContext(ctx)
 	if c.socket != "" {
