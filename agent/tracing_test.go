@@ -56,10 +56,18 @@ func serveTracedRuntime(t *testing.T, dir string) (*tracedRuntime, string) {
 	return tr, path
 }
 
+// parent returns the traceparents the runtime got with the method's calls in the kubelet's
+// trace: podgate's own calls (its start-up Version) carry none or a trace of podgate's.
 func (tr *tracedRuntime) parent(method string) []string {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	return append([]string(nil), tr.parents["/runtime.v1.RuntimeService/"+method]...)
+	var out []string
+	for _, p := range tr.parents["/runtime.v1.RuntimeService/"+method] {
+		if strings.Contains(p, kubeletTrace) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // kubeletCalls makes, as the kubelet does with its tracing on, a RunPodSandbox and a Version
