@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -131,13 +132,7 @@ func (l *PodLookup) fetchCallers(key podFetchKey) int {
 func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	ctx, cancel := context.WithTimeout(ctx, l.fetchTimeout)
 	defer cancel()
-	pod, err := l.client.GetPod(ctx, key.namespace, key.name)
-	l.requests.WithLabelValues("get", "pods", requestCode(err)).Inc()
-	if err != nil && ctx.Err() != nil {
-		err = l.noAnswer(key)
-	} else {
-		pod, err = l.checkFetched(key, pod, err)
-	}
+	pod, err := l.get(ctx, key)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -149,6 +144,38 @@ func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	if len(l.fetches) == 0 {
 		l.fetched.Broadcast()
 	}
+}
+
+// get is fetch's one request: GetPod on the kubelet's Pods API when the pods come from it,
+// else a GET on the API server.
+func (l *PodLookup) get(ctx context.Context, key podFetchKey) (*corev1.Pod, error) {
+	if pod, done, err := l.source.getPod(ctx, key.uid); done {
+		return l.checkKubeletPod(ctx, key, pod, err)
+	}
+	pod, err := l.client.GetPod(ctx, key.namespace, key.name)
+	l.requests.WithLabelValues("get", "pods", requestCode(err)).Inc()
+	if err != nil && ctx.Err() != nil {
+		return nil, l.noAnswer(key)
+	}
+	return l.checkFetched(key, pod, err)
+}
+
+// checkKubeletPod classes the kubelet's answer to GetPod for key, as checkFetched the API
+// server's.
+func (l *PodLookup) checkKubeletPod(ctx context.Context, key podFetchKey, pod *corev1.Pod, err error) (*corev1.Pod, error) {
+	ref := klog.KRef(key.namespace, key.name)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, l.noAnswer(key)
+	case podsAPICode(err) == codes.NotFound:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: the kubelet has no pod of that UID", ref, key.uid, errdefs.ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: %w", ref, key.uid, errdefs.ErrUnavailable, err)
+	case pod.UID != key.uid || pod.Namespace != key.namespace || pod.Name != key.name:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: the kubelet's pod of that UID is %s uid %s",
+			ref, key.uid, errdefs.ErrNotFound, klog.KObj(pod), pod.UID)
+	}
+	return l.checkFetched(key, pod, nil)
 }
 
 // checkFetched classes the API server's answer to the GET for key.
