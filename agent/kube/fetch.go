@@ -62,23 +62,28 @@ type podFetch struct {
 
 // GetOrFetch returns the pod with this UID, bound to this node, for steps that cannot do without
 // it: from the informer's cache or, when the informer has not delivered the pod yet, from one GET
-// of namespace/name, accepted only if the pod has this UID (a pod re-created under the same name
-// is another pod) and is bound to this node. Calls for the same pod while a GET is in flight share
-// it; the fetched pod is not added to the cache, which the informer fills. The pod is shared: do
-// not modify it.
+// of namespace/name on the API server, accepted only if the pod has this UID (a pod re-created
+// under the same name is another pod) and is bound to this node. Where the pods come from the
+// kubelet's Pods API, the one request is its GetPod of the UID instead, accepted only if the pod
+// has this namespace and name, and the API server is not asked. Calls for the same pod while a
+// request is in flight share it; the fetched pod is not added to the cache, which the informer
+// fills. The pod is shared: do not modify it.
 //
 // Errors are classed with errdefs, for the CRI boundary to map to gRPC codes:
-//   - ErrNotFound: the API server has no pod of that name, or its pod has another UID: the pod
-//     the caller means is gone.
+//   - ErrNotFound: the API server has no pod of that name, or its pod has another UID (the
+//     kubelet has no pod of that UID, or its pod has another name): the pod the caller means is
+//     gone.
 //   - ErrFailedPrecondition: the pod exists but is bound to another node, or to none. It is not
 //     gone, so not-found would mislead; this node must not run it while the API says otherwise.
 //   - ErrUnavailable: no answer within the fetch timeout, or any other failed GET: unreachable,
 //     throttled, 5xx, and also 401/403 (podgate's credentials or RBAC, which an operator fixes
-//     while the kubelet retries; PermissionDenied would blame the kubelet).
+//     while the kubelet retries; PermissionDenied would blame the kubelet); the kubelet's
+//     refusal while it initialises or restarts.
 //   - context.Canceled or context.DeadlineExceeded: ctx ended first.
 //
-// Static pods are not found: the kubelet knows them by a UID of its own (their config hash),
-// which their mirror pod in the API does not carry.
+// From the API server, static pods are not found: the kubelet knows them by a UID of its own
+// (their config hash), which their mirror pod in the API does not carry. The kubelet's Pods
+// API knows them by that UID.
 func (l *PodLookup) GetOrFetch(ctx context.Context, uid types.UID, namespace, name string) (*corev1.Pod, error) {
 	if pod, ok := l.Get(uid); ok {
 		return pod, nil

@@ -480,7 +480,15 @@ func TestPodLookupPodsAPIAppears(t *testing.T) {
 // cache keeps its pods and podgate asks the API server nothing; once the kubelet serves again,
 // podgate lists it again: a pod gone meanwhile is deleted, a new one added.
 func TestPodLookupPodsAPIKubeletRestart(t *testing.T) {
-	h := startPodsAPILookup(t, lookupSetup{serveKubelet: true, kubeletPods: []*corev1.Pod{testPod("1", ""), testPod("2", "")}})
+	for _, watchList := range []bool{false, true} {
+		t.Run(map[bool]string{false: "list-then-watch", true: "streaming-list"}[watchList], func(t *testing.T) {
+			testKubeletRestart(t, watchList)
+		})
+	}
+}
+
+func testKubeletRestart(t *testing.T, watchList bool) {
+	h := startPodsAPILookup(t, lookupSetup{watchList: watchList, serveKubelet: true, kubeletPods: []*corev1.Pod{testPod("1", ""), testPod("2", "")}})
 	h.stopKubelet(t)
 	eventually(t, "podgate failing to reach the stopped kubelet", func() bool {
 		return h.kubeletCalls("ListPods", codes.Unavailable)+h.kubeletCalls("WatchPods", codes.Unavailable) > 0
