@@ -246,6 +246,8 @@ type lookupSetup struct {
 	apiPods, kubeletPods  []*corev1.Pod
 	serveKubelet, noSync  bool
 	unimplementedOnSocket bool
+	// notReady has the kubelet refuse its Pods API from the start, as one that initialises.
+	notReady bool
 }
 
 func startPodsAPILookup(t *testing.T, s lookupSetup) *podsAPIHarness {
@@ -258,6 +260,7 @@ func startPodsAPILookup(t *testing.T, s lookupSetup) *podsAPIHarness {
 	h.client = fake.NewClientset(objs...)
 	h.api = countPodRequests(h.client)
 	h.kubelet = newFakeKubelet(t, s.kubeletPods...)
+	h.kubelet.notReady = s.notReady
 	switch {
 	case s.serveKubelet:
 		h.kubelet.serve(t, h.socket)
@@ -559,9 +562,7 @@ func TestPodLookupPodsAPIFallback(t *testing.T) {
 // (FailedPrecondition). podgate waits for it, not for the API server, and GetOrFetch is
 // Unavailable meanwhile, for the kubelet to retry.
 func TestPodLookupPodsAPIInitialising(t *testing.T) {
-	h := startPodsAPILookup(t, lookupSetup{noSync: true, kubeletPods: []*corev1.Pod{testPod("1", "")}})
-	h.kubelet.notReady = true // before it serves: no call yet
-	h.kubelet.serve(t, h.socket)
+	h := startPodsAPILookup(t, lookupSetup{serveKubelet: true, notReady: true, noSync: true, kubeletPods: []*corev1.Pod{testPod("1", "")}})
 	eventually(t, "a refusal of the initialising kubelet", func() bool {
 		return h.kubeletCalls("ListPods", codes.FailedPrecondition)+h.kubeletCalls("WatchPods", codes.FailedPrecondition) > 0
 	})

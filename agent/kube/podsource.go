@@ -138,6 +138,7 @@ func (s *podSource) classify(ctx context.Context, err error) (use bool, _ error)
 	case code != codes.Unavailable && code != codes.DeadlineExceeded:
 		// FailedPrecondition while the kubelet initialises, ResourceExhausted: the Pods API is
 		// there, and serves later.
+		s.failingSince = time.Time{}
 		s.setLocked(ctx, sourceKubelet, "the kubelet serves its Pods API, not yet ready: "+err.Error())
 		return true, err
 	case !s.served:
