@@ -30,6 +30,7 @@ func testConfig(dir, backend string) *config.Configuration {
 	pr := filepath.Join(dir, "run", "pr.sock")
 	c.PodResources.Socket = &pr
 	c.PodResources.KubeletSocket = &off
+	c.KubeletPodsAPISocket = &off // the pods from the test's API server, whatever the machine runs
 	c.StateDir = filepath.Join(dir, "state")
 	return c
 }

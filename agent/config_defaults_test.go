@@ -20,6 +20,7 @@ func TestConfigDefaultsMatchFeatures(t *testing.T) {
 		{"podResources.burst", config.DefaultPodResourcesBurst, podresources.DefaultBurst},
 		{"podResources.kubeletQPS", config.DefaultPodResourcesKubeletQPS, podresources.DefaultKubeletQPS},
 		{"podResources.kubeletBurst", config.DefaultPodResourcesKubeletBurst, podresources.DefaultKubeletBurst},
+		{"kubeletPodsAPISocket", config.DefaultKubeletPodsAPISocket, kube.DefaultKubeletPodsAPISocket},
 		{"events.qps", config.DefaultEventQPS, kube.DefaultEventQPS},
 		{"events.burst", config.DefaultEventBurst, kube.DefaultEventBurst},
 		{"dra.interfaceNameAttribute", config.DefaultInterfaceNameAttribute, dra.DefaultInterfaceNameAttribute},

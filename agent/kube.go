@@ -39,7 +39,7 @@ func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err e
 			return nil, err
 		}
 	}
-	pods, err := kube.NewPodLookup(api, node, kube.WithMetrics(a.registry))
+	pods, err := kube.NewPodLookup(api, node, kube.WithMetrics(a.registry), kube.WithKubeletPodsAPI(*a.cfg.KubeletPodsAPISocket))
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,10 @@ const (
 	// podgate at most a GET of the pod the informer has not delivered and one per claim.
 	DefaultKubeAPIQPS   = 5
 	DefaultKubeAPIBurst = 10
+	// DefaultKubeletPodsAPISocket is kube.DefaultKubeletPodsAPISocket, config's own (agent's
+	// tests hold them equal): where the kubelet 1.37 serves its Pods API under its default
+	// root dir.
+	DefaultKubeletPodsAPISocket = "/var/lib/kubelet/pods-api/pods-api.sock"
 )
 
 // Configuration is podgate's configuration file (apiVersion podgate.dev/v1alpha1, kind
@@ -71,6 +75,11 @@ type Configuration struct {
 	// NodeName is this node's name in the API (the pod informer's spec.nodeName); empty means
 	// the host name.
 	NodeName string `json:"nodeName,omitempty"`
+	// KubeletPodsAPISocket is the kubelet's Pods API socket (kubelet 1.37, PodsAPI feature
+	// gate). Where the kubelet serves it, podgate learns the node's pods there and asks the API
+	// server for none; where it does not (an older kubelet), from the API server. "" always
+	// uses the API server. Unset means /var/lib/kubelet/pods-api/pods-api.sock.
+	KubeletPodsAPISocket *string `json:"kubeletPodsAPISocket,omitempty"`
 	// ImagePulls governs PullImage: caps, priorities, de-duplication.
 	ImagePulls ImagePulls `json:"imagePulls,omitzero"`
 	// Sysctls is the pod and node sysctl policy.
@@ -151,6 +160,10 @@ func (c *Configuration) SetDefaults() {
 	if c.KubeAPIBurst == nil {
 		b := int32(DefaultKubeAPIBurst)
 		c.KubeAPIBurst = &b
+	}
+	if c.KubeletPodsAPISocket == nil {
+		s := DefaultKubeletPodsAPISocket
+		c.KubeletPodsAPISocket = &s
 	}
 	c.ImagePulls.setDefaults()
 	c.Sysctls.setDefaults()
@@ -244,7 +257,7 @@ func (c *Configuration) Validate() error {
 	if c.Logging.Verbosity < 0 {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
 	}
-	if err := errors.Join(c.validateKube(), c.validateKubeAPILimits(), c.ImagePulls.validate()); err != nil {
+	if err := errors.Join(c.validateKube(), c.validateKubeAPILimits(), c.validatePodsAPISocket(), c.ImagePulls.validate()); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.DRA.validate(); err != nil {
@@ -290,6 +303,24 @@ func validHostPort(addr string) error {
 	}
 	if host != "" && net.ParseIP(host) == nil && host != "localhost" {
 		return fmt.Errorf("%q: host must be an IP address or localhost", addr)
+	}
+	return nil
+}
+
+// validatePodsAPISocket checks kubeletPodsAPISocket: a socket path, and none of podgate's own.
+func (c *Configuration) validatePodsAPISocket() error {
+	if c.KubeletPodsAPISocket == nil || *c.KubeletPodsAPISocket == "" {
+		return nil
+	}
+	p := *c.KubeletPodsAPISocket
+	if err := validSocket(p); err != nil {
+		return fmt.Errorf("kubeletPodsAPISocket: %w", err)
+	}
+	if filepath.Clean(p) == filepath.Clean(c.CRISocket) {
+		return fmt.Errorf("kubeletPodsAPISocket: %q is podgate's own criSocket", p)
+	}
+	if c.PodResources.Enabled() && filepath.Clean(p) == filepath.Clean(*c.PodResources.Socket) {
+		return fmt.Errorf("kubeletPodsAPISocket: %q is podgate's own podResources.socket", p)
 	}
 	return nil
 }

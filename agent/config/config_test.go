@@ -78,6 +78,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"shutdownGracePeriod: -1s", "shutdownGracePeriod:"},
 		{"logging: {format: xml}", "logging.format:"},
 		{"logging: {verbosity: -1}", "logging.verbosity:"},
+		{"kubeletPodsAPISocket: pods-api.sock", "kubeletPodsAPISocket: \"pods-api.sock\": want an absolute path"},
+		{"kubeletPodsAPISocket: /" + strings.Repeat("x", 120), "kubeletPodsAPISocket:"},
+		{"criSocket: /run/x.sock\nkubeletPodsAPISocket: /run//x.sock", "kubeletPodsAPISocket: \"/run//x.sock\" is podgate's own criSocket"},
+		{"kubeletPodsAPISocket: /var/lib/kubelet/pod-resources/podgate.sock", "is podgate's own podResources.socket"},
 	} {
 		c, err := Parse([]byte(header + tc.doc + "\n"))
 		if err != nil {
@@ -198,6 +202,27 @@ func TestKubeAPILimits(t *testing.T) {
 	for _, want := range []string{"kubeAPIQPS: 0: must be above 0", "kubeAPIBurst: 0: must be at least 1"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate: %v, want %q", err, want)
+		}
+	}
+}
+
+// TestKubeletPodsAPISocket: unset is the kubelet's default socket, "" turns the Pods API off,
+// and both validate.
+func TestKubeletPodsAPISocket(t *testing.T) {
+	for doc, want := range map[string]string{
+		"":                             DefaultKubeletPodsAPISocket,
+		"kubeletPodsAPISocket: \"\"\n": "",
+		"kubeletPodsAPISocket: /srv/kubelet/pods-api/pods-api.sock\n": "/srv/kubelet/pods-api/pods-api.sock",
+	} {
+		c, err := Parse([]byte(header + doc))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		if got := *c.KubeletPodsAPISocket; got != want {
+			t.Errorf("%q: kubeletPodsAPISocket %q, want %q", doc, got, want)
+		}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%q: %v", doc, err)
 		}
 	}
 }

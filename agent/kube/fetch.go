@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -61,23 +62,28 @@ type podFetch struct {
 
 // GetOrFetch returns the pod with this UID, bound to this node, for steps that cannot do without
 // it: from the informer's cache or, when the informer has not delivered the pod yet, from one GET
-// of namespace/name, accepted only if the pod has this UID (a pod re-created under the same name
-// is another pod) and is bound to this node. Calls for the same pod while a GET is in flight share
-// it; the fetched pod is not added to the cache, which the informer fills. The pod is shared: do
-// not modify it.
+// of namespace/name on the API server, accepted only if the pod has this UID (a pod re-created
+// under the same name is another pod) and is bound to this node. Where the pods come from the
+// kubelet's Pods API, the one request is its GetPod of the UID instead, accepted only if the pod
+// has this namespace and name, and the API server is not asked. Calls for the same pod while a
+// request is in flight share it; the fetched pod is not added to the cache, which the informer
+// fills. The pod is shared: do not modify it.
 //
 // Errors are classed with errdefs, for the CRI boundary to map to gRPC codes:
-//   - ErrNotFound: the API server has no pod of that name, or its pod has another UID: the pod
-//     the caller means is gone.
+//   - ErrNotFound: the API server has no pod of that name, or its pod has another UID (the
+//     kubelet has no pod of that UID, or its pod has another name): the pod the caller means is
+//     gone.
 //   - ErrFailedPrecondition: the pod exists but is bound to another node, or to none. It is not
 //     gone, so not-found would mislead; this node must not run it while the API says otherwise.
 //   - ErrUnavailable: no answer within the fetch timeout, or any other failed GET: unreachable,
 //     throttled, 5xx, and also 401/403 (podgate's credentials or RBAC, which an operator fixes
-//     while the kubelet retries; PermissionDenied would blame the kubelet).
+//     while the kubelet retries; PermissionDenied would blame the kubelet); the kubelet's
+//     refusal while it initialises or restarts.
 //   - context.Canceled or context.DeadlineExceeded: ctx ended first.
 //
-// Static pods are not found: the kubelet knows them by a UID of its own (their config hash),
-// which their mirror pod in the API does not carry.
+// From the API server, static pods are not found: the kubelet knows them by a UID of its own
+// (their config hash), which their mirror pod in the API does not carry. The kubelet's Pods
+// API knows them by that UID.
 func (l *PodLookup) GetOrFetch(ctx context.Context, uid types.UID, namespace, name string) (*corev1.Pod, error) {
 	if pod, ok := l.Get(uid); ok {
 		return pod, nil
@@ -131,13 +137,7 @@ func (l *PodLookup) fetchCallers(key podFetchKey) int {
 func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	ctx, cancel := context.WithTimeout(ctx, l.fetchTimeout)
 	defer cancel()
-	pod, err := l.client.GetPod(ctx, key.namespace, key.name)
-	l.requests.WithLabelValues("get", "pods", requestCode(err)).Inc()
-	if err != nil && ctx.Err() != nil {
-		err = l.noAnswer(key)
-	} else {
-		pod, err = l.checkFetched(key, pod, err)
-	}
+	pod, err := l.get(ctx, key)
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -149,6 +149,38 @@ func (l *PodLookup) fetch(ctx context.Context, key podFetchKey, f *podFetch) {
 	if len(l.fetches) == 0 {
 		l.fetched.Broadcast()
 	}
+}
+
+// get is fetch's one request: GetPod on the kubelet's Pods API when the pods come from it,
+// else a GET on the API server.
+func (l *PodLookup) get(ctx context.Context, key podFetchKey) (*corev1.Pod, error) {
+	if pod, done, err := l.source.getPod(ctx, key.uid); done {
+		return l.checkKubeletPod(ctx, key, pod, err)
+	}
+	pod, err := l.client.GetPod(ctx, key.namespace, key.name)
+	l.requests.WithLabelValues("get", "pods", requestCode(err)).Inc()
+	if err != nil && ctx.Err() != nil {
+		return nil, l.noAnswer(key)
+	}
+	return l.checkFetched(key, pod, err)
+}
+
+// checkKubeletPod classes the kubelet's answer to GetPod for key, as checkFetched the API
+// server's.
+func (l *PodLookup) checkKubeletPod(ctx context.Context, key podFetchKey, pod *corev1.Pod, err error) (*corev1.Pod, error) {
+	ref := klog.KRef(key.namespace, key.name)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, l.noAnswer(key)
+	case podsAPICode(err) == codes.NotFound:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: the kubelet has no pod of that UID", ref, key.uid, errdefs.ErrNotFound)
+	case err != nil:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: %w", ref, key.uid, errdefs.ErrUnavailable, err)
+	case pod.UID != key.uid || pod.Namespace != key.namespace || pod.Name != key.name:
+		return nil, fmt.Errorf("get pod %s uid %s: %w: the kubelet's pod of that UID is %s uid %s",
+			ref, key.uid, errdefs.ErrNotFound, klog.KObj(pod), pod.UID)
+	}
+	return l.checkFetched(key, pod, nil)
 }
 
 // checkFetched classes the API server's answer to the GET for key.

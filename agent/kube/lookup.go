@@ -8,29 +8,33 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 )
 
 // uidIndex indexes the pod informer's cache by pod UID: the CRI names pods by UID.
 const uidIndex = "uid"
 
-// PodLookup is podgate's view of the pods bound to its node, from an informer scoped with a
-// spec.nodeName field selector: podgate never watches the whole cluster. Features look pods up
-// by UID and subscribe to their deletion; steps that cannot do without the pod fetch it when the
-// informer has not delivered it yet (GetOrFetch). It keeps the client for features that need
-// other API objects.
+// PodLookup is podgate's view of the pods bound to its node, in an informer's cache. Where the
+// kubelet serves its Pods API (1.37, WithKubeletPodsAPI) the informer lists and watches the
+// kubelet's pods on that local socket and podgate asks the API server for no pod; elsewhere it
+// lists and watches the API server with a spec.nodeName field selector: podgate never watches
+// the whole cluster (podSource says when which). Features look pods up by UID and subscribe to
+// their deletion; steps that cannot do without the pod fetch it when the informer has not
+// delivered it yet (GetOrFetch). It keeps the client for features that need other API objects.
 type PodLookup struct {
-	client       API
-	node         string
-	informer     cache.SharedIndexInformer
-	fetchTimeout time.Duration
-	registerer   prometheus.Registerer
-	requests     *prometheus.CounterVec
+	client        API
+	node          string
+	informer      cache.SharedIndexInformer
+	source        *podSource
+	podsAPISocket string
+	fetchTimeout  time.Duration
+	registerer    prometheus.Registerer
+	requests      *prometheus.CounterVec
+	fallbackAfter time.Duration
+	probeInterval time.Duration
 
 	mu        sync.Mutex
 	onDeleted []func(*corev1.Pod)
@@ -44,7 +48,8 @@ type PodLookup struct {
 type PodLookupOption func(*PodLookup)
 
 // WithMetrics registers the lookup's metrics with reg: podgate_kube_requests_total, the API
-// requests made on behalf of pod starts, and podgate_kube_pod_informer_synced. Without it they are counted but not exported.
+// requests made on behalf of pod starts, podgate_kube_pod_informer_synced, podgate_kube_pod_source
+// and podgate_kube_pods_api_requests_total. Without it they are counted but not exported.
 func WithMetrics(reg prometheus.Registerer) PodLookupOption {
 	return func(l *PodLookup) { l.registerer = reg }
 }
@@ -59,55 +64,89 @@ func WithPodFetchTimeout(d time.Duration) PodLookupOption {
 	}
 }
 
+// WithKubeletPodsAPI has the lookup learn the node's pods from the kubelet's Pods API on socket
+// (DefaultKubeletPodsAPISocket on a standard node) whenever the kubelet serves it, in place of
+// the API server; "" keeps the API server.
+func WithKubeletPodsAPI(socket string) PodLookupOption {
+	return func(l *PodLookup) { l.podsAPISocket = socket }
+}
+
+// withPodsAPITiming replaces podsAPIFallbackAfter and podsAPIProbeInterval, for tests.
+func withPodsAPITiming(fallbackAfter, probeInterval time.Duration) PodLookupOption {
+	return func(l *PodLookup) { l.fallbackAfter, l.probeInterval = fallbackAfter, probeInterval }
+}
+
 // NewPodLookup creates the lookup of the pods bound to nodeName. Start it with Run.
 func NewPodLookup(client API, nodeName string, opts ...PodLookupOption) (*PodLookup, error) {
-	selector := fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return client.ListPods(ctx, metav1.NamespaceAll, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return client.WatchPods(ctx, metav1.NamespaceAll, o)
-		},
-	}
-	// A client that cannot stream the initial list as watch events (a fake) says so, as
-	// client-go's generated informers let it.
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0,
-		cache.Indexers{uidIndex: podUIDIndex})
 	l := &PodLookup{
-		client:       client,
-		node:         nodeName,
-		informer:     inf,
-		fetchTimeout: podFetchTimeout,
-		requests:     newKubeRequests(),
-		fetches:      make(map[podFetchKey]*podFetch),
+		client:        client,
+		node:          nodeName,
+		fetchTimeout:  podFetchTimeout,
+		requests:      newKubeRequests(),
+		fetches:       make(map[podFetchKey]*podFetch),
+		fallbackAfter: podsAPIFallbackAfter,
+		probeInterval: podsAPIProbeInterval,
 	}
 	l.fetched = sync.NewCond(&l.mu)
 	for _, o := range opts {
 		o(l)
 	}
-	if err := inf.SetTransform(stripManagedFields); err != nil {
+	sources, calls := newPodSourceMetrics()
+	l.source = &podSource{
+		api: client, selector: fields.OneTermEqualSelector("spec.nodeName", nodeName).String(),
+		fallbackAfter: l.fallbackAfter, probeInterval: l.probeInterval, now: time.Now,
+		sources: sources, calls: calls,
+	}
+	if l.podsAPISocket != "" {
+		k, err := newKubeletPods(l.podsAPISocket)
+		if err != nil {
+			return nil, err
+		}
+		l.source.kubelet = k
+	}
+	lw := &cache.ListWatch{ListWithContextFunc: l.source.list, WatchFuncWithContext: l.source.watch}
+	// A client that cannot stream the initial list as watch events (a fake) says so, as
+	// client-go's generated informers let it; the kubelet's Pods API can either way.
+	l.informer = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, 0,
+		cache.Indexers{uidIndex: podUIDIndex})
+	if err := l.informer.SetTransform(stripManagedFields); err != nil {
 		return nil, fmt.Errorf("pod informer: %w", err)
 	}
-	if l.registerer != nil {
-		synced := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Namespace: "podgate", Subsystem: "kube", Name: "pod_informer_synced",
-			Help: "1 once the informer of the node's pods has listed them; until then features that need a pod fetch it (GetOrFetch) or do without it.",
-		}, func() float64 {
-			if inf.HasSynced() {
-				return 1
-			}
-			return 0
-		})
-		for _, c := range []prometheus.Collector{l.requests, synced} {
-			if err := l.registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("register kube metrics: %w", err)
-			}
+	if err := l.registerMetrics(sources, calls); err != nil {
+		return nil, err
+	}
+	if err := l.handleDeletions(); err != nil {
+		return nil, fmt.Errorf("pod informer: %w", err)
+	}
+	return l, nil
+}
+
+// registerMetrics registers the lookup's metrics with the WithMetrics registerer, if any.
+func (l *PodLookup) registerMetrics(more ...prometheus.Collector) error {
+	if l.registerer == nil {
+		return nil
+	}
+	inf := l.informer
+	synced := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "podgate", Subsystem: "kube", Name: "pod_informer_synced",
+		Help: "1 once the informer of the node's pods has listed them; until then features that need a pod fetch it (GetOrFetch) or do without it.",
+	}, func() float64 {
+		if inf.HasSynced() {
+			return 1
+		}
+		return 0
+	})
+	for _, c := range append([]prometheus.Collector{l.requests, synced}, more...) {
+		if err := l.registerer.Register(c); err != nil {
+			return fmt.Errorf("register kube metrics: %w", err)
 		}
 	}
-	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	return nil
+}
+
+// handleDeletions calls the OnDeleted subscribers from the informer's events.
+func (l *PodLookup) handleDeletions() error {
+	_, err := l.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, obj any) {
 			// Graceful deletion sets deletionTimestamp long before the object goes: the pod
 			// will not start, so what waits for it may stop now.
@@ -124,10 +163,7 @@ func NewPodLookup(client API, nodeName string, opts ...PodLookupOption) (*PodLoo
 			}
 		},
 	})
-	if err != nil {
-		return nil, fmt.Errorf("pod informer: %w", err)
-	}
-	return l, nil
+	return err
 }
 
 // stripManagedFields drops a pod's managedFields before the informer caches it: server-side
@@ -149,10 +185,16 @@ func podUIDIndex(obj any) ([]string, error) {
 }
 
 // Run runs the informer until ctx ends, then waits for the GETs in flight, each bounded by the
-// fetch timeout, so that nothing of the lookup outlives it.
+// fetch timeout, so that nothing of the lookup outlives it, and closes the connection to the
+// kubelet's Pods API.
 func (l *PodLookup) Run(ctx context.Context) {
 	l.informer.RunWithContext(ctx)
 	l.WaitFetches()
+	if k := l.source.kubelet; k != nil {
+		if err := k.close(); err != nil {
+			klog.FromContext(ctx).V(2).Info("Closing the kubelet's Pods API connection failed", "err", err)
+		}
+	}
 }
 
 // WaitFetches waits until no GET is in flight. Each is bounded by the fetch timeout. A caller
@@ -166,11 +208,11 @@ func (l *PodLookup) WaitFetches() {
 	}
 }
 
-// HasSynced reports whether the informer has listed the node's pods once.
+// HasSynced reports whether the informer has listed the node's pods once, from either source.
 func (l *PodLookup) HasSynced() bool { return l.informer.HasSynced() }
 
-// Client returns the Kubernetes client the informer lists with, for features that need other
-// API objects, e.g. the ResourceClaims of a pod. Its requests are the caller's to bound in time.
+// Client returns the Kubernetes client (the informer's, when the pods come from the API
+// server), for features that need other API objects, e.g. the ResourceClaims of a pod. Its requests are the caller's to bound in time.
 func (l *PodLookup) Client() API { return l.client }
 
 // NodeName returns the name of the node whose pods the lookup holds.

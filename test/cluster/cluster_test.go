@@ -65,6 +65,15 @@ func startNodeWith(t testing.TB, withPodgate bool, kubeletConfig map[string]any)
 // (top-level YAML keys other than dra), and rigOpts the rig's options.
 func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[string]any, podgateConfig string, rigOpts rig.Options) *node {
 	t.Helper()
+	return startNodeOf(t, withPodgate, cluster.Options{KubeletConfig: kubeletConfig},
+		func(*cluster.Cluster) string { return podgateConfig }, rigOpts)
+}
+
+// startNodeOf is startNodeConfigured with the cluster's options (its CRIEndpoint and
+// DeferKubelet are set here), and podgate's configuration made from the cluster, e.g. to name
+// a socket under the kubelet's root directory.
+func startNodeOf(t testing.TB, withPodgate bool, opts cluster.Options, podgateConfig func(*cluster.Cluster) string, rigOpts rig.Options) *node {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd and the kubelet creates cgroups")
 	}
@@ -100,11 +109,12 @@ func startNodeConfigured(t testing.TB, withPodgate bool, kubeletConfig map[strin
 	if withPodgate {
 		endpoint = "unix://" + pgDir + "/cri.sock" // where harness.Start puts it
 	}
-	c = cluster.Start(t, cluster.Options{CRIEndpoint: endpoint, DeferKubelet: true, KubeletConfig: kubeletConfig})
+	opts.CRIEndpoint, opts.DeferKubelet = endpoint, true
+	c = cluster.Start(t, opts)
 	controlPlane := time.Since(start)
 	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
 	config := filepath.Join(pgDir, "config.yaml")
-	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n%s", c.PluginRegistryDir(), podgateConfig), 0o644)
+	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n%s", c.PluginRegistryDir(), podgateConfig(c)), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
