@@ -19,6 +19,7 @@ import (
 	"github.com/podgate/podgate/agent/compat"
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/kubeletinfo"
 	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/agent/tracing"
 	"github.com/podgate/podgate/cri"
@@ -50,8 +51,8 @@ type Agent struct {
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
-	// peerVersions says the kubelet's and the runtime's versions against the tested range.
-	peerVersions *prometheus.GaugeVec
+	// peers says the kubelet's and the runtime's versions against the tested range.
+	peers *compat.Peers
 	// events writes pod Events; nil without the Kubernetes API.
 	events *kube.EventRecorder
 }
@@ -68,9 +69,8 @@ func New(cfg *config.Configuration, version string) *Agent {
 		Namespace: "podgate", Subsystem: "registry", Name: "rebuilds_total",
 		Help: "Attempts to rebuild the pod registry from the runtime at start-up, by result (ok, error: the runtime did not answer; podgate retries).",
 	}, []string{"result"})
-	peerVersions := newPeerVersions()
-	reg.MustRegister(buildInfo, rebuilds, peerVersions)
-	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds, peerVersions: peerVersions}
+	reg.MustRegister(buildInfo, rebuilds)
+	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds, peers: compat.NewPeers(reg)}
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting CRI connections,
@@ -159,7 +159,7 @@ func (a *Agent) runnables(p *proxy, services []service, tr *tracing.Tracing, run
 		runnable{name: "kubernetes", run: loop(runKube), release: a.waitFetches},
 		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, p.runtime) }),
 			release: func(context.Context) error { a.sandboxes.Flush(); return nil }},
-		runnable{name: "runtime version", run: loop(func(ctx context.Context) { a.readRuntimeVersion(ctx, p.runtime) })},
+		runnable{name: "runtime version", run: loop(func(ctx context.Context) { a.peers.ReadRuntime(ctx, p.runtime, rebuildBackoff) })},
 		runnable{name: "image pulls", run: loop(p.pulls.Run), release: func(context.Context) error { p.pulls.Close(); return nil }},
 		runnable{name: "resources", run: loop(p.resources.Run)},
 	)
@@ -274,7 +274,7 @@ type proxy struct {
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resources.Hooks
 	// kubelet is the node's kubelet, from which each feature's share of the work is decided.
-	kubelet *kubeletView
+	kubelet *kubeletinfo.View
 }
 
 // cgroupProcs lists the processes of a cgroup, for the sysctl verification's pause process
@@ -303,7 +303,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 	}
 	node := cgroup.Detect()
 	p.kubelet = newKubeletView(klog.FromContext(ctx), a.cfg.Resources.KubeletConfig, node)
-	kubeletDefaults, _ := p.kubelet.get().DefaultPodSysctls()
+	kubeletDefaults, _ := p.kubelet.Get().DefaultPodSysctls()
 	policy, err := sysctlPolicy(&a.cfg.Sysctls, kubeletDefaults)
 	if err != nil {
 		closeAll(p.backends)
@@ -321,9 +321,9 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach), a.sandboxes, a.registry, opts...)
 	p.resources = resources.New(resourcesConfig(a.cfg.Resources), node, a.sandboxes, p.runtime, a.registry,
 		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)),
-		resources.WithKubeletMemoryQoS(p.kubelet.writesMemoryQoS))
+		resources.WithKubeletMemoryQoS(p.kubelet.WritesMemoryQoS))
 	p.resources.LogNode(klog.FromContext(ctx))
-	logKubeletDecisions(ctx, p.kubelet.get(), a.cfg, p.resources.MemoryQoS())
+	logKubeletDecisions(ctx, p.kubelet.Get(), a.cfg, p.resources.MemoryQoS())
 	if err := a.newImagePulls(ctx, p); err != nil {
 		closeAll(p.backends)
 		return nil, err
@@ -414,8 +414,8 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	if err != nil {
 		return // ctx ended
 	}
-	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
-	p.kubelet.learnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
+	a.peers.See(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
+	p.kubelet.LearnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
 	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
 		p.resources.ResolveAllocatable(ctx, "", node)
 	}

@@ -25,7 +25,9 @@ func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
 		opts = append(opts, imagepull.WithEvents(pullEventSink{a.events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
-	opts = append(opts, kubeletPullCap(p.kubelet.get())...)
+	if n, known, _ := p.kubelet.Get().PullCap(); known { // the kubelet's own cap, from its configuration
+		opts = append(opts, imagepull.WithKubeletCap(n))
+	}
 	f, err := imagepull.NewFeature(ctx, pullLimits(&cfg), sandboxPriority(&cfg), a.registry, opts...)
 	if err != nil {
 		return err

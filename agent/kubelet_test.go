@@ -35,27 +35,27 @@ func writeKubeletConfig(t *testing.T, body string) string {
 func TestKubeletViewLearnsVersion(t *testing.T) {
 	logger, logged := bufferedLogger(t)
 	v := newKubeletView(logger, writeKubeletConfig(t, "maxParallelImagePulls: 5\n"), cgroup.Node{Mode: cgroup.ModeUnified})
-	if v.writesMemoryQoS() {
+	if v.WritesMemoryQoS() {
 		t.Error("kubelet writes memory QoS before its version is known")
 	}
-	v.learnVersion(logger, "v1.37.2", true)
-	if !v.writesMemoryQoS() {
+	v.LearnVersion(logger, "v1.37.2", true)
+	if !v.WritesMemoryQoS() {
 		t.Error("kubelet v1.37.2 on cgroup v2: not writing memory QoS")
 	}
-	v.learnVersion(logger, "v1.37.2", true) // no change: no line
+	v.LearnVersion(logger, "v1.37.2", true) // no change: no line
 	out := logged()
 	const line = `Memory QoS writer="kubelet" podgate="verifies" reason="kubelet v1.37.2 MemoryQoS on by default, cgroup v2; podgate's memory QoS left to the kubelet"`
 	if strings.Count(out, line) != 1 {
 		t.Errorf("log:\n%s\nwant once: %s", out, line)
 	}
-	v.learnVersion(logger, "v1.36.3", true)
-	if v.writesMemoryQoS() {
+	v.LearnVersion(logger, "v1.36.3", true)
+	if v.WritesMemoryQoS() {
 		t.Error("kubelet v1.36.3: writing memory QoS")
 	}
 	if !strings.Contains(logged(), `Memory QoS writer="podgate" podgate="writes"`) {
 		t.Errorf("log:\n%s\nwant podgate to write beside kubelet v1.36.3", logged())
 	}
-	if n, _, _ := v.get().PullCap(); n != 5 {
+	if n, _, _ := v.Get().PullCap(); n != 5 {
 		t.Errorf("the kubelet's configuration was lost: pull cap %d, want 5", n)
 	}
 }
@@ -66,7 +66,7 @@ func TestKubeletViewUnreadableConfig(t *testing.T) {
 	logger, logged := bufferedLogger(t)
 	path := writeKubeletConfig(t, "featureGates: [not a map]\n")
 	v := newKubeletView(logger, path, cgroup.Node{Mode: cgroup.ModeUnified})
-	if v.get().Config != nil {
+	if v.Get().Config != nil {
 		t.Error("a configuration from an unreadable file")
 	}
 	if out := logged(); !strings.Contains(out, "The kubelet's configuration could not be read") || !strings.Contains(out, path) {
@@ -86,7 +86,7 @@ func TestLogKubeletDecisions(t *testing.T) {
 	four := int32(4)
 	cfg.ImagePulls.MaxParallel = &four
 	v := newKubeletView(logger, path, cgroup.Node{Mode: cgroup.ModeUnified})
-	logKubeletDecisions(klog.NewContext(t.Context(), logger), v.get(), cfg, true)
+	logKubeletDecisions(klog.NewContext(t.Context(), logger), v.Get(), cfg, true)
 	out := logged()
 	for _, want := range []string{
 		`Memory QoS writer="kubelet" podgate="verifies" reason="featureGates.MemoryQoS: true in ` + path + `, cgroup v2; podgate's memory QoS left to the kubelet"`,

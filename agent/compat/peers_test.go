@@ -1,16 +1,21 @@
-package agent
+package compat
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	criapitesting "k8s.io/cri-api/pkg/apis/testing"
+	"k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
-
-	"github.com/podgate/podgate/agent/compat"
-	"github.com/podgate/podgate/agent/config"
 )
 
 // The kubelet's and the runtime's versions are logged against the tested range, with a
@@ -18,12 +23,10 @@ import (
 func TestPeerVersions(t *testing.T) {
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	ctx := klog.NewContext(t.Context(), logger)
-	a := New(config.DefaultConfiguration(), "test")
-	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check("v1.37.2"))
-	a.seeVersion(ctx, "kubelet", "kubelet", compat.Kubelet.Check("v1.33.1"))
-
-	_, socket := startFakeRuntime(t, t.TempDir())
-	a.readRuntimeVersion(ctx, criClient(t, socket))
+	p := NewPeers(prometheus.NewRegistry())
+	p.See(ctx, "kubelet", "kubelet", Kubelet.Check("v1.37.2"))
+	p.See(ctx, "kubelet", "kubelet", Kubelet.Check("v1.33.1"))
+	p.ReadRuntime(ctx, fakeRuntime(t), wait.Backoff{Duration: time.Millisecond, Steps: 100})
 
 	for _, want := range []struct {
 		labels []string
@@ -33,11 +36,11 @@ func TestPeerVersions(t *testing.T) {
 		{[]string{"kubelet", "kubelet", "v1.33.1", "false"}, 1},
 		{[]string{"runtime", criapitesting.FakeRuntimeName, criapitesting.FakeVersion, "false"}, 1},
 	} {
-		if got := testutil.ToFloat64(a.peerVersions.WithLabelValues(want.labels...)); got != want.value {
+		if got := testutil.ToFloat64(p.info.WithLabelValues(want.labels...)); got != want.value {
 			t.Errorf("podgate_peer_version_info%v = %v, want %v", want.labels, got, want.value)
 		}
 	}
-	if n := testutil.CollectAndCount(a.peerVersions); n != 3 {
+	if n := testutil.CollectAndCount(p.info); n != 3 {
 		t.Errorf("podgate_peer_version_info has %d series, want 3", n)
 	}
 
@@ -51,4 +54,22 @@ func TestPeerVersions(t *testing.T) {
 			t.Errorf("log lacks %s\nlog:\n%s", want, logs)
 		}
 	}
+}
+
+// fakeRuntime serves cri-client's fake runtime on a unix socket until the test ends, and returns
+// a client of it.
+func fakeRuntime(t *testing.T) runtimeapi.RuntimeServiceClient {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rt.sock")
+	f := fake.NewFakeRemoteRuntime()
+	if err := f.Start("unix://" + path); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Stop)
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return runtimeapi.NewRuntimeServiceClient(conn)
 }
