@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# run.sh all | skew: run the core of the real-stack tests on cells of the tested version matrix
-# (versions.env): `all` on every kubelet × containerd cell (make matrix), `skew` on the oldest
-# pair alone (make test's skew lane; the default, newest pair runs every test in make test).
+# run.sh all | skew | cell KUBELET CONTAINERD: run the core of the real-stack tests on cells of
+# the tested version matrix (versions.env): `all` on every kubelet × containerd cell (make
+# matrix), `skew` on the oldest pair alone (make test's skew lane; the default, newest pair runs
+# every test in make test), `cell` on one pair (a cell that failed, run again).
 #
 # The core: a pod started through podgate with every stage on, sysctls, DRA before CNI with and
 # beside the kubelet, governed pulls, PodResources, adoption and restart (CORE_CLUSTER and
@@ -34,7 +35,12 @@ log() { printf 'matrix: %s\n' "$*" >&2; }
 case ${1:-} in
 all) cells=() ;;
 skew) cells=("${KUBELETS[0]} ${CONTAINERDS[0]}") ;;
-*) log "usage: run.sh all | skew"; exit 2 ;;
+cell)
+	[[ " $KUBELET_VERSIONS " == *" ${2:-none} "* && " $CONTAINERD_VERSIONS " == *" ${3:-none} "* ]] ||
+		{ log "run.sh cell KUBELET CONTAINERD: want a kubelet of $KUBELET_VERSIONS and a containerd of $CONTAINERD_VERSIONS"; exit 2; }
+	cells=("$2 $3")
+	;;
+*) log "usage: run.sh all | skew | cell KUBELET CONTAINERD"; exit 2 ;;
 esac
 if [ "$1" = all ]; then
 	for k in "${KUBELETS[@]}"; do
