@@ -161,6 +161,9 @@ func cgroupOf(containerID string) string { return "kubepods.slice:cri-containerd
 // ListContainers answer is more than podgate's connection takes, is listed with its streams:
 // the rebuild records every sandbox and every container, with what its status says.
 func TestRebuildStreams30000Containers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("30,000 containers take tens of CPU-seconds: not in -short (make unit); make test runs it")
+	}
 	f := bigFixture()
 	rt, client := startListRuntime(t, f, true)
 	if _, err := client.ListContainers(t.Context(), &runtimeapi.ListContainersRequest{}); status.Code(err) != codes.ResourceExhausted {
