@@ -483,6 +483,9 @@ func TestPodLookupPodsAPIAppears(t *testing.T) {
 // cache keeps its pods and podgate asks the API server nothing; once the kubelet serves again,
 // podgate lists it again: a pod gone meanwhile is deleted, a new one added.
 func TestPodLookupPodsAPIKubeletRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out client-go's reflector backoff in real time (seconds): not in -short (make unit); make test runs it")
+	}
 	for _, watchList := range []bool{false, true} {
 		t.Run(map[bool]string{false: "list-then-watch", true: "streaming-list"}[watchList], func(t *testing.T) {
 			testKubeletRestart(t, watchList)
@@ -535,6 +538,9 @@ func (h *podsAPIHarness) stopKubelet(t *testing.T) {
 // that came back without the Pods API) leaves the pods to the API server; when its Pods API
 // serves again, the pods come from it again.
 func TestPodLookupPodsAPIFallback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out client-go's reflector backoff in real time (seconds): not in -short (make unit); make test runs it")
+	}
 	h := startPodsAPILookup(t, lookupSetup{
 		serveKubelet: true, fallback: 100 * time.Millisecond, probe: 20 * time.Millisecond,
 		kubeletPods: []*corev1.Pod{testPod("1", "")},
