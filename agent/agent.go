@@ -136,7 +136,7 @@ func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing.Tracing, 
 		return nil, nil, nil, nil, err
 	}
 	if p.resources.MemoryQoS() {
-		p.resources.ResolveAllocatable(ctx, a.cfg.Resources.KubeletConfig, nil)
+		p.resources.ResolveAllocatable(ctx, p.kubelet.Get().Config, nil) // read once, by the kubelet view
 	}
 	return p, services, tr, runKube, nil
 }
@@ -416,8 +416,8 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	}
 	a.peers.See(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
 	p.kubelet.LearnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
-	if p.resources.MemoryQoS() && a.cfg.Resources.KubeletConfig == "" {
-		p.resources.ResolveAllocatable(ctx, "", node)
+	if p.resources.MemoryQoS() && p.kubelet.Get().Config == nil { // no kubelet configuration read: the Node is better than MemTotal
+		p.resources.ResolveAllocatable(ctx, nil, node)
 	}
 	if p.drivers != nil {
 		p.dra.SetKubeletVersion(ctx, node)

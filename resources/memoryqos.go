@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
+	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
 	"github.com/podgate/podgate/resources/cgroup"
 )
@@ -58,19 +59,12 @@ func podContainer(pod *corev1.Pod, name string) (*corev1.Container, bool) {
 }
 
 // ResolveAllocatable finds the node's allocatable memory, memory QoS's ceiling for a
-// container without a limit, from the best source at hand (the kubelet's configuration file
-// when kubeletConfig names one, else the Node object when given, else MemTotal) and says which
+// container without a limit, from the best source at hand (the kubelet's configuration, read
+// once at start-up, when given, else the Node object when given, else MemTotal) and says which
 // it used. It may be called again when a better source arrives (the Node, read later).
-func (s *Hooks) ResolveAllocatable(ctx context.Context, kubeletConfig string, node *corev1.Node) {
+func (s *Hooks) ResolveAllocatable(ctx context.Context, kubeletConfig *kubeletconfig.KubeletConfiguration, node *corev1.Node) {
 	logger := klog.FromContext(ctx)
-	var src cgroup.NodeMemorySources
-	if kubeletConfig != "" {
-		kc, err := cgroup.ReadKubeletConfig(kubeletConfig)
-		if err != nil {
-			logger.Error(err, "Read the kubelet's configuration for its allocatable memory", "path", kubeletConfig)
-		}
-		src.KubeletConfig = kc
-	}
+	src := cgroup.NodeMemorySources{KubeletConfig: kubeletConfig}
 	if src.KubeletConfig == nil {
 		src.Node = node
 	}

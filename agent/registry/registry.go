@@ -295,21 +295,6 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	return nil
 }
 
-// writeWithLocked writes the checkpoint as the registry will be once rec is recorded (in
-// place of a record of that ID). persistMu is held.
-func (r *Registry) writeWithLocked(rec SandboxRecord) error {
-	r.mu.Lock()
-	snap, err := r.snapshotLocked(&rec, nil, nil)
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	if err := r.checkpoint.Write(snap); err != nil {
-		return fmt.Errorf("pod registry: %w", err)
-	}
-	return nil
-}
-
 // Update changes a sandbox's record with fn; the checkpoint follows in the background. It
 // reports false when the sandbox is not (or no longer) recorded.
 func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
@@ -494,106 +479,6 @@ func (r *SandboxRecord) FillFromRuntime(seen *SandboxRecord) {
 	if r.RuntimeHandler == "" {
 		r.RuntimeHandler = seen.RuntimeHandler
 	}
-}
-
-// WriteDelay is how long a background checkpoint write waits before it takes its snapshot, so
-// that the changes of one pod start (the record, then what the status read and the sysctl
-// verification add) reach the disk in one write, after the kubelet's next calls rather than
-// beside them: each write is two fsyncs on the journal containerd's own commits fsync on. What
-// a crash loses of them, the start-up rebuild finds again in the runtime; changes of the DRA
-// claims never wait (Commit writes them before they count).
-const WriteDelay = time.Second
-
-// SetWriteDelay sets how long a background write waits for more changes (WriteDelay unless set;
-// 0: it starts at once). Call it before the registry is used.
-func (r *Registry) SetWriteDelay(d time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.writeDelay = d
-}
-
-// persistSoon writes the checkpoint in the background, writeDelay from now. Writes coalesce:
-// while one is queued, later changes join it; one runs at a time.
-func (r *Registry) persistSoon() {
-	if r.checkpoint == nil {
-		return
-	}
-	r.mu.Lock()
-	if r.writeQueued {
-		r.mu.Unlock()
-		return
-	}
-	r.writeQueued = true
-	r.writes++
-	kick, delay := make(chan struct{}), r.writeDelay
-	r.kick = kick
-	r.mu.Unlock()
-	go func() {
-		defer func() {
-			r.mu.Lock()
-			r.writes--
-			r.written.Broadcast()
-			r.mu.Unlock()
-		}()
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-kick:
-				t.Stop()
-			}
-		}
-		r.persistMu.Lock()
-		defer r.persistMu.Unlock()
-		r.mu.Lock()
-		r.writeQueued = false // from here on, a change queues the next write
-		if r.kick == kick {
-			r.kick = nil
-		}
-		r.mu.Unlock()
-		if err := r.writeLocked(); err != nil {
-			r.mu.Lock()
-			report := r.writeFailed
-			r.mu.Unlock()
-			report(err)
-		}
-	}()
-}
-
-// Flush writes a queued background write now, without its delay, and waits until no
-// background write is queued or running (shutdown, tests).
-func (r *Registry) Flush() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for r.writes > 0 {
-		if r.kick != nil {
-			close(r.kick)
-			r.kick = nil
-		}
-		r.written.Wait()
-	}
-}
-
-// OnWriteError sets what is told of a background checkpoint write that failed (a log line and a
-// metric).
-func (r *Registry) OnWriteError(fn func(error)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.writeFailed = fn
-}
-
-// writeLocked writes a snapshot of the registry; persistMu is held.
-func (r *Registry) writeLocked() error {
-	r.mu.Lock()
-	snap, err := r.snapshotLocked(nil, nil, nil)
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	if err := r.checkpoint.Write(snap); err != nil {
-		return fmt.Errorf("pod registry: %w", err)
-	}
-	return nil
 }
 
 // Len is the number of sandboxes recorded.
