@@ -31,9 +31,8 @@ const (
 	DefaultKubeAPIBurst = 10
 	// DefaultKubeletPodsAPISocket is kube.DefaultKubeletPodsAPISocket, config's own (agent's
 	// tests hold them equal): where the kubelet 1.37 serves its Pods API under its default
-	// root dir, the path to set in kubeletPodsAPISocket. It is not the default: the Pods API
-	// tells a pod's deletion only with the kubelet's next status change of the pod, so a pull
-	// queued for a deleted pod was not cancelled (kubelet 1.37.2, TestPodsFromKubeletPodsAPI).
+	// root dir, and the default of kubeletPodsAPISocket. Where nothing serves there (an older
+	// kubelet, its gate off, another root dir), podgate uses the API server.
 	DefaultKubeletPodsAPISocket = "/var/lib/kubelet/pods-api/pods-api.sock"
 )
 
@@ -80,7 +79,7 @@ type Configuration struct {
 	// KubeletPodsAPISocket is the kubelet's Pods API socket (kubelet 1.37, PodsAPI feature
 	// gate). Where the kubelet serves it, podgate learns the node's pods there and asks the API
 	// server for none; where it does not (an older kubelet), from the API server. "" always
-	// uses the API server, and is the default (see DefaultKubeletPodsAPISocket).
+	// uses the API server. The default is DefaultKubeletPodsAPISocket.
 	KubeletPodsAPISocket *string `json:"kubeletPodsAPISocket,omitempty"`
 	// ImagePulls governs PullImage: caps, priorities, de-duplication.
 	ImagePulls ImagePulls `json:"imagePulls,omitzero"`
@@ -164,7 +163,7 @@ func (c *Configuration) SetDefaults() {
 		c.KubeAPIBurst = &b
 	}
 	if c.KubeletPodsAPISocket == nil {
-		s := ""
+		s := DefaultKubeletPodsAPISocket
 		c.KubeletPodsAPISocket = &s
 	}
 	c.ImagePulls.setDefaults()

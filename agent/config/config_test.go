@@ -206,11 +206,11 @@ func TestKubeAPILimits(t *testing.T) {
 	}
 }
 
-// TestKubeletPodsAPISocket: unset is off (the API server), as is "",
+// TestKubeletPodsAPISocket: unset is the kubelet's default socket, "" is off (the API server),
 // and both validate.
 func TestKubeletPodsAPISocket(t *testing.T) {
 	for doc, want := range map[string]string{
-		"":                             "",
+		"":                             DefaultKubeletPodsAPISocket,
 		"kubeletPodsAPISocket: \"\"\n": "",
 		"kubeletPodsAPISocket: /srv/kubelet/pods-api/pods-api.sock\n": "/srv/kubelet/pods-api/pods-api.sock",
 	} {

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -243,5 +245,35 @@ func (l *PodLookup) deleted(pod *corev1.Pod) {
 	l.mu.Unlock()
 	for _, fn := range fns {
 		fn(pod)
+	}
+}
+
+// PollDeleted asks the kubelet's Pods API, when it is the source of the node's pods, about
+// the pods with these UIDs, and tells OnDeleted's subscribers of each one the kubelet no longer
+// has or has marked for deletion. The Pods API's watch tells a deletion only with the pod's
+// next status change, which for a pod whose image pull waits comes when the pull is over;
+// its GetPod reads the kubelet's pod manager, which has the deletion at once. With the API
+// server as the source it does nothing: the informer's watch tells deletions as they happen.
+// A pod the Pods API cannot answer for (an error other than NotFound) is left alone.
+func (l *PodLookup) PollDeleted(ctx context.Context, uids []types.UID) {
+	s := l.source
+	if s.kubelet == nil || s.source() != sourceKubelet {
+		return
+	}
+	for _, uid := range uids {
+		pod, err := s.kubelet.get(ctx, uid)
+		s.count("GetPod", err)
+		switch code := podsAPICode(err); {
+		case code == codes.NotFound:
+			gone, ok := l.Get(uid)
+			if !ok {
+				gone = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}}
+			}
+			l.deleted(gone)
+		case err != nil:
+			klog.FromContext(ctx).V(2).Info("Asking the kubelet's Pods API about a pod failed", "podUID", uid, "err", err)
+		case pod.DeletionTimestamp != nil:
+			l.deleted(pod)
+		}
 	}
 }

@@ -635,3 +635,42 @@ func TestPodsWatchDeletesWhatTheListHad(t *testing.T) {
 		t.Errorf("event after the sync %s %v, want Added of uid-new", ev.Type, ev.Object)
 	}
 }
+
+// TestPodLookupPollDeleted: the Pods API's watch may not tell a deletion yet (the kubelet tells
+// it with the pod's next status change); PollDeleted asks GetPod, which knows at once, and tells
+// OnDeleted of a pod the kubelet no longer has and of one marked for deletion, not of one that
+// lives. With the API server as the source it asks nothing.
+func TestPodLookupPollDeleted(t *testing.T) {
+	h := startPodsAPILookup(t, lookupSetup{
+		serveKubelet: true,
+		kubeletPods:  []*corev1.Pod{testPod("removed", ""), testPod("marked", ""), testPod("alive", "")},
+	})
+	// The kubelet's pod manager changes without a watch event, as the kubelet 1.37.2's does.
+	h.kubelet.mu.Lock()
+	delete(h.kubelet.pods, "uid-removed")
+	h.kubelet.mu.Unlock()
+	marked := testPod("marked", "")
+	marked.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	h.kubelet.setQuietly(t, marked)
+
+	gets := h.kubelet.gets.Load()
+	h.lookup.PollDeleted(t.Context(), []types.UID{"uid-removed", "uid-marked", "uid-alive"})
+	if n := h.kubelet.gets.Load() - gets; n != 3 {
+		t.Errorf("PollDeleted made %d GetPod calls, want 3", n)
+	}
+	for uid, want := range map[types.UID]bool{"uid-removed": true, "uid-marked": true, "uid-alive": false} {
+		if got := h.wasDeleted(uid); got != want {
+			t.Errorf("OnDeleted told of %s: %v, want %v", uid, got, want)
+		}
+	}
+	if n := h.api.total(); n != 0 {
+		t.Errorf("the API server got %d pod requests, want none", n)
+	}
+
+	api := startPodsAPILookup(t, lookupSetup{apiPods: []*corev1.Pod{testPod("a", "")}})
+	gets = api.kubelet.gets.Load()
+	api.lookup.PollDeleted(t.Context(), []types.UID{"uid-a"})
+	if n := api.kubelet.gets.Load() - gets; n != 0 || api.wasDeleted("uid-a") {
+		t.Errorf("with the API server as the source PollDeleted made %d GetPod calls (deleted: %v), want none", n, api.wasDeleted("uid-a"))
+	}
+}

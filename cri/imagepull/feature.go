@@ -26,6 +26,10 @@ type Feature struct {
 	// events tells pods of their pulls; nil without Events (no Kubernetes API).
 	events *pullEvents
 	prio   Prioritizer
+	// poller is asked about the pods whose pulls wait (WithPods with a DeletionPoller); nil
+	// otherwise.
+	poller       DeletionPoller
+	pollInterval time.Duration
 }
 
 // Pods is the node's pods from the API server (agent/kube's PodLookup): a pull takes its
@@ -50,7 +54,8 @@ type featureConfig struct {
 }
 
 // WithPods takes each pull's priority from its pod in the API server when the pod is known
-// (the sandbox config otherwise), and drops the pulls of pods deleted meanwhile. Without it,
+// (the sandbox config otherwise), and drops the pulls of pods deleted meanwhile; when pods is
+// also a DeletionPoller, it is asked about the pods whose pulls wait in the queue. Without it,
 // priorities come from the sandbox config only and pulls end with their callers.
 func WithPods(pods Pods) FeatureOption {
 	return func(c *featureConfig) { c.pods = pods }
@@ -109,6 +114,9 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 	if c.pods != nil {
 		g := f.governor
 		c.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
+		if p, ok := c.pods.(DeletionPoller); ok {
+			f.poller, f.pollInterval = p, queuedPollInterval
+		}
 	}
 	return f, nil
 }
@@ -118,10 +126,13 @@ func (f *Feature) Interceptor() cri.Interceptor[*runtimeapi.PullImageRequest, *r
 	return f.governor.Interceptor(f.prio)
 }
 
-// Run follows the pulls' progress and tells pods of their pulls until ctx ends; it returns
-// at once when both are off.
+// Run follows the pulls' progress, tells pods of their pulls and asks the DeletionPoller about
+// the pods whose pulls wait, until ctx ends; it returns at once when all three are off.
 func (f *Feature) Run(ctx context.Context) {
 	var running sync.WaitGroup
+	if f.poller != nil {
+		running.Go(func() { f.pollQueued(ctx, f.poller, f.pollInterval) })
+	}
 	if f.events != nil {
 		running.Go(func() { f.events.run(ctx) })
 	}

@@ -143,6 +143,8 @@ type Cluster struct {
 
 	etcd, apiServer *process
 	etcdURL         string
+	// thaw lets a frozen kube-apiserver go on (FreezeAPIServer); nil when never frozen.
+	thaw func() error
 
 	mu      sync.Mutex // guards kubelet
 	kubelet *process
@@ -255,6 +257,11 @@ func (c *Cluster) Down(ctx context.Context) error {
 func (c *Cluster) stop(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	var errs []error
+	if c.thaw != nil {
+		if err := c.thaw(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := c.drainPods(ctx); err != nil {
 		// Not fatal: what the kubelet did not stop is killed below.
 		logger.Info("Pods not stopped by the kubelet; killing them", "err", err)

@@ -114,7 +114,13 @@ func startNodeOf(t testing.TB, withPodgate bool, opts cluster.Options, podgateCo
 	controlPlane := time.Since(start)
 	// podgate watches this cluster's plugin registry, not the host's /var/lib/kubelet.
 	config := filepath.Join(pgDir, "config.yaml")
-	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n%s", c.PluginRegistryDir(), podgateConfig(c)), 0o644)
+	more := podgateConfig(c)
+	if !strings.Contains(more, "kubeletPodsAPISocket:") {
+		// As on a node whose kubelet has the default root dir: the default
+		// kubeletPodsAPISocket is where that kubelet serves its Pods API (1.37 on).
+		more += "kubeletPodsAPISocket: " + podsAPISocket(c) + "\n"
+	}
+	err := os.WriteFile(config, fmt.Appendf(nil, "apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\ndra:\n  pluginRegistryDir: %s\n%s", c.PluginRegistryDir(), more), 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -393,4 +395,30 @@ func featureGateFlag(gates map[string]bool) string {
 	}
 	slices.Sort(kv)
 	return strings.Join(kv, ",")
+}
+
+// FreezeAPIServer stops kube-apiserver (SIGSTOP to its process group) until the returned thaw
+// lets it go on (SIGCONT): meanwhile it accepts connections but answers nothing, as an API
+// server cut off by the network, and afterwards it goes on with its state and its port, so
+// the cluster's clients and its Down work as before. The cluster's Down thaws it too.
+func (c *Cluster) FreezeAPIServer() (thaw func() error, err error) {
+	if c.apiServer == nil {
+		return nil, errors.New("freeze kube-apiserver: not started")
+	}
+	pgid := c.apiServer.cmd.Process.Pid
+	if err := syscall.Kill(-pgid, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("freeze kube-apiserver: %w", err)
+	}
+	var once sync.Once
+	thaw = func() error {
+		var err error
+		once.Do(func() {
+			if e := syscall.Kill(-pgid, syscall.SIGCONT); e != nil && !errors.Is(e, syscall.ESRCH) {
+				err = fmt.Errorf("thaw kube-apiserver: %w", e)
+			}
+		})
+		return err
+	}
+	c.thaw = thaw
+	return thaw, nil
 }
