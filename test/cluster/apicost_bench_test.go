@@ -3,6 +3,7 @@
 package cluster_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -102,6 +103,7 @@ func BenchmarkAPICost(b *testing.B) {
 		})
 	}
 	// b.Log would keep 10 lines of it.
+	fmt.Printf("kubelet %s, podgate's pods from %s\n", cmp.Or(os.Getenv(cluster.KubeletVersionEnv), "the default"), n.podSource)
 	fmt.Print(apiCostReport(results))
 }
 
@@ -118,6 +120,9 @@ type apiCostNode struct {
 	events string
 	driver *exec.Cmd
 	audit  *cluster.AuditReader
+	// podSource is where podgate learns the node's pods (podgate_kube_pod_source): the kubelet's
+	// Pods API where the kubelet serves it (1.37), else the API server.
+	podSource string
 }
 
 func startAPICostNode(b *testing.B) *apiCostNode {
@@ -198,9 +203,11 @@ func (n *apiCostNode) podgateConfig(b *testing.B, mode string) string {
 	if mode == "auto+attach" {
 		prepare, attach = "auto", fmt.Sprintf("  attach: [%s]\n  publishNetworkData: true\n", dranode.DriverName)
 	}
+	// kubeletPodsAPISocket as on a node whose kubelet has the default root dir: a kubelet 1.37
+	// serves its Pods API there, an older one does not and podgate uses the API server.
 	config := fmt.Sprintf("apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\n"+
-		"dra:\n  pluginRegistryDir: %s\n  prepare: %s\n%spodResources:\n  kubeletSocket: %s\n",
-		n.cluster.PluginRegistryDir(), prepare, attach, n.cluster.PodResourcesSocket())
+		"dra:\n  pluginRegistryDir: %s\n  prepare: %s\n%spodResources:\n  kubeletSocket: %s\nkubeletPodsAPISocket: %s\n",
+		n.cluster.PluginRegistryDir(), prepare, attach, n.cluster.PodResourcesSocket(), podsAPISocket(n.cluster))
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		b.Fatal(err)
 	}
@@ -252,6 +259,16 @@ func (n *apiCostNode) setMode(b *testing.B, mode string) {
 			return strings.Contains(n.podgate.Log.String(), "kubeletPrepares=true"), nil
 		})
 	}
+	if n.podSource == "" {
+		n.podSource = "api-server"
+		if socketWithin(b, podsAPISocket(n.cluster), 30*time.Second) {
+			n.podSource = "kubelet-pods-api"
+		}
+	}
+	waitFor(b, time.Minute, "podgate's pods from "+n.podSource, func() (bool, error) {
+		v, err := n.metric(b, "podgate_kube_pod_source", "source", n.podSource)
+		return v == 1, err
+	})
 }
 
 func (n *apiCostNode) startDriver(b *testing.B) {

@@ -208,7 +208,7 @@ func containsAll(s string, parts ...string) bool {
 
 // socketWithin reports whether path is a unix socket, waiting up to timeout for it: the
 // kubelet creates its sockets as it starts.
-func socketWithin(t *testing.T, path string, timeout time.Duration) bool {
+func socketWithin(t testing.TB, path string, timeout time.Duration) bool {
 	err := wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		fi, err := os.Stat(path)
 		return err == nil && fi.Mode().Type() == os.ModeSocket, nil
