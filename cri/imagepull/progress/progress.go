@@ -62,6 +62,9 @@ type Progress struct {
 	Blobs, BlobsDone int
 	// Updated is when this was read.
 	Updated time.Time
+	// Stall is the pull against the tracker's StallRule (WithStall); zero without one, and once
+	// every blob is fetched (the runtime unpacks: no more bytes are due).
+	Stall Stall
 }
 
 // Known reports whether the pull's manifest, so its size, is known.
@@ -76,6 +79,8 @@ type Tracker struct {
 	interval  time.Duration
 	running   func() []Running
 	now       func() time.Time
+	stall     StallRule
+	onStall   func(Running, Progress)
 
 	bytes      *prometheus.CounterVec
 	throughput *prometheus.GaugeVec
@@ -104,6 +109,9 @@ type pullState struct {
 	counted int64
 	// samples are (time, done) of the last polls, for the rate.
 	samples []sample
+	// window holds the readings of the stall window (WithStall); stalled: onStall was called.
+	window  stallWindow
+	stalled bool
 }
 
 type sample struct {
@@ -127,6 +135,15 @@ func WithInterval(d time.Duration) Option { return func(t *Tracker) { t.interval
 // podgate_image_pull_throughput_bytes_per_second with reg.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(t *Tracker) { reg.MustRegister(t.bytes, t.throughput) }
+}
+
+// WithStall measures each running pull against rule, from the first reading of its bytes (a
+// poll after its backend call started) until every blob of its manifest is fetched, and calls
+// onStall once for a pull that stalls, from the polling goroutine, without the tracker's lock.
+// Progress then shows each pull's Stall. Without it, or with a rule that is off, no pull
+// stalls.
+func WithStall(rule StallRule, onStall func(Running, Progress)) Option {
+	return func(t *Tracker) { t.stall, t.onStall = rule, onStall }
 }
 
 // New creates a tracker of containerd's content store at the unix socket path; running lists
@@ -261,13 +278,25 @@ func (t *Tracker) poll(ctx context.Context, running []Running) error {
 		if err != nil {
 			return err
 		}
-		t.record(p, prog, now)
+		if prog = t.record(p, prog, now); prog.Stall.Stalled && t.claimStall(p) {
+			t.onStall(r, prog)
+		}
 	}
 	return nil
 }
 
-// record stores a pull's new progress, its rate and its bytes in the metrics.
-func (t *Tracker) record(p *pullState, prog Progress, now time.Time) {
+// claimStall reports whether p's stall is yet to be told, and marks it told.
+func (t *Tracker) claimStall(p *pullState) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := !p.stalled && t.onStall != nil
+	p.stalled = true
+	return first
+}
+
+// record stores a pull's new progress, its rate, where it stands against the stall rule and
+// its bytes in the metrics, and returns it.
+func (t *Tracker) record(p *pullState, prog Progress, now time.Time) Progress {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	prog.Updated = now
@@ -288,7 +317,16 @@ func (t *Tracker) record(p *pullState, prog Progress, now time.Time) {
 		t.bytes.WithLabelValues(p.registry).Add(float64(prog.Done - p.counted))
 		p.counted = prog.Done
 	}
+	if prog.Blobs > 0 && prog.BlobsDone == prog.Blobs {
+		// Fetched: the runtime unpacks, which reads no bytes from the registry.
+		p.window.complete = true
+	}
+	if t.stall.On() && !p.window.complete {
+		p.window.add(now, prog.Done, t.stall.Window)
+	}
+	prog.Stall = p.window.judge(t.stall)
 	p.progress = prog
+	return prog
 }
 
 // activeIngests lists the writes in progress, by the digest they expect (and by ref).
