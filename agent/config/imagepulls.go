@@ -51,7 +51,34 @@ type ImagePulls struct {
 	// ProgressEventInterval is the least time between two progress Events of one pull.
 	// Default 30s.
 	ProgressEventInterval Duration `json:"progressEventInterval,omitzero"`
+	// Stall says when a running pull is stalled and podgate cancels it (the imagePulls.stall
+	// section): its rate, read from containerd's content store, stays below
+	// MinBytesPerSecond over Window.
+	Stall PullStall `json:"stall,omitzero"`
 }
+
+// PullStall is the imagePulls.stall section.
+type PullStall struct {
+	// MinBytesPerSecond is the least rate a running pull must keep over Window. Default 1024
+	// (DefaultPullStallMinBytesPerSecond); 0 turns stall detection off.
+	MinBytesPerSecond *int64 `json:"minBytesPerSecond,omitempty"`
+	// Window is how long a pull's rate must stay below MinBytesPerSecond for podgate to
+	// cancel it, counted from the first reading of its bytes after the runtime started it.
+	// Default 5m (DefaultPullStallWindow); at least 2s, two readings of the content store.
+	Window Duration `json:"window,omitzero"`
+}
+
+// Defaults of imagePulls.stall: a pull that fetches less than 300 KiB in five minutes. An
+// honest registry, however slow, sends far more (a 1 Mbit/s link is 125 KiB/s); five
+// minutes outlasts a registry's pauses (a TCP retransmission backs off to two minutes, a
+// registry's garbage collection or a proxy's cache fill takes seconds to minutes) and is
+// containerd's own image_pull_progress_timeout for a pull that receives nothing at all.
+const (
+	DefaultPullStallMinBytesPerSecond = 1024
+	DefaultPullStallWindow            = 5 * time.Minute
+	// minPullStallWindow: the content store is read once a second; a window needs two readings.
+	minPullStallWindow = 2 * time.Second
+)
 
 // Defaults of the pull Events.
 const (
@@ -80,6 +107,21 @@ func (p *ImagePulls) setDefaults() {
 	if p.ProgressEventInterval.Duration == 0 {
 		p.ProgressEventInterval.Duration = DefaultPullProgressEventInterval
 	}
+	// imagePulls.stall's defaults are applied where it is read (PullStall.Rule), so that
+	// `podgate config defaults`, which README.md shows, is what it was before the section.
+}
+
+// Rule is the section with its defaults: the least rate, 0 when stall detection is off, and
+// the window. The section is valid.
+func (s PullStall) Rule() (minBytesPerSecond int64, window time.Duration) {
+	minBytesPerSecond, window = DefaultPullStallMinBytesPerSecond, DefaultPullStallWindow
+	if s.MinBytesPerSecond != nil {
+		minBytesPerSecond = *s.MinBytesPerSecond
+	}
+	if s.Window.Duration != 0 {
+		window = s.Window.Duration
+	}
+	return minBytesPerSecond, window
 }
 
 // validate reports every bad field of the section, named from the file's root.
@@ -112,6 +154,18 @@ func (p *ImagePulls) validate() error {
 		for _, msg := range validation.IsDNS1123Label(ns) {
 			errs = append(errs, fmt.Errorf("imagePulls.priorityNamespaces[%d]: %q: %s", i, ns, msg))
 		}
+	}
+	return errors.Join(append(errs, p.Stall.validate())...)
+}
+
+// validate checks the imagePulls.stall section.
+func (s *PullStall) validate() error {
+	var errs []error
+	if s.MinBytesPerSecond != nil && *s.MinBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("imagePulls.stall.minBytesPerSecond: must not be negative, got %d (0 turns stall detection off)", *s.MinBytesPerSecond))
+	}
+	if w := s.Window.Duration; w != 0 && w < minPullStallWindow {
+		errs = append(errs, fmt.Errorf("imagePulls.stall.window: %s: must be at least %s (the content store is read once a second)", w, minPullStallWindow))
 	}
 	return errors.Join(errs...)
 }
