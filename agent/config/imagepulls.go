@@ -59,23 +59,26 @@ type ImagePulls struct {
 
 // PullStall is the imagePulls.stall section.
 type PullStall struct {
-	// MinBytesPerSecond is the least rate a running pull must keep over Window. Default 1024
+	// MinBytesPerSecond is the least rate a running pull must keep over Window. Default 8192
 	// (DefaultPullStallMinBytesPerSecond); 0 turns stall detection off.
 	MinBytesPerSecond *int64 `json:"minBytesPerSecond,omitempty"`
 	// Window is how long a pull's rate must stay below MinBytesPerSecond for podgate to
 	// cancel it, counted from the first reading of its bytes after the runtime started it.
-	// Default 5m (DefaultPullStallWindow); at least 2s, two readings of the content store.
+	// Default 10m (DefaultPullStallWindow); at least 2s, two readings of the content store.
 	Window Duration `json:"window,omitzero"`
 }
 
-// Defaults of imagePulls.stall: a pull that fetches less than 300 KiB in five minutes. An
-// honest registry, however slow, sends far more (a 1 Mbit/s link is 125 KiB/s); five
-// minutes outlasts a registry's pauses (a TCP retransmission backs off to two minutes, a
-// registry's garbage collection or a proxy's cache fill takes seconds to minutes) and is
-// containerd's own image_pull_progress_timeout for a pull that receives nothing at all.
+// Defaults of imagePulls.stall: a pull that shows less than 4.7 MiB in ten minutes (8 KiB/s,
+// 64 kbit/s: a 50 MiB image would take 1 h 45 min). An honest registry, however slow, sends far
+// more than 64 kbit/s. Ten minutes outlast a registry's pauses (a TCP retransmission backs off to
+// two minutes; a registry's garbage collection or a proxy's cache fill takes seconds to minutes),
+// and twice containerd's image_pull_progress_timeout, which catches a pull that receives nothing
+// at all. The product is well above containerd's granularity: it writes a blob to its content
+// store in 1 MiB pieces, up to three blobs at once, and podgate counts those 3 MiB as possibly
+// received, so a stall is found when a pull shows less than about 1.7 MiB in the window.
 const (
-	DefaultPullStallMinBytesPerSecond = 1024
-	DefaultPullStallWindow            = 5 * time.Minute
+	DefaultPullStallMinBytesPerSecond = 8 << 10
+	DefaultPullStallWindow            = 10 * time.Minute
 	// minPullStallWindow: the content store is read once a second; a window needs two readings.
 	minPullStallWindow = 2 * time.Second
 )

@@ -16,8 +16,8 @@ func TestPullStallConfig(t *testing.T) {
 		wantWin   time.Duration
 		wantError []string
 	}{
-		{name: "defaults", doc: "", wantMin: 1024, wantWin: 5 * time.Minute},
-		{name: "off", doc: "imagePulls: {stall: {minBytesPerSecond: 0}}", wantMin: 0, wantWin: 5 * time.Minute},
+		{name: "defaults", doc: "", wantMin: 8192, wantWin: 10 * time.Minute},
+		{name: "off", doc: "imagePulls: {stall: {minBytesPerSecond: 0}}", wantMin: 0, wantWin: 10 * time.Minute},
 		{name: "set", doc: "imagePulls: {stall: {minBytesPerSecond: 4096, window: 3s}}", wantMin: 4096, wantWin: 3 * time.Second},
 		{name: "negative rate and short window", doc: "imagePulls: {stall: {minBytesPerSecond: -1, window: 1500ms}}", wantError: []string{
 			"imagePulls.stall.minBytesPerSecond: must not be negative, got -1 (0 turns stall detection off)",

@@ -50,6 +50,10 @@ type featureConfig struct {
 	stall      progress.StallRule
 }
 
+// keepStalled is how long containerd keeps what it fetched of a stalled pull for the retry:
+// the kubelet's image back-off reaches its 5-minute cap after a few failures.
+const keepStalled = 30 * time.Minute
+
 // WithStall cancels a running pull whose rate, read from containerd's content store, stays
 // below minBytesPerSecond over window (imagePulls.stall): its callers get an Unavailable error
 // naming the image, the registry, the rate and the minimum, their pods a PullStalled Event, and
@@ -112,9 +116,14 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 	logger := klog.FromContext(ctx)
 	if c.socket != "" {
 		popts := []progress.Option{progress.WithNamespace(c.namespace), progress.WithRegisterer(reg)}
+		var t *progress.Tracker // set below, before its first poll
 		if c.stall.On() {
 			g, rule := f.governor, c.stall
 			popts = append(popts, progress.WithStall(rule, func(r progress.Running, p progress.Progress) {
+				// What containerd fetched must outlive the cancelled pull's lease.
+				if err := t.Keep(ctx, r.Image, keepStalled); err != nil {
+					logger.Info("Cannot keep what containerd fetched of a stalled pull; the retry fetches it again", "image", r.Image, "err", err)
+				}
 				g.Stall(r.Image, r.Started, p.Stall.Rate, rule)
 			}))
 			v.stall = rule

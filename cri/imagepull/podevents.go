@@ -116,8 +116,8 @@ func (e *pullEvents) PullEvent(ev Event) {
 	case EventFinished:
 		if stall := (*stallError)(nil); errors.As(ev.Err, &stall) {
 			e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullStalled, "Cancelled",
-				"Pull of image %q stalled: registry %s sent %s over the last %s, below the minimum of %s (imagePulls.stall.minBytesPerSecond); podgate cancelled it, the kubelet retries it with back-off",
-				stall.image, stall.registry, rateString(stall.rate), shortDuration(stall.rule.Window), rateString(float64(stall.rule.MinBytesPerSecond)))
+				"Pull of image %q stalled: %s from registry %s over the last %s, below the minimum of %s (imagePulls.stall.minBytesPerSecond); podgate cancelled it, the kubelet retries it with back-off",
+				stall.image, rateString(stall.rate), stall.registry, shortDuration(stall.rule.Window), rateString(float64(stall.rule.MinBytesPerSecond)))
 		}
 		e.finished(ev, pod)
 	}

@@ -12,7 +12,8 @@ import (
 )
 
 // stallError is what every caller of a stalled pull gets: the image, its registry host, the
-// rate containerd's content store showed over the window and the minimum.
+// rate containerd's content store showed over the window (the bytes containerd wrote there)
+// and the minimum.
 //
 // Its class is errdefs.ErrUnavailable, which the CRI boundary sends as gRPC Unavailable. The
 // kubelet turns any PullImage error into ErrImagePull and retries under its image back-off
@@ -27,8 +28,8 @@ type stallError struct {
 }
 
 func (e *stallError) Error() string {
-	return fmt.Sprintf("pull of %s stalled: registry %s sent %s over the last %s, below imagePulls.stall.minBytesPerSecond %s; podgate cancelled the pull",
-		e.image, e.registry, rateString(e.rate), shortDuration(e.rule.Window), rateString(float64(e.rule.MinBytesPerSecond)))
+	return fmt.Sprintf("pull of %s stalled: %s from registry %s over the last %s, below imagePulls.stall.minBytesPerSecond %s; podgate cancelled the pull",
+		e.image, rateString(e.rate), e.registry, shortDuration(e.rule.Window), rateString(float64(e.rule.MinBytesPerSecond)))
 }
 
 // Unwrap returns the class, for errors.Is and the CRI boundary's mapping.

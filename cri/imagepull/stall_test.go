@@ -89,7 +89,7 @@ func TestStallCancelsAndNames(t *testing.T) {
 	} else {
 		next.release <- nil
 	}
-	want := "pull of slow.example.com/app:1 stalled: registry slow.example.com sent 210 B/s over the last 5m, below imagePulls.stall.minBytesPerSecond 1.0 KiB/s; podgate cancelled the pull"
+	want := "pull of slow.example.com/app:1 stalled: 210 B/s from registry slow.example.com over the last 5m, below imagePulls.stall.minBytesPerSecond 1.0 KiB/s; podgate cancelled the pull"
 	for name, ch := range map[string]<-chan result{"leader": resA, "shared": resB} {
 		r := wait(t, ch)
 		if !errdefs.IsUnavailable(r.err) || r.err == nil || r.err.Error() != want {
@@ -109,7 +109,7 @@ func TestStallCancelsAndNames(t *testing.T) {
 	pods := map[string]bool{}
 	for _, e := range stalled {
 		pods[e.pod.Name] = true
-		for _, s := range []string{`"slow.example.com/app:1"`, "registry slow.example.com", "210 B/s", "1.0 KiB/s", "5m"} {
+		for _, s := range []string{`"slow.example.com/app:1"`, "registry slow.example.com", "210 B/s from", "1.0 KiB/s", "5m"} {
 			if !strings.Contains(e.note, s) || e.eventType != "Warning" {
 				t.Errorf("%s Event %q (%s) lacks %q", e.pod.Name, e.note, e.eventType, s)
 			}

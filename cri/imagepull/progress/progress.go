@@ -13,6 +13,7 @@ import (
 	"time"
 
 	contentapi "github.com/containerd/containerd/api/services/content/v1"
+	leasesapi "github.com/containerd/containerd/api/services/leases/v1"
 	"github.com/distribution/reference"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -37,6 +38,12 @@ const (
 // within it is asked again at the next poll.
 const callTimeout = 5 * time.Second
 
+// copyBuffer is the size of the pieces in which containerd writes a blob it fetches to its
+// content store: its content.Copy reads a full 1 MiB buffer (io.ReadAtLeast) before each
+// write (containerd v2 core/content/helpers.go, copyWithBuffer). A registry that sends less
+// than that shows no bytes at all until the blob ends.
+const copyBuffer = 1 << 20
+
 // maxManifestSize bounds the manifest read from the content store: an image manifest is a few
 // KiB; anything much larger is not one.
 const maxManifestSize = 4 << 20
@@ -60,6 +67,10 @@ type Progress struct {
 	Rate float64
 	// Blobs and BlobsDone count the config and layers, and those committed.
 	Blobs, BlobsDone int
+	// Unseen is what containerd may hold of the blobs it is fetching without having written
+	// it to the content store yet: it writes a blob in pieces of copyBuffer bytes (or at its
+	// end), so up to that much of each blob being fetched is not in Done.
+	Unseen int64
 	// Updated is when this was read.
 	Updated time.Time
 	// Stall is the pull against the tracker's StallRule (WithStall); zero without one, and once
@@ -74,6 +85,7 @@ func (p Progress) Known() bool { return p.Total > 0 }
 // documentation.
 type Tracker struct {
 	client    contentapi.ContentClient
+	leases    leasesapi.LeasesClient
 	conn      *grpc.ClientConn
 	namespace string
 	interval  time.Duration
@@ -154,7 +166,7 @@ func New(path string, running func() []Running, opts ...Option) (*Tracker, error
 		return nil, fmt.Errorf("containerd %s: %w", path, err)
 	}
 	t := &Tracker{
-		client: contentapi.NewContentClient(conn), conn: conn,
+		client: contentapi.NewContentClient(conn), leases: leasesapi.NewLeasesClient(conn), conn: conn,
 		namespace: DefaultNamespace, interval: time.Second, running: running, now: time.Now,
 		pulls: map[string]*pullState{}, manifests: map[string][]blob{},
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -324,7 +336,7 @@ func (t *Tracker) record(p *pullState, prog Progress, now time.Time) Progress {
 	if t.stall.On() && !p.window.complete {
 		p.window.add(now, prog.Done, t.stall.Window)
 	}
-	prog.Stall = p.window.judge(t.stall)
+	prog.Stall = p.window.judge(t.stall, prog.Unseen)
 	p.progress = prog
 	return prog
 }
@@ -458,6 +470,7 @@ func (t *Tracker) measure(ctx context.Context, blobs []blob, active map[string]*
 		p.Blobs++
 		if s, ok := active[b.digest]; ok {
 			p.Done += min(s.GetOffset(), b.size)
+			p.Unseen += min(copyBuffer, max(0, b.size-s.GetOffset()))
 			continue
 		}
 		committed, err := t.committed(ctx, b.digest)

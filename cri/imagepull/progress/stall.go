@@ -53,8 +53,12 @@ func (w *stallWindow) add(at time.Time, done int64, window time.Duration) {
 	}
 }
 
-// judge measures the pull against rule as of the newest reading.
-func (w *stallWindow) judge(rule StallRule) Stall {
+// judge measures the pull against rule as of the newest reading. unseen is what containerd
+// may have received of the pull's blobs but not yet written to its content store (see
+// Progress.Unseen): a span is below the minimum only when its bytes would be even with unseen
+// counted, so a pull that keeps the minimum rate is never found stalled, however containerd
+// buffers.
+func (w *stallWindow) judge(rule StallRule, unseen int64) Stall {
 	if !rule.On() || w.complete || len(w.samples) < 2 {
 		return Stall{}
 	}
@@ -67,10 +71,10 @@ func (w *stallWindow) judge(rule StallRule) Stall {
 		if span <= 0 {
 			continue
 		}
-		rate := float64(last.done-s.done) / span.Seconds()
-		if rate >= minRate {
+		if float64(last.done-s.done+unseen)/span.Seconds() >= minRate {
 			continue
 		}
+		rate := float64(last.done-s.done) / span.Seconds()
 		// Only the base (the first reading) can be older than the window: full coverage.
 		stalled := i == 0 && span >= rule.Window
 		return Stall{Rate: rate, For: min(span, rule.Window), Stalled: stalled}

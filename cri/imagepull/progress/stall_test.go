@@ -41,7 +41,7 @@ func TestStallWindow(t *testing.T) {
 			var w stallWindow
 			for i, s := range tc.steps {
 				w.add(start.Add(time.Duration(i)*time.Second), s.done, rule.Window)
-				got := w.judge(rule)
+				got := w.judge(rule, 0)
 				want := Stall{Rate: s.rate, For: time.Duration(s.forSecs) * time.Second, Stalled: s.stalled}
 				if got != want {
 					t.Fatalf("reading %d (%d bytes at %ds): %+v, want %+v", i, s.done, i, got, want)
@@ -55,12 +55,24 @@ func TestStallWindow(t *testing.T) {
 			}
 		})
 	}
+	t.Run("bytes containerd may hold unwritten count", func(t *testing.T) {
+		var w stallWindow
+		for i := range 10 { // nothing written, but up to 5000 bytes may be held: 1000 B/s
+			w.add(start.Add(time.Duration(i)*time.Second), 0, rule.Window)
+		}
+		if got := w.judge(rule, 5000); got != (Stall{}) {
+			t.Errorf("5000 bytes unseen in 5s judged %+v, want not below 1000 B/s", got)
+		}
+		if got := w.judge(rule, 4999); !got.Stalled || got.Rate != 0 {
+			t.Errorf("4999 bytes unseen in 5s judged %+v, want stalled at 0 B/s seen", got)
+		}
+	})
 	t.Run("fetched", func(t *testing.T) {
 		w := stallWindow{complete: true}
 		for i := range 10 {
 			w.add(start.Add(time.Duration(i)*time.Second), 0, rule.Window)
 		}
-		if got := w.judge(rule); got != (Stall{}) {
+		if got := w.judge(rule, 0); got != (Stall{}) {
 			t.Errorf("a fetched pull judged %+v", got)
 		}
 	})
@@ -69,14 +81,15 @@ func TestStallWindow(t *testing.T) {
 		for i := range 10 {
 			w.add(start.Add(time.Duration(i)*time.Second), 0, rule.Window)
 		}
-		if got := w.judge(StallRule{Window: rule.Window}); got != (Stall{}) {
+		if got := w.judge(StallRule{Window: rule.Window}, 0); got != (Stall{}) {
 			t.Errorf("no minimum, judged %+v", got)
 		}
 	})
 }
 
-// TestTrackerFindsAStall: a pull whose second layer trickles is told to onStall once, after
-// the window counted from the first reading of its bytes; a pull whose blobs are all fetched
+// TestTrackerFindsAStall: a pull whose first layer trickles, so slowly that even with what
+// containerd may hold unwritten (the rest of the 1000-byte layer) it is below the minimum, is
+// told to onStall once, after the window counted from the first reading of its bytes; a pull whose blobs are all fetched
 // (unpacking) never is, however long it runs.
 func TestTrackerFindsAStall(t *testing.T) {
 	start := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
@@ -84,15 +97,15 @@ func TestTrackerFindsAStall(t *testing.T) {
 	src := map[string]string{distributionSourceLabel + "127.0.0.1": "team/app", configLabel: configDigest}
 	f.commit(manifestDigest, 400, src, start.Add(100*time.Millisecond), manifest(configDigest, layer1, layer2))
 	f.commit(configDigest, 100, nil, start.Add(200*time.Millisecond), nil)
-	f.commit(layer1, 1000, nil, start.Add(300*time.Millisecond), nil)
-	f.ingest(layer2, 0, 500)
+	f.commit(layer2, 500, nil, start.Add(300*time.Millisecond), nil)
+	f.ingest(layer1, 0, 1000)
 	path := serveContent(t, f)
 
 	running := []Running{{Image: "127.0.0.1:5000/team/app:v1", Registry: "other", Started: start}}
 	var mu sync.Mutex
 	clock := start
 	var stalls []Progress
-	rule := StallRule{MinBytesPerSecond: 100, Window: 3 * time.Second}
+	rule := StallRule{MinBytesPerSecond: 400, Window: 3 * time.Second}
 	tr, err := New(path, func() []Running { return running }, WithRegisterer(prometheus.NewRegistry()),
 		WithStall(rule, func(r Running, p Progress) {
 			if r.Image != running[0].Image {
@@ -109,11 +122,11 @@ func TestTrackerFindsAStall(t *testing.T) {
 		defer mu.Unlock()
 		return clock
 	}
-	// poll writes layer2Done bytes of the second layer (none when negative), a second later.
-	poll := func(layer2Done int64) Progress {
+	// poll writes done bytes of the first layer (none when negative), a second later.
+	poll := func(done int64) Progress {
 		t.Helper()
-		if layer2Done >= 0 {
-			f.ingest(layer2, layer2Done, 500)
+		if done >= 0 {
+			f.ingest(layer1, done, 1000)
 		}
 		mu.Lock()
 		clock = clock.Add(time.Second)
@@ -140,7 +153,7 @@ func TestTrackerFindsAStall(t *testing.T) {
 	running = []Running{{Image: running[0].Image, Registry: "other", Started: clock}}
 	stalls = nil
 	f.commit(manifestDigest, 400, src, clock, manifest(configDigest, layer1, layer2))
-	f.commit(layer2, 500, nil, clock, nil)
+	f.commit(layer1, 1000, nil, clock, nil)
 	for i := range 10 {
 		if p := poll(-1); p.Stall != (Stall{}) || p.BlobsDone != 3 {
 			t.Fatalf("unpacking, poll %d: %+v", i, p)
