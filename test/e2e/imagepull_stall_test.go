@@ -70,7 +70,6 @@ func pushTwoLayers(t *testing.T, reg *registry.Registry, repoTag string, size in
 	return ref, cfg.String(), layers
 }
 
-
 // blobRequests is the blob GETs of the log by digest, each with its Range header.
 func blobRequests(log []registry.Request) map[string][]string {
 	out := map[string][]string{}
