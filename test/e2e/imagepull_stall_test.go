@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -74,7 +75,7 @@ func pushTwoLayers(t *testing.T, reg *registry.Registry, repoTag string, size in
 func blobRequests(log []registry.Request) map[string][]string {
 	out := map[string][]string{}
 	for _, q := range log {
-		if q.Kind == "blobs" && q.Method == "GET" {
+		if q.Kind == "blobs" && q.Method == http.MethodGet {
 			out[q.Ref] = append(out[q.Ref], q.Range)
 		}
 	}
