@@ -169,6 +169,11 @@ func TestImagePullStall(t *testing.T) {
 	if o := <-pull(ref, "a"); o.err != nil {
 		t.Fatalf("retry after the registry recovered: %v", o.err)
 	}
+	// The registry logs a request when its handler returns, which may be just after
+	// containerd has read the whole blob.
+	waitFor(ctx, t, "the retry's request of the unfinished layer logged", func() bool {
+		return len(blobRequests(reg.Requests())[layers[1]]) > 0
+	})
 	retry := blobRequests(reg.Requests())
 	t.Logf("blobs asked by the retry: %v", retry)
 	for _, d := range []string{config, layers[0]} {
