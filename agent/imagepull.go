@@ -25,6 +25,7 @@ func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
 		opts = append(opts, imagepull.WithEvents(pullEventSink{a.events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
+	opts = append(opts, imagepull.WithStall(cfg.Stall.Rule()))
 	if n, known, _ := p.kubelet.Get().PullCap(); known { // the kubelet's own cap, from its configuration
 		opts = append(opts, imagepull.WithKubeletCap(n))
 	}

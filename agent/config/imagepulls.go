@@ -51,7 +51,37 @@ type ImagePulls struct {
 	// ProgressEventInterval is the least time between two progress Events of one pull.
 	// Default 30s.
 	ProgressEventInterval Duration `json:"progressEventInterval,omitzero"`
+	// Stall says when a running pull is stalled and podgate cancels it (the imagePulls.stall
+	// section): its rate, read from containerd's content store, stays below
+	// MinBytesPerSecond over Window.
+	Stall PullStall `json:"stall,omitzero"`
 }
+
+// PullStall is the imagePulls.stall section.
+type PullStall struct {
+	// MinBytesPerSecond is the least rate a running pull must keep over Window. Default 8192
+	// (DefaultPullStallMinBytesPerSecond); 0 turns stall detection off.
+	MinBytesPerSecond *int64 `json:"minBytesPerSecond,omitempty"`
+	// Window is how long a pull's rate must stay below MinBytesPerSecond for podgate to
+	// cancel it, counted from the first reading of its bytes after the runtime started it.
+	// Default 10m (DefaultPullStallWindow); at least 2s, two readings of the content store.
+	Window Duration `json:"window,omitzero"`
+}
+
+// Defaults of imagePulls.stall: a pull that shows less than 4.7 MiB in ten minutes (8 KiB/s,
+// 64 kbit/s: a 50 MiB image would take 1 h 45 min). An honest registry, however slow, sends far
+// more than 64 kbit/s. Ten minutes outlast a registry's pauses (a TCP retransmission backs off to
+// two minutes; a registry's garbage collection or a proxy's cache fill takes seconds to minutes),
+// and twice containerd's image_pull_progress_timeout, which catches a pull that receives nothing
+// at all. The product is well above containerd's granularity: it writes a blob to its content
+// store in 1 MiB pieces, up to three blobs at once, and podgate counts those 3 MiB as possibly
+// received, so a stall is found when a pull shows less than about 1.7 MiB in the window.
+const (
+	DefaultPullStallMinBytesPerSecond = 8 << 10
+	DefaultPullStallWindow            = 10 * time.Minute
+	// minPullStallWindow: the content store is read once a second; a window needs two readings.
+	minPullStallWindow = 2 * time.Second
+)
 
 // Defaults of the pull Events.
 const (
@@ -80,6 +110,21 @@ func (p *ImagePulls) setDefaults() {
 	if p.ProgressEventInterval.Duration == 0 {
 		p.ProgressEventInterval.Duration = DefaultPullProgressEventInterval
 	}
+	// imagePulls.stall's defaults are applied where it is read (PullStall.Rule), so that
+	// `podgate config defaults`, which README.md shows, is what it was before the section.
+}
+
+// Rule is the section with its defaults: the least rate, 0 when stall detection is off, and
+// the window. The section is valid.
+func (s PullStall) Rule() (minBytesPerSecond int64, window time.Duration) {
+	minBytesPerSecond, window = DefaultPullStallMinBytesPerSecond, DefaultPullStallWindow
+	if s.MinBytesPerSecond != nil {
+		minBytesPerSecond = *s.MinBytesPerSecond
+	}
+	if s.Window.Duration != 0 {
+		window = s.Window.Duration
+	}
+	return minBytesPerSecond, window
 }
 
 // validate reports every bad field of the section, named from the file's root.
@@ -112,6 +157,18 @@ func (p *ImagePulls) validate() error {
 		for _, msg := range validation.IsDNS1123Label(ns) {
 			errs = append(errs, fmt.Errorf("imagePulls.priorityNamespaces[%d]: %q: %s", i, ns, msg))
 		}
+	}
+	return errors.Join(append(errs, p.Stall.validate())...)
+}
+
+// validate checks the imagePulls.stall section.
+func (s *PullStall) validate() error {
+	var errs []error
+	if s.MinBytesPerSecond != nil && *s.MinBytesPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("imagePulls.stall.minBytesPerSecond: must not be negative, got %d (0 turns stall detection off)", *s.MinBytesPerSecond))
+	}
+	if w := s.Window.Duration; w != 0 && w < minPullStallWindow {
+		errs = append(errs, fmt.Errorf("imagePulls.stall.window: %s: must be at least %s (the content store is read once a second)", w, minPullStallWindow))
 	}
 	return errors.Join(errs...)
 }

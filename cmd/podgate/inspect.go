@@ -236,7 +236,7 @@ func podsTable(w io.Writer, pods []*pb.Pod, now time.Time) {
 
 // pullsTable is the pulls, oldest first.
 func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
-	fmt.Fprintln(w, "POD\tIMAGE\tSTATE\tPLACE\tWAITING FOR\tWAITED\tPROGRESS\tRATE\tSHARED WITH")
+	fmt.Fprintln(w, "POD\tIMAGE\tSTATE\tPLACE\tWAITING FOR\tWAITED\tPROGRESS\tRATE\tSHARED WITH\tSTALL")
 	for _, p := range pulls {
 		pod := "-"
 		if p.GetPodName() != "" {
@@ -256,8 +256,8 @@ func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
 			fetched = progress.Bytes(p.GetBytesDone()).Short() + "/" + progress.Bytes(p.GetBytesTotal()).Short()
 			rate = progress.Bytes(p.GetBytesPerSecond()).Short() + "/s"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pod, p.GetImage(), pullState(p), place, waitingFor,
-			max(0, waited).Round(time.Second), fetched, rate, orDash(p.GetSharedWith()))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pod, p.GetImage(), pullState(p), place, waitingFor,
+			max(0, waited).Round(time.Second), fetched, rate, orDash(p.GetSharedWith()), orDash(stalling(p)))
 	}
 }
 
@@ -301,8 +301,34 @@ func describePod(w io.Writer, p *pb.Pod, now time.Time) {
 		if ip.GetBytesTotal() > 0 {
 			line += fmt.Sprintf(", %s of %s", progress.Bytes(ip.GetBytesDone()).Short(), progress.Bytes(ip.GetBytesTotal()).Short())
 		}
+		if st := stalling(ip); st != "" {
+			line += ", " + st
+		}
 		fmt.Fprintf(w, "  %s\t%s\n", ip.GetImage(), line)
 	}
+}
+
+// stalling says how long a running pull has been below the stall rule's rate, of the window
+// after which podgate cancels it: "stalling: 210B/s < 1.0KiB/s for 40s of 5m"; "" when it is
+// not (or podgate finds no stalls).
+func stalling(p *pb.ImagePull) string {
+	if p.GetStallingFor() == nil || p.GetStallMinBytesPerSecond() == 0 {
+		return ""
+	}
+	return fmt.Sprintf("stalling: %s/s < %s/s for %s of %s", progress.Bytes(p.GetStallBytesPerSecond()).Short(),
+		progress.Bytes(p.GetStallMinBytesPerSecond()).Short(), p.GetStallingFor().AsDuration().Round(time.Second), shortDuration(p.GetStallWindow().AsDuration()))
+}
+
+// shortDuration writes d as the configuration file does: "5m", not "5m0s".
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func sandboxState(sb *pb.Sandbox) string {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/podgate/podgate/cri"
@@ -44,7 +45,8 @@ func (f fakeSource) Pulls(ns, name string) []*pb.ImagePull {
 	all := []*pb.ImagePull{
 		{Image: "registry.example.com/big:1", State: pb.ImagePull_PULLING, PodNamespace: "default", PodName: "db",
 			Since: timestamppb.New(f.since), Started: timestamppb.New(f.since.Add(2 * time.Second)),
-			BytesDone: 3 << 20, BytesTotal: 12 << 20, BytesPerSecond: 1 << 20},
+			BytesDone: 3 << 20, BytesTotal: 12 << 20, BytesPerSecond: 1 << 20,
+			StallMinBytesPerSecond: 1 << 10, StallWindow: durationpb.New(5 * time.Minute), StallingFor: durationpb.New(40 * time.Second), StallBytesPerSecond: 210},
 		{Image: "registry.example.com/app:1", State: pb.ImagePull_QUEUED, PodNamespace: "default", PodName: "web",
 			Since: timestamppb.New(f.since), Position: 1, Queued: 1, WaitingFor: "node", MaxParallel: 1, InFlight: 1},
 	}
@@ -105,6 +107,7 @@ func TestInspectCommands(t *testing.T) {
 		{"pulls", []string{"pulls"}, 0, []string{
 			"POD           IMAGE                        STATE     PLACE   WAITING FOR   WAITED   PROGRESS         RATE       SHARED WITH",
 			"default/db    registry.example.com/big:1   Pulling   -       -             2s       3.0MiB/12.0MiB   1.0MiB/s   -",
+			"stalling: 210B/s < 1.0KiB/s for 40s of 5m",
 			"default/web   registry.example.com/app:1   Queued    1/1     node (1)      1m"}, ""},
 		// protojson's spacing varies from build to build on purpose: the JSON is compared
 		// compacted (see below).

@@ -37,7 +37,13 @@
 // [Feature] is the whole image-pull feature around the governor: PullImage's hook, with each
 // pull's [Priority] taken from its pod; the running pulls' bytes, read from containerd's
 // content store (package progress); the pods' pull Events (PullQueued, PullProgress,
-// PullShared, PullCancelled); and the pulls as PodResources' extension shows them (PodPulls,
-// each pod's image_pulls). It calls no Kubernetes API itself: it reads the node's pods
+// PullShared, PullCancelled, PullStalled); and the pulls as PodResources' extension shows them
+// (PodPulls, each pod's image_pulls).
+//
+// A running pull whose rate in the content store stays below imagePulls.stall's minimum over
+// its window is stalled ([WithStall]): what containerd fetched of it is kept in a lease of
+// podgate's own, the backend call is cancelled ([Governor.Stall], the path of a pull whose
+// callers all left), and every caller gets one errdefs.ErrUnavailable error naming the image,
+// the registry, the rate and the minimum; the slot goes to the next pull. It calls no Kubernetes API itself: it reads the node's pods
 // through [Pods] and writes Events through an [EventSink], which the agent gives it.
 package imagepull

@@ -51,6 +51,24 @@ type featureConfig struct {
 	socket, namespace                          string
 	// kubeletCap is the kubelet's cap on pulls in flight (WithKubeletCap); nil: not known.
 	kubeletCap *int
+	stall      progress.StallRule
+}
+
+// keepStalled is how long containerd keeps what it fetched of a stalled pull for the retry:
+// the kubelet's image back-off reaches its 5-minute cap after a few failures.
+const keepStalled = 30 * time.Minute
+
+// WithStall cancels a running pull whose rate, read from containerd's content store, stays
+// below minBytesPerSecond over window (imagePulls.stall): its callers get an Unavailable error
+// naming the image, the registry, the rate and the minimum, their pods a PullStalled Event, and
+// its slot goes to the next pull. The window counts from the first reading of the pull's bytes
+// after its backend call started (never the time in podgate's queue) and ends with the last
+// blob fetched (unpacking is not measured). It needs pull progress (WithProgress);
+// minBytesPerSecond 0 leaves it off, as without the option.
+func WithStall(minBytesPerSecond int64, window time.Duration) FeatureOption {
+	return func(c *featureConfig) {
+		c.stall = progress.StallRule{MinBytesPerSecond: minBytesPerSecond, Window: window}
+	}
 }
 
 // WithPods takes each pull's priority from its pod in the API server when the pod is known
@@ -102,14 +120,31 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 	v.governor = f.governor
 	logger := klog.FromContext(ctx)
 	if c.socket != "" {
-		t, err := progress.New(c.socket, v.running, progress.WithNamespace(c.namespace), progress.WithRegisterer(reg))
+		popts := []progress.Option{progress.WithNamespace(c.namespace), progress.WithRegisterer(reg)}
+		var t *progress.Tracker // set below, before its first poll
+		if c.stall.On() {
+			g, rule := f.governor, c.stall
+			popts = append(popts, progress.WithStall(rule, func(r progress.Running, p progress.Progress) {
+				// What containerd fetched must outlive the cancelled pull's lease.
+				if err := t.Keep(ctx, r.Image, keepStalled); err != nil {
+					logger.Info("Cannot keep what containerd fetched of a stalled pull; the retry fetches it again", "image", r.Image, "err", err)
+				}
+				g.Stall(r.Image, r.Started, p.Stall.Rate, rule)
+			}))
+			v.stall = rule
+		}
+		t, err := progress.New(c.socket, v.running, popts...)
 		if err != nil {
 			return nil, err
 		}
 		v.progress = t
-		logger.Info("Image pull progress on: reading containerd's content store", "socket", c.socket, "namespace", c.namespace)
+		logger.Info("Image pull progress on: reading containerd's content store", "socket", c.socket, "namespace", c.namespace,
+			"stallMinBytesPerSecond", v.stall.MinBytesPerSecond, "stallWindow", v.stall.Window)
 	} else {
 		logger.Info("Image pull progress off: imagePulls.containerdAddress is empty")
+		if c.stall.On() {
+			logger.Info("Stalled image pulls are not found: imagePulls.stall needs pull progress (imagePulls.containerdAddress)")
+		}
 	}
 	if c.pods != nil {
 		g := f.governor

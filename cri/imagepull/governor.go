@@ -134,6 +134,8 @@ type flight struct {
 	started   time.Time     // zero until started
 	waiters   int
 	abandoned bool // every waiter left
+	// stall, once set (Stall), is the error every caller gets: the pull was cancelled for it.
+	stall *stallError
 }
 
 // waiter is one caller of Do.
@@ -398,6 +400,9 @@ func (g *Governor) run(f *flight) {
 		result = resultError
 	}
 	g.metrics.duration.WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
+	if err != nil && f.stall != nil {
+		err = f.stall // the backend says "cancelled"; the callers learn why
+	}
 	f.resp, f.err = resp, err
 	f.cancel(nil)
 	close(f.done)

@@ -27,6 +27,7 @@ type metrics struct {
 	duration         *prometheus.HistogramVec
 	deduplicated     prometheus.Counter
 	cancelled        *prometheus.CounterVec
+	stalls           *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "podgate", Name: "image_pull_cancelled_total",
 			Help: "PullImage callers that stopped waiting, by reason (caller: its context ended; pod_deleted).",
 		}, []string{"reason"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Name: "image_pull_stalls_total",
+			Help: "Backend pulls podgate cancelled as stalled (below imagePulls.stall.minBytesPerSecond over imagePulls.stall.window), by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
+		}, []string{"registry"}),
 	}
 	for _, r := range []string{resultSuccess, resultError, resultCanceled} {
 		m.duration.WithLabelValues(r)
@@ -69,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.cancelled.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.queueLength, m.inFlight, m.registryInFlight, m.wait, m.duration, m.deduplicated, m.cancelled)
+		reg.MustRegister(m.queueLength, m.inFlight, m.registryInFlight, m.wait, m.duration, m.deduplicated, m.cancelled, m.stalls)
 	}
 	return m
 }

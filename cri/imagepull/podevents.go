@@ -2,6 +2,7 @@ package imagepull
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -22,6 +23,9 @@ const (
 	ReasonPullShared = "PullShared"
 	// ReasonPullCancelled: the pull was dropped because its pod was deleted.
 	ReasonPullCancelled = "PullCancelled"
+	// ReasonPullStalled: podgate cancelled the pull because its rate stayed below
+	// imagePulls.stall.minBytesPerSecond over imagePulls.stall.window.
+	ReasonPullStalled = "PullStalled"
 )
 
 // PodRef is the pod an Event is about.
@@ -110,6 +114,11 @@ func (e *pullEvents) PullEvent(ev Event) {
 		e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullCancelled, "Cancelled",
 			"Pull of image %q cancelled: the pod was deleted %s", ev.Pull.Image, where)
 	case EventFinished:
+		if stall := (*stallError)(nil); errors.As(ev.Err, &stall) {
+			e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullStalled, "Cancelled",
+				"Pull of image %q stalled: %s from registry %s over the last %s, below the minimum of %s (imagePulls.stall.minBytesPerSecond); podgate cancelled it, the kubelet retries it with back-off",
+				stall.image, rateString(stall.rate), stall.registry, shortDuration(stall.rule.Window), rateString(float64(stall.rule.MinBytesPerSecond)))
+		}
 		e.finished(ev, pod)
 	}
 }

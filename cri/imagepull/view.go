@@ -3,6 +3,7 @@ package imagepull
 import (
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/podgate/podgate/cri/imagepull/progress"
@@ -15,12 +16,15 @@ type view struct {
 	governor *Governor
 	// progress is nil when pull progress is off (imagePulls.containerdAddress "").
 	progress *progress.Tracker
+	// stall is the stall rule the tracker applies; off when stalls are not found.
+	stall progress.StallRule
 }
 
-// pull is one caller's pull with its progress.
+// pull is one caller's pull with its progress, and the stall rule it is measured against.
 type pull struct {
 	PullStatus
 	progress progress.Progress
+	stall    progress.StallRule
 }
 
 // Pulls returns the pulls of the pod namespace/name, every caller's when namespace is "",
@@ -57,7 +61,7 @@ func (v *view) pulls() []pull {
 }
 
 func (v *view) withProgress(s PullStatus) pull {
-	p := pull{PullStatus: s}
+	p := pull{PullStatus: s, stall: v.stall}
 	if v.progress != nil && !s.Started.IsZero() {
 		p.progress, _ = v.progress.Progress(s.Image)
 	}
@@ -87,6 +91,12 @@ func pullMessage(p pull) *pb.ImagePull {
 	}
 	if !p.Started.IsZero() {
 		m.State, m.Started = pb.ImagePull_PULLING, timestamppb.New(p.Started)
+	}
+	if p.stall.On() {
+		m.StallMinBytesPerSecond, m.StallWindow = uint64(p.stall.MinBytesPerSecond), durationpb.New(p.stall.Window)
+		if s := p.progress.Stall; s.Stalling() {
+			m.StallingFor, m.StallBytesPerSecond = durationpb.New(s.For), s.Rate
+		}
 	}
 	if p.Shared {
 		m.SharedWith = p.SharedWith.String()

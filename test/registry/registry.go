@@ -13,8 +13,10 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +49,8 @@ type Registry struct {
 	// paused, while not nil, stops blob downloads under way after their current chunk until
 	// it is closed (Pause, Resume).
 	paused chan struct{}
+	// trickle holds the blobs served at a rate of their own, by digest (Trickle).
+	trickle map[string]int
 }
 
 // Request is one entry of the request log: a GET or HEAD of a manifest or a blob.
@@ -63,6 +67,9 @@ type Request struct {
 	Ref string
 	// Bytes is the number of blob bytes sent.
 	Bytes int64
+	// Range is the request's Range header ("bytes=1024-"), "" when it asked for the whole
+	// blob: a puller resuming a download it had begun asks for the rest only.
+	Range string
 }
 
 // Stats is what the registry counted since the last Reset.
@@ -237,6 +244,33 @@ func (r *Registry) Resume() {
 	}
 }
 
+// Trickle serves the blob digest at bps bytes per second from now on, downloads under way
+// included (from their next chunk), in chunks of a tenth of a second's worth, each flushed to
+// the puller (but the last): a registry or proxy that is alive but too slow to use. bps 0 gives the blob the
+// registry's bandwidth again.
+func (r *Registry) Trickle(digest string, bps int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bps <= 0 {
+		delete(r.trickle, digest)
+		return
+	}
+	if r.trickle == nil {
+		r.trickle = map[string]int{}
+	}
+	r.trickle[digest] = bps
+}
+
+// rateOf is the bytes per second the blob digest is served at now.
+func (r *Registry) rateOf(digest string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bps, ok := r.trickle[digest]; ok {
+		return bps
+	}
+	return r.bandwidth
+}
+
 func (r *Registry) pausing() chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -273,7 +307,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	repo, blobGet := m[1], m[2] == "blobs" && req.Method == http.MethodGet
-	entry := Request{Start: time.Now(), Method: req.Method, Repo: repo, Kind: m[2], Ref: m[3]}
+	entry := Request{Start: time.Now(), Method: req.Method, Repo: repo, Kind: m[2], Ref: m[3], Range: req.Header.Get("Range")}
 	r.begin(repo, blobGet, m[3])
 	defer func() { r.end(repo, entry) }()
 	if !blobGet {
@@ -287,12 +321,39 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	pw := &pacedWriter{ResponseWriter: w, bps: r.bandwidth, start: time.Now(), pause: r.pausing, done: req.Context().Done()}
+	digest := m[3]
+	if err := r.closeRange(req); err != nil {
+		http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
+		return
+	}
+	pw := &pacedWriter{ResponseWriter: w, rate: func() int { return r.rateOf(digest) }, due: time.Now(), pause: r.pausing, done: req.Context().Done()}
 	r.handler.ServeHTTP(pw, req)
 	entry.Bytes = pw.written
 	r.mu.Lock()
 	r.stats.Bytes += pw.written
 	r.mu.Unlock()
+}
+
+// openRange is a Range header without an end, what a puller resuming a download sends
+// (containerd's fetcher asks "bytes=<offset>-").
+var openRange = regexp.MustCompile(`^bytes=(\d+)-$`)
+
+// closeRange gives an open-ended Range header of req its end, the blob's last byte: the
+// registry underneath (go-containerregistry's) understands only "bytes=start-end", which real
+// registries do not require.
+func (r *Registry) closeRange(req *http.Request) error {
+	m := openRange.FindStringSubmatch(req.Header.Get("Range"))
+	if m == nil {
+		return nil
+	}
+	head := httptest.NewRecorder()
+	r.handler.ServeHTTP(head, httptest.NewRequestWithContext(req.Context(), http.MethodHead, req.URL.Path, nil))
+	size, err := strconv.ParseInt(head.Header().Get("Content-Length"), 10, 64)
+	if err != nil || head.Code != http.StatusOK {
+		return fmt.Errorf("range %s: size of %s unknown (%d)", m[0], req.URL.Path, head.Code)
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%s-%d", m[1], size-1))
+	return nil
 }
 
 func (r *Registry) begin(repo string, blobGet bool, digest string) {
@@ -359,11 +420,13 @@ func FirstRequests(log []Request) []string {
 	return out
 }
 
-// pacedWriter throttles a response to bps bytes per second, and stops it while pause says so.
+// pacedWriter throttles a response to rate() bytes per second, read at each chunk, and stops
+// it while pause says so.
 type pacedWriter struct {
 	http.ResponseWriter
-	bps     int
-	start   time.Time
+	rate func() int
+	// due is when the bytes written so far may all have gone at the rates they were sent at.
+	due     time.Time
 	written int64
 	// pause returns the channel to wait on while the registry is paused, nil otherwise; done
 	// is the request's end (the puller gave up).
@@ -375,21 +438,32 @@ func (p *pacedWriter) Write(b []byte) (int, error) {
 	const chunk = 32 << 10
 	n := 0
 	for len(b) > 0 {
-		c := min(chunk, len(b))
+		bps := p.rate()
+		c := min(chunk, max(1, bps/10), len(b))
 		w, err := p.ResponseWriter.Write(b[:c])
 		n += w
 		p.written += int64(w)
 		if err != nil {
 			return n, err
 		}
+		if f, ok := p.ResponseWriter.(http.Flusher); ok && c < chunk && len(b) > c {
+			// A trickle's chunk goes on the wire now, however few bytes. The last chunk of a
+			// Write waits for the next one, or for the handler's return, after the request is
+			// logged: a puller that has the whole blob finds its request in the log.
+			f.Flush()
+		}
 		b = b[c:]
-		due := p.start.Add(time.Duration(float64(p.written) / float64(p.bps) * float64(time.Second)))
-		time.Sleep(time.Until(due)) // the throttle: this download may not run ahead of bps
+		p.due = p.due.Add(time.Duration(float64(w) / float64(bps) * float64(time.Second)))
+		select { // the throttle: this download may not run ahead of its rate
+		case <-time.After(time.Until(p.due)):
+		case <-p.done:
+			return n, http.ErrAbortHandler
+		}
 		if ch := p.pause(); ch != nil {
 			stopped := time.Now()
 			select {
 			case <-ch:
-				p.start = p.start.Add(time.Since(stopped)) // no burst to make up for the pause
+				p.due = p.due.Add(time.Since(stopped)) // no burst to make up for the pause
 			case <-p.done:
 				return n, http.ErrAbortHandler
 			}

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"io"
+	"net/http"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -191,3 +192,80 @@ func TestPause(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestTrickleAndRange: a trickled blob arrives at its own rate, in small flushed chunks, while
+// the registry's bandwidth still serves the rest; Trickle(digest, 0) gives it back; a ranged
+// request gets the rest of the blob and the log keeps its Range header.
+func TestTrickleAndRange(t *testing.T) {
+	const size = 64 << 10
+	reg := New(64 << 20)
+	reg.Serve(t)
+	reg.Count(true)
+	layer := firstLayer(t, reg.Push(t, "trickle", 1, size)[0])
+	digest, err := layer.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Trickle(digest.String(), 1000)
+	var got atomic.Int64
+	rc, err := layer.Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(writerFunc(func(b []byte) (int, error) { got.Add(int64(len(b))); return len(b), nil }), rc)
+		done <- err
+	}()
+	// A trickle is chunks of a tenth of a second's worth: bytes arrive, and far fewer than
+	// the blob for a long time.
+	start := time.Now()
+	err = wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return got.Load() >= 300, nil
+	})
+	if err != nil {
+		t.Fatalf("no trickle arrived: %v", err)
+	}
+	if took, n := time.Since(start), got.Load(); took < 150*time.Millisecond || n > 2000 {
+		t.Errorf("%d bytes in %s at 1000 B/s", n, took)
+	}
+	reg.Trickle(digest.String(), 0)
+	if err := <-done; err != nil {
+		t.Fatalf("download after the trickle ended: %v", err)
+	}
+	rc.Close()
+	if n := got.Load(); n < size {
+		t.Errorf("%d bytes, want the layer's %d", n, size)
+	}
+
+	// The rest of the blob from byte 1000, as a resuming puller asks.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+reg.Host+"/v2/trickle/img0/blobs/"+digest.String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Range", "bytes=1000-")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusPartialContent || len(body) != int(got.Load())-1000 {
+		t.Errorf("ranged GET: %s, %d bytes, %v; want 206 and %d bytes", resp.Status, len(body), err, got.Load()-1000)
+	}
+	// A request is logged when its handler returns, which may be just after the client has
+	// read the whole body.
+	var ranges []string
+	err = wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		ranges = nil
+		for _, q := range reg.Requests() {
+			if q.Kind == "blobs" {
+				ranges = append(ranges, q.Range)
+			}
+		}
+		return len(ranges) >= 2, nil
+	})
+	if err != nil || !slices.Equal(ranges, []string{"", "bytes=1000-"}) {
+		t.Errorf("blob requests' Range headers %q, want the whole blob then bytes=1000-", ranges)
+	}
+}

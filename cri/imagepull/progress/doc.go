@@ -16,6 +16,13 @@
 // nothing. Until the manifest is there (the registry has not answered yet) the pull's bytes
 // are unknown.
 //
+// containerd writes a blob it fetches in pieces of 1 MiB (or at the blob's end), so the bytes
+// move in steps: a pull's Progress says how much may be held unwritten (Unseen), and the stall
+// rule ([WithStall]) counts it as received, so that a pull keeping the minimum rate is never
+// found stalled. [Tracker.Keep] holds a stalled pull's blobs and ingests in a lease for the
+// retry: containerd's CRI deletes its own lease of a failed pull, and its garbage collector
+// then removes them.
+//
 // Two pulls of one repository running at once under different tags are told apart by time
 // only: each takes the newest manifest touched since it started.
 package progress

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	contentapi "github.com/containerd/containerd/api/services/content/v1"
+	leasesapi "github.com/containerd/containerd/api/services/leases/v1"
 	"github.com/distribution/reference"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -37,6 +38,12 @@ const (
 // within it is asked again at the next poll.
 const callTimeout = 5 * time.Second
 
+// copyBuffer is the size of the pieces in which containerd writes a blob it fetches to its
+// content store: its content.Copy reads a full 1 MiB buffer (io.ReadAtLeast) before each
+// write (containerd v2 core/content/helpers.go, copyWithBuffer). A registry that sends less
+// than that shows no bytes at all until the blob ends.
+const copyBuffer = 1 << 20
+
 // maxManifestSize bounds the manifest read from the content store: an image manifest is a few
 // KiB; anything much larger is not one.
 const maxManifestSize = 4 << 20
@@ -60,8 +67,15 @@ type Progress struct {
 	Rate float64
 	// Blobs and BlobsDone count the config and layers, and those committed.
 	Blobs, BlobsDone int
+	// Unseen is what containerd may hold of the blobs it is fetching without having written
+	// it to the content store yet: it writes a blob in pieces of copyBuffer bytes (or at its
+	// end), so up to that much of each blob being fetched is not in Done.
+	Unseen int64
 	// Updated is when this was read.
 	Updated time.Time
+	// Stall is the pull against the tracker's StallRule (WithStall); zero without one, and once
+	// every blob is fetched (the runtime unpacks: no more bytes are due).
+	Stall Stall
 }
 
 // Known reports whether the pull's manifest, so its size, is known.
@@ -71,11 +85,14 @@ func (p Progress) Known() bool { return p.Total > 0 }
 // documentation.
 type Tracker struct {
 	client    contentapi.ContentClient
+	leases    leasesapi.LeasesClient
 	conn      *grpc.ClientConn
 	namespace string
 	interval  time.Duration
 	running   func() []Running
 	now       func() time.Time
+	stall     StallRule
+	onStall   func(Running, Progress)
 
 	bytes      *prometheus.CounterVec
 	throughput *prometheus.GaugeVec
@@ -104,6 +121,9 @@ type pullState struct {
 	counted int64
 	// samples are (time, done) of the last polls, for the rate.
 	samples []sample
+	// window holds the readings of the stall window (WithStall); stalled: onStall was called.
+	window  stallWindow
+	stalled bool
 }
 
 type sample struct {
@@ -129,6 +149,15 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(t *Tracker) { reg.MustRegister(t.bytes, t.throughput) }
 }
 
+// WithStall measures each running pull against rule, from the first reading of its bytes (a
+// poll after its backend call started) until every blob of its manifest is fetched, and calls
+// onStall once for a pull that stalls, from the polling goroutine, without the tracker's lock.
+// Progress then shows each pull's Stall. Without it, or with a rule that is off, no pull
+// stalls.
+func WithStall(rule StallRule, onStall func(Running, Progress)) Option {
+	return func(t *Tracker) { t.stall, t.onStall = rule, onStall }
+}
+
 // New creates a tracker of containerd's content store at the unix socket path; running lists
 // the pulls to follow. It does not connect until a pull runs.
 func New(path string, running func() []Running, opts ...Option) (*Tracker, error) {
@@ -137,7 +166,7 @@ func New(path string, running func() []Running, opts ...Option) (*Tracker, error
 		return nil, fmt.Errorf("containerd %s: %w", path, err)
 	}
 	t := &Tracker{
-		client: contentapi.NewContentClient(conn), conn: conn,
+		client: contentapi.NewContentClient(conn), leases: leasesapi.NewLeasesClient(conn), conn: conn,
 		namespace: DefaultNamespace, interval: time.Second, running: running, now: time.Now,
 		pulls: map[string]*pullState{}, manifests: map[string][]blob{},
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -261,13 +290,25 @@ func (t *Tracker) poll(ctx context.Context, running []Running) error {
 		if err != nil {
 			return err
 		}
-		t.record(p, prog, now)
+		if prog = t.record(p, prog, now); prog.Stall.Stalled && t.claimStall(p) {
+			t.onStall(r, prog)
+		}
 	}
 	return nil
 }
 
-// record stores a pull's new progress, its rate and its bytes in the metrics.
-func (t *Tracker) record(p *pullState, prog Progress, now time.Time) {
+// claimStall reports whether p's stall is yet to be told, and marks it told.
+func (t *Tracker) claimStall(p *pullState) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	first := !p.stalled && t.onStall != nil
+	p.stalled = true
+	return first
+}
+
+// record stores a pull's new progress, its rate, where it stands against the stall rule and
+// its bytes in the metrics, and returns it.
+func (t *Tracker) record(p *pullState, prog Progress, now time.Time) Progress {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	prog.Updated = now
@@ -288,7 +329,16 @@ func (t *Tracker) record(p *pullState, prog Progress, now time.Time) {
 		t.bytes.WithLabelValues(p.registry).Add(float64(prog.Done - p.counted))
 		p.counted = prog.Done
 	}
+	if prog.Blobs > 0 && prog.BlobsDone == prog.Blobs {
+		// Fetched: the runtime unpacks, which reads no bytes from the registry.
+		p.window.complete = true
+	}
+	if t.stall.On() && !p.window.complete {
+		p.window.add(now, prog.Done, t.stall.Window)
+	}
+	prog.Stall = p.window.judge(t.stall, prog.Unseen)
 	p.progress = prog
+	return prog
 }
 
 // activeIngests lists the writes in progress, by the digest they expect (and by ref).
@@ -420,6 +470,7 @@ func (t *Tracker) measure(ctx context.Context, blobs []blob, active map[string]*
 		p.Blobs++
 		if s, ok := active[b.digest]; ok {
 			p.Done += min(s.GetOffset(), b.size)
+			p.Unseen += min(copyBuffer, max(0, b.size-s.GetOffset()))
 			continue
 		}
 		committed, err := t.committed(ctx, b.digest)

@@ -17,6 +17,7 @@ package v1alpha1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1534,8 +1535,18 @@ type ImagePull struct {
 	BytesDone      uint64  `protobuf:"varint,18,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
 	BytesTotal     uint64  `protobuf:"varint,19,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
 	BytesPerSecond float64 `protobuf:"fixed64,20,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// stall_min_bytes_per_second and stall_window are podgate's stall rule
+	// (imagePulls.stall): a pull whose rate stays below the minimum over the window is
+	// cancelled. 0 and unset when podgate finds no stalls.
+	StallMinBytesPerSecond uint64               `protobuf:"varint,21,opt,name=stall_min_bytes_per_second,json=stallMinBytesPerSecond,proto3" json:"stall_min_bytes_per_second,omitempty"`
+	StallWindow            *durationpb.Duration `protobuf:"bytes,22,opt,name=stall_window,json=stallWindow,proto3" json:"stall_window,omitempty"`
+	// stalling_for is how long a PULLING pull's rate has been below the minimum (up to the
+	// window, when podgate cancels it), and stall_bytes_per_second its rate over that time;
+	// unset and 0 while the pull keeps the rate.
+	StallingFor         *durationpb.Duration `protobuf:"bytes,23,opt,name=stalling_for,json=stallingFor,proto3" json:"stalling_for,omitempty"`
+	StallBytesPerSecond float64              `protobuf:"fixed64,24,opt,name=stall_bytes_per_second,json=stallBytesPerSecond,proto3" json:"stall_bytes_per_second,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *ImagePull) Reset() {
@@ -1708,11 +1719,39 @@ func (x *ImagePull) GetBytesPerSecond() float64 {
 	return 0
 }
 
+func (x *ImagePull) GetStallMinBytesPerSecond() uint64 {
+	if x != nil {
+		return x.StallMinBytesPerSecond
+	}
+	return 0
+}
+
+func (x *ImagePull) GetStallWindow() *durationpb.Duration {
+	if x != nil {
+		return x.StallWindow
+	}
+	return nil
+}
+
+func (x *ImagePull) GetStallingFor() *durationpb.Duration {
+	if x != nil {
+		return x.StallingFor
+	}
+	return nil
+}
+
+func (x *ImagePull) GetStallBytesPerSecond() float64 {
+	if x != nil {
+		return x.StallBytesPerSecond
+	}
+	return 0
+}
+
 var File_podresources_api_v1alpha1_podresources_proto protoreflect.FileDescriptor
 
 const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\n" +
-	",podresources/api/v1alpha1/podresources.proto\x12\x1dpodgate.podresources.v1alpha1\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
+	",podresources/api/v1alpha1/podresources.proto\x12\x1dpodgate.podresources.v1alpha1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"Q\n" +
 	"\x0fPodPullsRequest\x12#\n" +
 	"\rpod_namespace\x18\x01 \x01(\tR\fpodNamespace\x12\x19\n" +
 	"\bpod_name\x18\x02 \x01(\tR\apodName\"R\n" +
@@ -1862,7 +1901,7 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x03ips\x18\x03 \x03(\tR\x03ips\x12)\n" +
 	"\x10hardware_address\x18\x04 \x01(\tR\x0fhardwareAddress\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\x05R\x03mtu\x12\x1a\n" +
-	"\battached\x18\x06 \x01(\bR\battached\"\x8a\x06\n" +
+	"\battached\x18\x06 \x01(\bR\battached\"\xf7\a\n" +
 	"\tImagePull\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12D\n" +
 	"\x05state\x18\x02 \x01(\x0e2..podgate.podresources.v1alpha1.ImagePull.StateR\x05state\x120\n" +
@@ -1888,7 +1927,11 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"bytes_done\x18\x12 \x01(\x04R\tbytesDone\x12\x1f\n" +
 	"\vbytes_total\x18\x13 \x01(\x04R\n" +
 	"bytesTotal\x12(\n" +
-	"\x10bytes_per_second\x18\x14 \x01(\x01R\x0ebytesPerSecond\"7\n" +
+	"\x10bytes_per_second\x18\x14 \x01(\x01R\x0ebytesPerSecond\x12:\n" +
+	"\x1astall_min_bytes_per_second\x18\x15 \x01(\x04R\x16stallMinBytesPerSecond\x12<\n" +
+	"\fstall_window\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\vstallWindow\x12<\n" +
+	"\fstalling_for\x18\x17 \x01(\v2\x19.google.protobuf.DurationR\vstallingFor\x123\n" +
+	"\x16stall_bytes_per_second\x18\x18 \x01(\x01R\x13stallBytesPerSecond\"7\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -1941,6 +1984,7 @@ var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	nil,                           // 23: podgate.podresources.v1alpha1.Sysctls.AskedEntry
 	nil,                           // 24: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
 	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
 	20, // 0: podgate.podresources.v1alpha1.PodPullsResponse.pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
@@ -1968,19 +2012,21 @@ var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
 	2,  // 22: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
 	25, // 23: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
 	25, // 24: podgate.podresources.v1alpha1.ImagePull.started:type_name -> google.protobuf.Timestamp
-	5,  // 25: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
-	7,  // 26: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
-	9,  // 27: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
-	3,  // 28: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
-	6,  // 29: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
-	8,  // 30: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
-	10, // 31: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
-	4,  // 32: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
-	29, // [29:33] is the sub-list for method output_type
-	25, // [25:29] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	26, // 25: podgate.podresources.v1alpha1.ImagePull.stall_window:type_name -> google.protobuf.Duration
+	26, // 26: podgate.podresources.v1alpha1.ImagePull.stalling_for:type_name -> google.protobuf.Duration
+	5,  // 27: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
+	7,  // 28: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
+	9,  // 29: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
+	3,  // 30: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
+	6,  // 31: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
+	8,  // 32: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
+	10, // 33: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
+	4,  // 34: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
+	31, // [31:35] is the sub-list for method output_type
+	27, // [27:31] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_podresources_api_v1alpha1_podresources_proto_init() }
