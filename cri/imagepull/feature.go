@@ -54,9 +54,10 @@ type featureConfig struct {
 	stall      progress.StallRule
 }
 
-// keepStalled is how long containerd keeps what it fetched of a stalled pull for the retry:
+// keepFetched is how long containerd keeps what it fetched of a stalled pull, or of a running
+// pull whose callers all left, for the next pull of the image:
 // the kubelet's image back-off reaches its 5-minute cap after a few failures.
-const keepStalled = 30 * time.Minute
+const keepFetched = 30 * time.Minute
 
 // WithStall cancels a running pull whose rate, read from containerd's content store, stays
 // below minBytesPerSecond over window (imagePulls.stall): its callers get an Unavailable error
@@ -109,6 +110,17 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 	v := &view{}
 	f := &Feature{view: v, prio: podPriority(c.pods, fallback)}
 	gopts := []Option{WithRegisterer(reg)}
+	logger := klog.FromContext(ctx)
+	var t *progress.Tracker // set below, before its first poll and before any pull runs
+	if c.socket != "" {
+		gopts = append(gopts, WithKeep(func(image string) {
+			// A running pull whose pods are gone: the kubelet's next pull of the image
+			// (another pod's, or the same pod's after a restart) fetches only what is missing.
+			if err := t.Keep(ctx, image, keepFetched); err != nil {
+				logger.Info("Cannot keep what containerd fetched of a cancelled pull; a later pull fetches it again", "image", image, "err", err)
+			}
+		}))
+	}
 	if c.sink != nil {
 		f.events = newPullEvents(v, c.sink, c.waitAfter, c.progressAfter, c.progressInterval)
 		gopts = append(gopts, WithObserver(f.events))
@@ -118,23 +130,21 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 		registerKubeletCap(reg, limits, *c.kubeletCap)
 	}
 	v.governor = f.governor
-	logger := klog.FromContext(ctx)
 	if c.socket != "" {
 		popts := []progress.Option{progress.WithNamespace(c.namespace), progress.WithRegisterer(reg)}
-		var t *progress.Tracker // set below, before its first poll
 		if c.stall.On() {
 			g, rule := f.governor, c.stall
 			popts = append(popts, progress.WithStall(rule, func(r progress.Running, p progress.Progress) {
 				// What containerd fetched must outlive the cancelled pull's lease.
-				if err := t.Keep(ctx, r.Image, keepStalled); err != nil {
+				if err := t.Keep(ctx, r.Image, keepFetched); err != nil {
 					logger.Info("Cannot keep what containerd fetched of a stalled pull; the retry fetches it again", "image", r.Image, "err", err)
 				}
 				g.Stall(r.Image, r.Started, p.Stall.Rate, rule)
 			}))
 			v.stall = rule
 		}
-		t, err := progress.New(c.socket, v.running, popts...)
-		if err != nil {
+		var err error
+		if t, err = progress.New(c.socket, v.running, popts...); err != nil {
 			return nil, err
 		}
 		v.progress = t

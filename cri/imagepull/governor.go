@@ -54,6 +54,13 @@ func WithObserver(o Observer) Option {
 	return func(g *Governor) { g.observer = o }
 }
 
+// WithKeep calls keep with the image of a running pull that every caller left (its pods
+// deleted, or the callers gone), before the backend call is cancelled: containerd's CRI drops
+// what a failed pull fetched with its lease, and keep can hold it for the retry.
+func WithKeep(keep func(image string)) Option {
+	return func(g *Governor) { g.keep = keep }
+}
+
 // Observer is told of callers' events (see [WithObserver]). It is called without the
 // governor's lock held, from the caller's goroutine; it must not block for long.
 type Observer interface {
@@ -92,7 +99,9 @@ type Governor struct {
 	limits   Limits
 	metrics  *metrics
 	observer Observer
-	now      func() time.Time
+	// keep is called before a running pull nobody waits for is cancelled (WithKeep); nil: no.
+	keep func(image string)
+	now  func() time.Time
 	// trace, when set (by tests), is told of queue events under g.mu: "queued", "joined",
 	// "left", "started", "done", with the flight's image. It must not block.
 	trace func(event, image string)
@@ -290,7 +299,11 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 			g.queue.remove(f)
 			g.metrics.queueLength.Set(float64(g.queue.len))
 		}
-		f.cancel(cause) // queued: its fn never runs; running: the backend call ends
+		if started.IsZero() || g.keep == nil {
+			f.cancel(cause) // queued: its fn never runs; running: the backend call ends
+		} else {
+			defer func() { g.keep(f.image); f.cancel(cause) }() // what it fetched is kept first
+		}
 	}
 	shared := f.waiters > 0
 	g.traceEvent("left", f)

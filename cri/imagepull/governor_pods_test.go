@@ -131,3 +131,50 @@ func TestPullStatusRegistryCapAndSharing(t *testing.T) {
 type recordingObserver struct{ events chan Event }
 
 func (o *recordingObserver) PullEvent(e Event) { o.events <- e }
+
+// TestKeepBeforeCancel: a running pull whose every caller left (its pod deleted) is handed to
+// keep before its backend call is cancelled, so that what containerd fetched can outlive the
+// call; a queued pull that never ran, and a running pull another caller still waits for, are not.
+func TestKeepBeforeCancel(t *testing.T) {
+	kept := make(chan string, 4)
+	var b *fakeBackend
+	var running *backendCall
+	g := New(Limits{MaxParallel: 1}, WithKeep(func(image string) {
+		if running != nil && running.ctx.Err() != nil {
+			t.Errorf("keep(%s) called after the backend call was cancelled", image)
+		}
+		kept <- image
+	}))
+	tr := trace(g)
+	b = newFakeBackend()
+	first := newPull(t, "example.com/first", PriorityNormal, withPod("default", "a", "uid-a"))
+	resFirst := goDo(t.Context(), g, first, b.pull(first.Image))
+	running = b.next(t)
+	sharer := newPull(t, "example.com/first", PriorityNormal, withPod("default", "b", "uid-b"))
+	resSharer := goDo(t.Context(), g, sharer, b.pull(sharer.Image))
+	tr.await(t, "joined", sharer.Image)
+	queued := newPull(t, "example.com/queued", PriorityNormal, withPod("default", "c", "uid-c"))
+	resQueued := goDo(t.Context(), g, queued, b.pull(queued.Image))
+	tr.await(t, "queued", queued.Image)
+
+	g.PodDeleted("uid-c") // queued: nothing fetched
+	wait(t, resQueued)
+	g.PodDeleted("uid-a") // b still waits for the pull
+	wait(t, resFirst)
+	select {
+	case image := <-kept:
+		t.Fatalf("keep(%s) called while a pull nobody ran, or one still waited for, was left", image)
+	default:
+	}
+	g.PodDeleted("uid-b")
+	wait(t, resSharer)
+	select {
+	case image := <-kept:
+		if image != first.Image {
+			t.Errorf("kept %s, want %s", image, first.Image)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the running pull every caller left was not kept")
+	}
+	<-running.ctx.Done()
+}
