@@ -154,17 +154,17 @@ func (r *refusals) refuse(p peerID, reason, did, answer string) {
 // tapLimit takes a token of the caller's bucket as the call's stream opens, before its
 // request is read: a stream that never sends one counts as a call does. The health check is
 // exempt (a probe must not fail because a client is noisy).
-func (s *guard) tapLimit(ctx context.Context, info *tap.Info) (context.Context, error) {
+func (g *guard) tapLimit(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if strings.HasPrefix(info.FullMethodName, "/grpc.health.v1.Health/") {
 		return ctx, nil
 	}
 	p := peerOf(ctx)
-	if s.clients.allow(p) {
+	if g.clients.allow(p) {
 		return ctx, nil
 	}
-	s.requests.WithLabelValues(info.FullMethodName, codes.ResourceExhausted.String()).Inc()
-	err := status.Errorf(codes.ResourceExhausted, "rejected by rate limit: podResources.qps %v, podResources.burst %d", s.clients.qps, s.clients.burst)
-	s.refusals.refuse(p, reasonRateLimit, "called "+info.FullMethodName+" over its rate limit", "answered ResourceExhausted")
+	g.requests.WithLabelValues(info.FullMethodName, codes.ResourceExhausted.String()).Inc()
+	err := status.Errorf(codes.ResourceExhausted, "rejected by rate limit: podResources.qps %v, podResources.burst %d", g.clients.qps, g.clients.burst)
+	g.refusals.refuse(p, reasonRateLimit, "called "+info.FullMethodName+" over its rate limit", "answered ResourceExhausted")
 	return ctx, err
 }
 
@@ -178,8 +178,8 @@ type guard struct {
 
 // listen wraps l: each connection carries its client's credentials, and past maxConns open
 // ones a new connection is closed at once.
-func (s *guard) listen(l net.Listener) net.Listener {
-	return &capListener{Listener: l, g: s, slots: make(chan struct{}, s.maxConns)}
+func (g *guard) listen(l net.Listener) net.Listener {
+	return &capListener{Listener: l, g: g, slots: make(chan struct{}, g.maxConns)}
 }
 
 // capListener is the socket's listener under the connection cap.
@@ -201,9 +201,10 @@ func (l *capListener) Accept() (net.Conn, error) {
 		case l.slots <- struct{}{}:
 			return &peerConn{Conn: &slotConn{Conn: c, slots: l.slots}, peer: p}, nil
 		default:
-			_ = c.Close()
+			// Told before the client sees its connection end.
 			l.g.refusals.refuse(p, reasonConnections, "opened a connection over the cap",
 				fmt.Sprintf("closed it: podResources.maxConnections %d are open", cap(l.slots)))
+			_ = c.Close()
 		}
 	}
 }

@@ -137,19 +137,37 @@ func NewServer(o Options) (*Server, error) {
 		m.registerKubelet(o.Registerer)
 		s.kubelet = newKubeletClient(o.KubeletSocket, m, o.KubeletQPS, o.KubeletBurst)
 	}
+	s.guard = newGuard(o, m)
+	s.grpc = grpc.NewServer(serverOptions(o, s.guard, m)...)
+	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
+	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls})
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	for _, name := range []string{"", "v1.PodResourcesLister", pb.PodResources_ServiceDesc.ServiceName} {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	return s, nil
+}
+
+// newGuard is what the socket holds its clients to, as o says.
+func newGuard(o Options, m *metrics) *guard {
 	logger := o.Logger
 	if logger.GetSink() == nil {
 		logger = klog.Background()
 	}
-	s.guard = &guard{
+	return &guard{
 		clients:  newClients(o.QPS, o.Burst, maxClients, time.Now),
 		refusals: newRefusals(logger.WithValues("server", "PodResources"), m.refusals),
 		requests: m.requests,
 		maxConns: o.MaxConnections,
 	}
-	s.grpc = grpc.NewServer(
+}
+
+// serverOptions are the gRPC server's limits and interceptors.
+func serverOptions(o Options, g *guard, m *metrics) []grpc.ServerOption {
+	return []grpc.ServerOption{
 		grpc.Creds(peerCreds{}), // the client's uid and pid, for its rate limit and the log
-		grpc.InTapHandle(s.guard.tapLimit),
+		grpc.InTapHandle(g.tapLimit),
 		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		grpc.MaxHeaderListSize(maxHeaderList),
@@ -161,15 +179,7 @@ func NewServer(o Options) (*Server, error) {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Minute, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(withLogger(o.Logger), m.countUnary),
 		grpc.ChainStreamInterceptor(withStreamLogger(o.Logger), m.countStream),
-	)
-	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
-	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls})
-	healthpb.RegisterHealthServer(s.grpc, s.health)
-	reflection.Register(s.grpc)
-	for _, name := range []string{"", "v1.PodResourcesLister", pb.PodResources_ServiceDesc.ServiceName} {
-		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
-	return s, nil
 }
 
 // KubeletKnowsPod asks the kubelet's PodResources socket whether it manages the pod (its Get
