@@ -11,6 +11,10 @@
 #   make unit    the inner loop: the unit tests (not the real-stack ones under test/), no root,
 #                rig nor lint
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
+#   make attacks the hostile local clients of issue 30 against podgate and grpc-go: RSS, the
+#                kubelet's Version answered, what each server did; a table (test/hostile; root)
+#   make h2spec  h2spec v2.2.1 with gRPC-shaped requests against podgate and grpc-go, side by side
+#                (test/h2spec; root)
 #   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
 #                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
@@ -34,7 +38,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench soak generate verify-generate install uninstall clean clean-rig
+.PHONY: all build demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -129,6 +133,14 @@ $(BIN)/benchstat:
 bench: $(BIN)/benchstat
 	$(GO) test -run '^$$' -bench . -count 6 ./cri ./cri/imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt
+
+# attacks: issue 30's hostile clients, each against fresh processes (test/hostile).
+attacks:
+	$(GO) run ./test/hostile
+
+# h2spec: conformance with gRPC-shaped requests, podgate beside grpc-go (test/h2spec/run.sh).
+h2spec:
+	GO=$(GO) test/h2spec/run.sh
 
 # generate: the Go code of the .proto files (buf.yaml, buf.gen.yaml), next to each .proto.
 # $(BIN) comes first in PATH so buf runs the pinned plugins, not whatever else is installed.

@@ -202,6 +202,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,
 		KubeletQPS: cfg.KubeletQPS, KubeletBurst: cfg.KubeletBurst,
+		MaxConnections: cfg.MaxConnections, MaxStreams: cfg.MaxStreams, IdleTimeout: cfg.IdleTimeout.Duration,
 		Registerer: a.registry,
 		Logger:     klog.FromContext(ctx),
 	})
@@ -215,7 +216,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	publishChanges(a.sandboxes, b)
 	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
-		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst)
+		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout)
 	return service{
 		name:  "PodResources",
 		serve: func() error { return s.Serve(l) },

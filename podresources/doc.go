@@ -31,10 +31,18 @@
 //
 // # Protection
 //
-// The services are read-only. Calls are rate limited like the kubelet's PodResources server
-// (a token bucket, 100 QPS with a burst of 10 by default); a call over the limit is
-// ResourceExhausted. Requests are at most 64 KiB and answers at most 16 MiB (multus's limit);
-// names are checked before use (InvalidArgument). At most 64 watches run at once, and a
+// The services are read-only. Calls are rate limited per client: a token bucket (100 QPS with
+// a burst of 100 by default, podResources.qps and podResources.burst) for each process, told
+// by the socket's peer credentials (uid and pid, read as a connection is accepted and carried
+// as its gRPC AuthInfo), taken as the call's stream opens (a tap, before the request is read);
+// a call over the limit is ResourceExhausted, and one client's flood leaves the others served.
+// At most 64 connections are open (podResources.maxConnections: one over it is closed as it is
+// accepted), 16 calls on each (podResources.maxStreams); a connection idle for 2 minutes is
+// closed (podResources.idleTimeout). Header blocks are at most 64 KiB, requests at most 64 KiB
+// and answers at most 16 MiB (multus's limit); names are checked before use
+// (InvalidArgument). Every refusal is counted by reason (podgate_podresources_refusals_total)
+// and logged with the client's pid and uid, at most once a minute per client and reason and a
+// few lines a second in all, so that no client can flood the log. At most 64 watches run at once, and a
 // watcher that falls 256 events behind is ended with ResourceExhausted, so a slow client never
 // makes podgate hold more. Server reflection and the standard gRPC health service are served on
 // the same socket.

@@ -18,6 +18,7 @@ type metrics struct {
 	kubeletUnavailable *prometheus.CounterVec
 	watchers           prometheus.GaugeFunc
 	watchersDropped    prometheus.Counter
+	refusals           *prometheus.CounterVec
 }
 
 // newMetrics makes the metrics and registers them with r when r is not nil. watchers reads
@@ -54,13 +55,17 @@ func newMetrics(r prometheus.Registerer) *metrics {
 			Namespace: "podgate", Subsystem: "podresources", Name: "kubelet_up",
 			Help: "1 when the last call to the kubelet's PodResources socket was answered, 0 when it was not.",
 		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "podresources", Name: "refusals_total",
+			Help: "What podgate refused a client of its PodResources socket, by reason (rate_limit: a call over the client's rate limit, answered ResourceExhausted; connections: a connection over podResources.maxConnections, closed at once).",
+		}, []string{"reason"}),
 		watchersDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "watchers_dropped_total",
 			Help: "Watches ended because the client fell too far behind.",
 		}),
 	}
 	if r != nil {
-		r.MustRegister(m.requests, m.kubeletRequests, m.watchersDropped)
+		r.MustRegister(m.requests, m.kubeletRequests, m.watchersDropped, m.refusals)
 	}
 	return m
 }

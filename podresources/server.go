@@ -1,17 +1,15 @@
 package podresources
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -33,6 +31,19 @@ const (
 	DefaultBurst = 100
 )
 
+// Defaults of what one connection, and all together, may hold of the socket. A meta-CNI
+// plugin makes one call on one connection per CNI ADD, and closes it.
+const (
+	DefaultMaxConnections = 64
+	DefaultMaxStreams     = 16
+	DefaultIdleTimeout    = 2 * time.Minute
+)
+
+// maxHeaderList bounds a call's header block (SETTINGS_MAX_HEADER_LIST_SIZE): a client sends a
+// few hundred bytes; grpc-go's default, 16 MiB, lets one connection's HPACK references to a
+// large -bin entry cost a gigabyte.
+const maxHeaderList = 64 << 10
+
 // maxRequestSize bounds a request: the largest a client needs is a Get with a 253-byte name
 // and a 63-byte namespace, or a reflection request naming a file.
 const maxRequestSize = 64 << 10
@@ -52,10 +63,20 @@ type Options struct {
 	// kubelet's socket, at or below the kubelet's limit; zero means the defaults.
 	KubeletQPS   float64
 	KubeletBurst int
-	// QPS and Burst are the token bucket every call but the health check takes from; zero
-	// means the defaults.
+	// QPS and Burst are each client's token bucket (a client is a process, told by the
+	// socket's peer credentials), which every call but the health check takes from as its
+	// stream opens; zero means the defaults.
 	QPS   float64
 	Burst int
+	// MaxConnections bounds the connections open at once; one over it is closed as it is
+	// accepted. Zero means DefaultMaxConnections.
+	MaxConnections int
+	// MaxStreams bounds the calls open at once on one connection
+	// (SETTINGS_MAX_CONCURRENT_STREAMS). Zero means DefaultMaxStreams.
+	MaxStreams int
+	// IdleTimeout closes a connection that has had no call open for that long. Zero means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
 	// Registerer takes the podgate_podresources_* metrics; nil: not registered.
 	Registerer prometheus.Registerer
 	// Logger is the handlers' logger (klog.FromContext of their context); unset: klog's
@@ -70,6 +91,7 @@ type Server struct {
 	health      *health.Server
 	broadcaster *Broadcaster
 	kubelet     *kubeletClient
+	guard       *guard
 }
 
 // NewServer builds the server; Serve starts it on a listener.
@@ -92,6 +114,12 @@ func NewServer(o Options) (*Server, error) {
 	if o.QPS < 0 || o.Burst < 0 {
 		return nil, fmt.Errorf("podresources: qps %v and burst %d must be positive", o.QPS, o.Burst)
 	}
+	if o.MaxConnections < 0 || o.MaxStreams < 0 || o.IdleTimeout < 0 {
+		return nil, fmt.Errorf("podresources: maxConnections %d, maxStreams %d and idleTimeout %v must be positive", o.MaxConnections, o.MaxStreams, o.IdleTimeout)
+	}
+	o.MaxConnections = cmp.Or(o.MaxConnections, DefaultMaxConnections)
+	o.MaxStreams = cmp.Or(o.MaxStreams, DefaultMaxStreams)
+	o.IdleTimeout = cmp.Or(o.IdleTimeout, DefaultIdleTimeout)
 	if o.KubeletQPS < 0 || o.KubeletBurst < 0 {
 		return nil, fmt.Errorf("podresources: kubelet qps %v and burst %d must be positive", o.KubeletQPS, o.KubeletBurst)
 	}
@@ -109,16 +137,8 @@ func NewServer(o Options) (*Server, error) {
 		m.registerKubelet(o.Registerer)
 		s.kubelet = newKubeletClient(o.KubeletSocket, m, o.KubeletQPS, o.KubeletBurst)
 	}
-	limit := &limiter{bucket: rate.NewLimiter(rate.Limit(o.QPS), o.Burst), qps: o.QPS, burst: o.Burst}
-	s.grpc = grpc.NewServer(
-		grpc.MaxRecvMsgSize(maxRequestSize),
-		grpc.MaxSendMsgSize(MaxMessageSize),
-		// A client that went away without closing its connection (a CNI plugin killed in the
-		// middle of a call) is found and its connection closed.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Minute, Timeout: 20 * time.Second}),
-		grpc.ChainUnaryInterceptor(withLogger(o.Logger), m.countUnary, limit.unary),
-		grpc.ChainStreamInterceptor(withStreamLogger(o.Logger), m.countStream, limit.stream),
-	)
+	s.guard = newGuard(o, m)
+	s.grpc = grpc.NewServer(serverOptions(o, s.guard, m)...)
 	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
 	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -127,6 +147,39 @@ func NewServer(o Options) (*Server, error) {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	return s, nil
+}
+
+// newGuard is what the socket holds its clients to, as o says.
+func newGuard(o Options, m *metrics) *guard {
+	logger := o.Logger
+	if logger.GetSink() == nil {
+		logger = klog.Background()
+	}
+	return &guard{
+		clients:  newClients(o.QPS, o.Burst, maxClients, time.Now),
+		refusals: newRefusals(logger.WithValues("server", "PodResources"), m.refusals),
+		requests: m.requests,
+		maxConns: o.MaxConnections,
+	}
+}
+
+// serverOptions are the gRPC server's limits and interceptors.
+func serverOptions(o Options, g *guard, m *metrics) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.Creds(peerCreds{}), // the client's uid and pid, for its rate limit and the log
+		grpc.InTapHandle(g.tapLimit),
+		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxSendMsgSize(MaxMessageSize),
+		grpc.MaxHeaderListSize(maxHeaderList),
+		grpc.MaxConcurrentStreams(uint32(o.MaxStreams)),
+		// A connection left idle is closed, and one whose client went away without closing it
+		// (a CNI plugin killed in the middle of a call) is found by a PING and closed.
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: o.IdleTimeout, Time: 2 * time.Minute, Timeout: 20 * time.Second}),
+		// A client that pings more than once a minute is told to calm down and closed.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Minute, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(withLogger(o.Logger), m.countUnary),
+		grpc.ChainStreamInterceptor(withStreamLogger(o.Logger), m.countStream),
+	}
 }
 
 // KubeletKnowsPod asks the kubelet's PodResources socket whether it manages the pod (its Get
@@ -145,9 +198,9 @@ func (s *Server) KubeletKnowsPod(ctx context.Context, namespace, name string) (b
 // PodResources socket: no kubelet is there.
 func IsKubeletNotListening(err error) bool { return callResult(err) == kubeletNotListening }
 
-// Serve serves on l until Shutdown; it returns nil after Shutdown.
+// Serve serves on l until Shutdown, within the connection cap; it returns nil after Shutdown.
 func (s *Server) Serve(l net.Listener) error {
-	if err := s.grpc.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := s.grpc.Serve(s.guard.listen(l)); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil
@@ -162,35 +215,6 @@ func (s *Server) Shutdown(ctx context.Context) {
 	if s.kubelet != nil {
 		_ = s.kubelet.Close() // closing a client connection has nothing to report
 	}
-}
-
-// limiter is the token bucket of the kubelet's PodResources server, over every call but the
-// health check (a probe must not fail because a client is noisy).
-type limiter struct {
-	bucket *rate.Limiter
-	qps    float64
-	burst  int
-}
-
-func (l *limiter) allow(method string) error {
-	if strings.HasPrefix(method, "/grpc.health.v1.Health/") || l.bucket.Allow() {
-		return nil
-	}
-	return status.Errorf(codes.ResourceExhausted, "rejected by rate limit: podResources.qps %v, podResources.burst %d", l.qps, l.burst)
-}
-
-func (l *limiter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if err := l.allow(info.FullMethod); err != nil {
-		return nil, err
-	}
-	return handler(ctx, req)
-}
-
-func (l *limiter) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if err := l.allow(info.FullMethod); err != nil {
-		return err
-	}
-	return handler(srv, ss)
 }
 
 // withLogger gives the handlers logger, when set.

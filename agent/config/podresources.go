@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // PodResources defaults.
@@ -17,6 +18,12 @@ const (
 	DefaultPodResourcesBurst        = 100
 	DefaultPodResourcesKubeletQPS   = 50
 	DefaultPodResourcesKubeletBurst = 5
+	// DefaultPodResourcesMaxConnections, DefaultPodResourcesMaxStreams and
+	// DefaultPodResourcesIdleTimeout are podresources' DefaultMaxConnections, DefaultMaxStreams
+	// and DefaultIdleTimeout.
+	DefaultPodResourcesMaxConnections = 64
+	DefaultPodResourcesMaxStreams     = 16
+	DefaultPodResourcesIdleTimeout    = 2 * time.Minute
 )
 
 // PodResources is the podResources section: podgate's PodResources gRPC socket (the kubelet's
@@ -32,8 +39,9 @@ type PodResources struct {
 	// podgate merges into its answers; "" turns the merge off. Unset means
 	// /var/lib/kubelet/pod-resources/kubelet.sock.
 	KubeletSocket *string `json:"kubeletSocket,omitempty"`
-	// QPS and Burst are the rate limit of calls to podgate's socket (a token bucket): 100 calls
-	// per second, as the kubelet's, with a burst of 100 by default, so that the pods of a
+	// QPS and Burst are the rate limit of each client of podgate's socket (a token bucket per
+	// process, told by the socket's peer credentials), counted as a call's stream opens: 100
+	// calls per second, as the kubelet's, with a burst of 100 by default, so that the pods of a
 	// drained node may all start at once. A call over it is ResourceExhausted.
 	QPS   float64 `json:"qps,omitempty"`
 	Burst int     `json:"burst,omitempty"`
@@ -43,6 +51,13 @@ type PodResources struct {
 	// calls bunch, and the other half for other clients.
 	KubeletQPS   float64 `json:"kubeletQPS,omitempty"`
 	KubeletBurst int     `json:"kubeletBurst,omitempty"`
+	// MaxConnections bounds the socket's open connections: one over it is closed at once.
+	// A meta-CNI plugin opens one per CNI ADD and closes it.
+	MaxConnections int `json:"maxConnections,omitempty"`
+	// MaxStreams bounds the calls open at once on one connection.
+	MaxStreams int `json:"maxStreams,omitempty"`
+	// IdleTimeout closes a connection that has had no call open for that long.
+	IdleTimeout Duration `json:"idleTimeout,omitzero"`
 }
 
 func (p *PodResources) setDefaults() {
@@ -65,6 +80,15 @@ func (p *PodResources) setDefaults() {
 	}
 	if p.KubeletBurst == 0 {
 		p.KubeletBurst = DefaultPodResourcesKubeletBurst
+	}
+	if p.MaxConnections == 0 {
+		p.MaxConnections = DefaultPodResourcesMaxConnections
+	}
+	if p.MaxStreams == 0 {
+		p.MaxStreams = DefaultPodResourcesMaxStreams
+	}
+	if p.IdleTimeout.Duration == 0 {
+		p.IdleTimeout.Duration = DefaultPodResourcesIdleTimeout
 	}
 }
 
@@ -98,6 +122,15 @@ func (p *PodResources) validate(criSocket string) error {
 	}
 	if p.KubeletBurst < 0 {
 		errs = append(errs, fmt.Errorf("podResources.kubeletBurst: %d: must be positive", p.KubeletBurst))
+	}
+	if p.MaxConnections < 0 {
+		errs = append(errs, fmt.Errorf("podResources.maxConnections: %d: must be positive", p.MaxConnections))
+	}
+	if p.MaxStreams < 0 {
+		errs = append(errs, fmt.Errorf("podResources.maxStreams: %d: must be positive", p.MaxStreams))
+	}
+	if p.IdleTimeout.Duration < time.Second {
+		errs = append(errs, fmt.Errorf("podResources.idleTimeout: %v: must be at least 1s", p.IdleTimeout.Duration))
 	}
 	return errors.Join(errs...)
 }

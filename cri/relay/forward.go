@@ -67,7 +67,8 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 			return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
 		}
 	}
-	up, err := ss.upstreamFor(t)
+	headers := item{headers: c.forwardFields(ctx, md)}
+	up, err := ss.lockUpstream(t)
 	if err != nil {
 		return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
 	}
@@ -79,8 +80,7 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 	s.toUp.done = true // the handler sends the request whole
 
 	// A failed write ends s (upstreamFailed).
-	ss.mu.Lock()
-	opened, err := ss.openForwardLocked(s, up, item{headers: c.forwardFields(ctx, md)})
+	opened, err := ss.openForwardLocked(s, up, headers)
 	ss.unlock(opened)
 	if err != nil {
 		return &UnaryAnswer{Err: err}

@@ -160,6 +160,10 @@ type Server struct {
 	// ShutdownMessage is the message of the Unavailable status those calls end with.
 	ShutdownMessage string
 
+	// lastUpstreamStreamID is the highest stream id a connection to a target takes before new
+	// calls go on a fresh one; 0 is HTTP/2's own, 2^31−1. Tests set it small.
+	lastUpstreamStreamID uint32
+
 	mu        sync.Mutex
 	sessions  map[*session]struct{}
 	listeners map[net.Listener]struct{}

@@ -333,12 +333,11 @@ func (ss *session) route(s *stream, f *http2.MetaHeadersFrame, target *Target, f
 			return nil
 		}
 	}
-	up, err := ss.upstreamFor(target)
+	up, err := ss.lockUpstream(target)
 	if err != nil {
 		ss.answerLocal(s, codes.Unavailable, status.Convert(err).Message())
 		return nil
 	}
-	ss.mu.Lock()
 	t, err := ss.passLocked(s, up, fields)
 	ss.unlock(t)
 	return err

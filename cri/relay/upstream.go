@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -26,11 +27,67 @@ type upstream struct {
 	maxStreams uint32
 }
 
-// upstreamFor returns the session's connection to t, connecting when there is none.
-func (ss *session) upstreamFor(t *Target) (*upstream, error) {
-	if u := ss.upstreamOf(t); u != nil {
+// lockUpstream returns the session's connection to t for a new call, with ss.mu held: the
+// caller opens the call's stream on it before it lets mu go, so the stream id the call takes is
+// one the connection still has, and the connection cannot end in between. HTTP/2 stream ids a
+// client opens are odd and only grow, up to 2^31−1 (at 100 calls a second, about four months):
+// a connection that has used its last one takes no new call and closes once its last call
+// ended, and a fresh one is dialled, as grpc-go's client does. No call fails for it.
+func (ss *session) lockUpstream(t *Target) (*upstream, error) {
+	ss.mu.Lock()
+	for {
+		if u := ss.upstreamLocked(t); u != nil {
+			return u, nil
+		}
+		ss.mu.Unlock()
+		u, err := ss.dialUpstream(t)
+		if err != nil {
+			return nil, err
+		}
+		ss.mu.Lock()
+		switch {
+		case ss.closed:
+			ss.mu.Unlock()
+			_ = u.ep.conn.Close()
+			return nil, errors.New("client connection ended")
+		case ss.ups[t] != nil:
+			// Another call connected meanwhile: this one goes there too.
+			_ = u.ep.conn.Close()
+			continue
+		}
+		ss.ups[t] = u
+		ss.upConns[u] = struct{}{}
+		ss.upReaders.Add(1)
+		go ss.readUpstream(u)
 		return u, nil
 	}
+}
+
+// upstreamLocked is the connection to t new calls take, nil when there is none; one that has
+// used its last stream id is retired. mu is held.
+func (ss *session) upstreamLocked(t *Target) *upstream {
+	u := ss.ups[t]
+	if u == nil || u.nextID <= ss.srv.lastStreamID() {
+		return u
+	}
+	delete(ss.ups, t)
+	u.gone = true // removeLocked closes it with its last call
+	if len(u.streams) == 0 {
+		ss.closeUpstreamLocked(u)
+	}
+	return nil
+}
+
+// lastStreamID is the highest stream id a connection to a target takes.
+func (s *Server) lastStreamID() uint32 {
+	if s.lastUpstreamStreamID > 0 {
+		return s.lastUpstreamStreamID
+	}
+	return math.MaxInt32 // 2^31−1, RFC 9113 §5.1.1
+}
+
+// dialUpstream connects to t and says the client preface and podgate's SETTINGS.
+func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 	c, err := t.Dial(ss.ctx)
 	if err != nil {
 		return nil, err
@@ -53,23 +110,7 @@ func (ss *session) upstreamFor(t *Target) (*upstream, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
 	}
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.closed {
-		_ = c.Close()
-		return nil, errors.New("client connection ended")
-	}
-	ss.ups[t] = u
-	ss.upConns[u] = struct{}{}
-	ss.upReaders.Add(1)
-	go ss.readUpstream(u)
 	return u, nil
-}
-
-func (ss *session) upstreamOf(t *Target) *upstream {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.ups[t]
 }
 
 func (ss *session) streamByUp(u *upstream, id uint32) *stream {

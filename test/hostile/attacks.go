@@ -1,0 +1,311 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/podgate/podgate/test/harness"
+)
+
+const updatePath = "/runtime.v1.RuntimeService/UpdateContainerResources"
+
+// attack is one misbehaving client. run attacks the socket and returns what the server did,
+// and a cleanup that ends the attack's connections; the RSS is read between the two.
+type attack struct {
+	name string
+	// podResources: the attack is on podgate's PodResources socket (no grpc-go anchor).
+	podResources bool
+	run          func(ctx context.Context, sock string) (string, func())
+}
+
+func attacks(silence time.Duration) []attack {
+	return []attack{
+		{name: "40 UpdateContainerResources requests of 16 MiB, never ended", run: func(ctx context.Context, sock string) (string, func()) {
+			return bodies(ctx, sock, 40, 16<<20, 16<<20, nil)
+		}},
+		{name: "8 streams, prefix 0xFFFFFFFF, 16 MiB sent each, never ended", run: func(ctx context.Context, sock string) (string, func()) {
+			return bodies(ctx, sock, 8, 0xFFFFFFFF, 16<<20, nil)
+		}},
+		{name: "grpc-timeout 1S, request never ended", run: timeout},
+		{name: "HPACK: 4,000-byte -bin entry × 255 per stream, 1,000 streams (UpdateContainerResources)", run: func(ctx context.Context, sock string) (string, func()) {
+			return hpackBomb(ctx, sock, updatePath)
+		}},
+		{name: "HPACK: the same on PodResources (List)", podResources: true, run: func(ctx context.Context, sock string) (string, func()) {
+			return hpackBomb(ctx, sock, "/v1.PodResourcesLister/List")
+		}},
+		{name: fmt.Sprintf("500 connections: preface, then silence %s", silence), run: func(ctx context.Context, sock string) (string, func()) {
+			return silent(ctx, sock, 500, silence)
+		}},
+		{name: fmt.Sprintf("500 connections on PodResources: preface, then silence %s", silence), podResources: true, run: func(ctx context.Context, sock string) (string, func()) {
+			return silent(ctx, sock, 500, silence)
+		}},
+		{name: "PodResources: one process calls List 3,000 times, then another 20 times", podResources: true, run: floodFairness},
+	}
+}
+
+// runAttacks runs every attack against podgate and against the grpc-go server, each on fresh
+// processes, and prints the table.
+func runAttacks(ctx context.Context, r *rig, silence time.Duration, only string) {
+	fmt.Println("| what one local client does | server | RSS MB before → after (peak) | goroutines after | kubelet's Version answered | what the server did | podgate's refusal log lines |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	for _, a := range attacks(silence) {
+		if !strings.Contains(a.name, only) {
+			continue
+		}
+		for _, server := range []string{"podgate", "grpc-go"} {
+			if a.podResources && server == "grpc-go" {
+				continue
+			}
+			row, err := runOne(ctx, r, a, server)
+			if err != nil {
+				row = "error: " + err.Error()
+			}
+			fmt.Printf("| %s | %s | %s |\n", a.name, server, row)
+		}
+	}
+}
+
+func runOne(ctx context.Context, r *rig, a attack, server string) (string, error) {
+	f, err := r.startFake()
+	if err != nil {
+		return "", err
+	}
+	defer f.stop()
+	pid, sock, criSock := f.cmd.Process.Pid, f.sock, f.sock
+	var pg *harness.Podgate
+	if server == "podgate" {
+		if pg, err = r.startPodgate(ctx, f); err != nil {
+			return "", err
+		}
+		defer func() { _, _ = pg.Stop(30 * time.Second) }()
+		pid, sock, criSock = pg.PID(), pg.Socket, pg.Socket
+		if a.podResources {
+			sock = pg.PodResourcesSocket
+		}
+	}
+	k, err := startKubelet(criSock)
+	if err != nil {
+		return "", err
+	}
+	time.Sleep(time.Second) // the processes settle; the kubelet has called a few times
+	before := readMemory(pid)
+	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	did, cleanup := a.run(actx, sock)
+	cancel()
+	after := readMemory(pid)
+	goroutines := "—"
+	if pg != nil {
+		goroutines = metricLine(ctx, pg, "go_goroutines")
+	}
+	cleanup()
+	answered := k.finish()
+	logLines := "—"
+	if pg != nil {
+		logLines = fmt.Sprint(strings.Count(pg.Log.String(), "Refused a PodResources client"))
+	}
+	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %s | %s | %s", before.rss, after.rss, after.hwm, goroutines, answered, did, logLines), nil
+}
+
+func metricLine(ctx context.Context, pg *harness.Podgate, name string) string {
+	page, err := pg.Metrics(ctx)
+	if err != nil {
+		return "?"
+	}
+	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(page)
+	if m == nil {
+		return "?"
+	}
+	return m[1]
+}
+
+// summary says how the server ended the attack's streams.
+func summary(counts map[string]int) string {
+	if len(counts) == 0 {
+		return "no stream ended"
+	}
+	var parts []string
+	for how, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, how))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// bodies opens n streams of UpdateContainerResources on one connection, each a message whose
+// prefix says prefix bytes, and sends size bytes on each as far as the server's windows let
+// it, never ending them.
+func bodies(ctx context.Context, sock string, n int, prefix uint32, size int, more []string) (string, func()) {
+	h, err := dialH2(ctx, sock)
+	if err != nil {
+		return "dial: " + err.Error(), func() {}
+	}
+	body := make([]byte, size)
+	body[0] = 0
+	binary.BigEndian.PutUint32(body[1:5], prefix)
+	var sent int
+	for i := range n {
+		if ctx.Err() != nil {
+			break
+		}
+		id := uint32(2*i + 1)
+		if err := h.open(id, grpcBlock(updatePath, more...), false); err != nil {
+			break
+		}
+		got, _ := h.send(id, body, 2*time.Second)
+		sent += got
+	}
+	return fmt.Sprintf("%d MiB taken; %s", sent>>20, summary(h.endings())), h.close
+}
+
+// timeout sends a request with grpc-timeout 1S and a part of its body, and waits 10 s for the
+// server to end it.
+func timeout(ctx context.Context, sock string) (string, func()) {
+	h, err := dialH2(ctx, sock)
+	if err != nil {
+		return "dial: " + err.Error(), func() {}
+	}
+	start := time.Now()
+	if err := h.open(1, grpcBlock(updatePath, "grpc-timeout", "1S"), false); err != nil {
+		return "open: " + err.Error(), h.close
+	}
+	body := make([]byte, 1000)
+	binary.BigEndian.PutUint32(body[1:5], 4000)
+	_, _ = h.send(1, body, 2*time.Second)
+	how, at := h.waitEnd(1, 10*time.Second)
+	if how == "" {
+		return "nothing within 10 s", h.close
+	}
+	return fmt.Sprintf("%s after %.1f s", how, at.Sub(start).Seconds()), h.close
+}
+
+// hpackBomb puts one 4,000-byte -bin entry in the dynamic table and opens 1,000 streams whose
+// header blocks refer to it 255 times each (1 byte a reference, 1 MB decoded).
+func hpackBomb(ctx context.Context, sock, path string) (string, func()) {
+	h, err := dialH2(ctx, sock)
+	if err != nil {
+		return "dial: " + err.Error(), func() {}
+	}
+	value := strings.Repeat("A", 4000)
+	sentBytes := 0
+	for i := range 1000 {
+		if ctx.Err() != nil || h.isClosed() {
+			break
+		}
+		b := grpcBlock(path)
+		refs := 255
+		if i == 0 {
+			b = literal(b, 0x40, "x-a-bin", value) // into the dynamic table, index 62
+			refs--
+		}
+		for range refs {
+			b = append(b, 0x80|62)
+		}
+		if err := h.open(uint32(2*i+1), b, false); err != nil {
+			break
+		}
+		sentBytes += len(b)
+	}
+	// Let the server decode what it was sent.
+	h.waitEnd(2*1000-1, 3*time.Second)
+	closed := ""
+	if h.isClosed() {
+		closed = "; connection closed"
+	}
+	return fmt.Sprintf("%d KB sent; %s%s", sentBytes/1000, summary(h.endings()), closed), h.close
+}
+
+// silent opens n connections that say the preface and SETTINGS and then nothing, and counts
+// those the server closed within d.
+func silent(ctx context.Context, sock string, n int, d time.Duration) (string, func()) {
+	var conns []*h2conn
+	refused := 0 // closed before the preface was written
+	for range n {
+		h, err := dialH2(ctx, sock)
+		if err != nil {
+			refused++
+			continue
+		}
+		conns = append(conns, h)
+	}
+	time.Sleep(d)
+	closed := refused
+	for _, h := range conns {
+		if h.isClosed() {
+			closed++
+		}
+	}
+	return fmt.Sprintf("%d of %d closed within %s (%d before the preface)", closed, n, d, refused), func() {
+		for _, h := range conns {
+			h.close()
+		}
+	}
+}
+
+// floodFairness runs this program again as a process that calls List 3,000 times as fast as
+// it can, then calls List 20 times itself: a rate limit per client serves those.
+func floodFairness(ctx context.Context, sock string) (string, func()) {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-flood", sock)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "flooder: " + err.Error(), func() {}
+	}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err.Error(), func() {}
+	}
+	defer conn.Close()
+	ok := 0
+	for range 20 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := podresourcesv1.NewPodResourcesListerClient(conn).List(cctx, &podresourcesv1.ListPodResourcesRequest{})
+		cancel()
+		if err == nil {
+			ok++
+		}
+	}
+	return fmt.Sprintf("flooder: %s; the other client: %d/20 answered", strings.TrimSpace(string(out)), ok), func() {}
+}
+
+// floodPodResources is the flooding process: 3,000 List calls on sock, each counted by its
+// code.
+func floodPodResources(sock string) int {
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer conn.Close()
+	var mu sync.Mutex
+	counts := map[codes.Code]int{}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			for range 300 {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := podresourcesv1.NewPodResourcesListerClient(conn).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+				cancel()
+				mu.Lock()
+				counts[status.Code(err)]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Printf("%d answered, %d ResourceExhausted, %d other\n", counts[codes.OK], counts[codes.ResourceExhausted], 3000-counts[codes.OK]-counts[codes.ResourceExhausted])
+	return 0
+}

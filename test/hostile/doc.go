@@ -1,0 +1,16 @@
+// Command hostile runs the attacks of issue 30 (one local client that misbehaves at the HTTP/2
+// level) against podgate, built from ./cmd/podgate and run in front of test/e2e/fakeruntime,
+// and against that grpc-go server directly, and prints a table: each attack's RSS before and
+// after (VmRSS, VmHWM of the process attacked), what the attacked server did, whether a
+// kubelet-shaped client calling Version every 100 ms was answered throughout, and podgate's
+// refusal log lines. Every attack is bounded in streams, bytes and time; each runs against
+// fresh processes.
+//
+//	go run ./test/hostile            # make attacks
+//
+// With -h2spec BIN it runs h2spec (patched to send gRPC-shaped requests, see test/h2spec)
+// against podgate's CRI socket and against the grpc-go server, through a TCP→unix forwarder,
+// and prints each test's result side by side (make h2spec).
+//
+// It needs root: podgate runs as root.
+package main

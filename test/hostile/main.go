@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/harness"
+)
+
+func main() {
+	h2spec := flag.String("h2spec", "", "run this h2spec binary against podgate and grpc-go instead of the attacks")
+	path := flag.String("path", "/runtime.v1.RuntimeService/Version", "the path h2spec's requests take")
+	silence := flag.Duration("silence", 30*time.Second, "how long the silent connections stay silent")
+	only := flag.String("only", "", "run only the attacks whose name contains this")
+	flood := flag.String("flood", "", "internal: flood this PodResources socket with List calls")
+	flag.Parse()
+	if *flood != "" {
+		os.Exit(floodPodResources(*flood))
+	}
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "hostile")
+	if err != nil {
+		fail(err)
+	}
+	defer os.RemoveAll(dir)
+	bins, err := harness.BuildPrograms(ctx, filepath.Join(dir, "bin"), "./test/e2e/fakeruntime")
+	if err != nil {
+		fail(err)
+	}
+	env := &rig{dir: dir, podgate: bins["podgate"], fake: bins["fakeruntime"]}
+	if *h2spec != "" {
+		if err := runH2spec(ctx, env, *h2spec, *path); err != nil {
+			fail(err)
+		}
+		return
+	}
+	runAttacks(ctx, env, *silence, *only)
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "hostile:", err)
+	os.Exit(1)
+}
+
+// rig starts the processes attacked: the fake runtime (grpc-go) and podgate in front of it.
+type rig struct {
+	dir, podgate, fake string
+	n                  int
+}
+
+// fakeRuntime is test/e2e/fakeruntime running.
+type fakeRuntime struct {
+	cmd  *exec.Cmd
+	sock string
+}
+
+func (r *rig) startFake() (*fakeRuntime, error) {
+	r.n++
+	d := filepath.Join(r.dir, strconv.Itoa(r.n))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	f := &fakeRuntime{sock: filepath.Join(d, "fake.sock")}
+	f.cmd = exec.Command(r.fake, "-listen", f.sock, "-containers", "10", "-sandboxes", "10")
+	out, err := f.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	f.cmd.Stderr = os.Stderr
+	if err := f.cmd.Start(); err != nil {
+		return nil, err
+	}
+	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "ready" {
+		f.stop()
+		return nil, fmt.Errorf("fake runtime did not start: %q", line)
+	}
+	return f, nil
+}
+
+func (f *fakeRuntime) stop() {
+	_ = f.cmd.Process.Kill()
+	_ = f.cmd.Wait()
+}
+
+func (r *rig) startPodgate(ctx context.Context, f *fakeRuntime) (*harness.Podgate, error) {
+	d := filepath.Join(r.dir, strconv.Itoa(r.n), "pg")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	return harness.Start(ctx, r.podgate, harness.Options{Dir: d, RuntimeEndpoint: "unix://" + f.sock, Args: []string{"-v", "2"}})
+}
+
+// memory is a process's VmRSS and VmHWM in MB.
+type memory struct{ rss, hwm float64 }
+
+func readMemory(pid int) memory {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return memory{-1, -1}
+	}
+	var m memory
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		switch k {
+		case "VmRSS":
+			m.rss = kb / 1000
+		case "VmHWM":
+			m.hwm = kb / 1000
+		}
+	}
+	return m
+}
+
+// kubelet calls Version on a CRI socket every 100 ms, as a kubelet's probe does, and counts
+// the calls answered.
+type kubelet struct {
+	answered, calls atomic.Int64
+	stop            chan struct{}
+	done            sync.WaitGroup
+}
+
+func startKubelet(sock string) (*kubelet, error) {
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	k := &kubelet{stop: make(chan struct{})}
+	client := runtimeapi.NewRuntimeServiceClient(conn)
+	k.done.Go(func() {
+		defer conn.Close()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-k.stop:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := client.Version(ctx, &runtimeapi.VersionRequest{})
+			cancel()
+			k.calls.Add(1)
+			if err == nil {
+				k.answered.Add(1)
+			}
+		}
+	})
+	return k, nil
+}
+
+func (k *kubelet) finish() string {
+	close(k.stop)
+	k.done.Wait()
+	return fmt.Sprintf("%d/%d", k.answered.Load(), k.calls.Load())
+}
