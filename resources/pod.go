@@ -224,9 +224,14 @@ func mismatchStrings(ms []cgroup.Mismatch) []string {
 	return out
 }
 
-// recheckPods reads again the pod cgroups verified once (after a resize).
+// recheckPods reads again the pod cgroups verified once (after a resize), and forgets those
+// of sandboxes gone from the pod registry (removed past podgate, or gone at a rebuild).
 func (s *Hooks) recheckPods(ctx context.Context) {
 	for _, id := range s.podLevel.verified() {
+		if _, ok := s.containers.Sandbox(id); !ok {
+			s.podLevel.forget(id)
+			continue
+		}
 		s.verifyPod(ctx, id, "recheck")
 	}
 }

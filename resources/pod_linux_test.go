@@ -74,7 +74,11 @@ func startSandbox(t *testing.T, s *Hooks, id, parent string, res *runtimeapi.Lin
 // naming the file where it does not. It reads a real cgroup v1 pod cgroup the test makes.
 func TestPodLevelResources(t *testing.T) {
 	parent := podCgroup(t)
-	s := New(Config{MemoryThrottlingFactor: 0.9}, cgroup.Detect(), registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry())
+	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	if err := reg.Add(registry.SandboxRecord{ID: "sb1", Pod: registry.PodRef{UID: "uid-sb1", Name: "p", Namespace: "ns"}, CgroupParent: parent, Origin: registry.OriginStarted}); err != nil {
+		t.Fatal(err)
+	}
+	s := New(Config{MemoryThrottlingFactor: 0.9}, cgroup.Detect(), reg, nil, prometheus.NewRegistry())
 	started := &runtimeapi.LinuxContainerResources{CpuShares: 204, CpuQuota: 50000, CpuPeriod: 100000, MemoryLimitInBytes: 128 << 20}
 	startSandbox(t, s, "sb1", parent, started)
 	got := s.describePod("sb1")
@@ -147,6 +151,30 @@ func TestPodLevelResources(t *testing.T) {
 	}
 	if got := s.describePod("sb1"); got != nil {
 		t.Errorf("removed sandbox: %v, want nothing", got)
+	}
+
+	// A sandbox gone from the registry without podgate seeing it removed is forgotten at the
+	// next recheck, not read again every period.
+	startSandbox(t, s, "sb2", parent, started)
+	update2 := func() {
+		t.Helper()
+		if _, err := s.UpdatePodSandboxResources(t.Context(), &runtimeapi.UpdatePodSandboxResourcesRequest{PodSandboxId: "sb2", Resources: resized},
+			func(context.Context, *runtimeapi.UpdatePodSandboxResourcesRequest) (*runtimeapi.UpdatePodSandboxResourcesResponse, error) {
+				return &runtimeapi.UpdatePodSandboxResourcesResponse{}, nil
+			}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Wait(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	update2()
+	if got := s.describePod("sb2").GetVerification(); got != registry.CgroupOK {
+		t.Fatalf("sb2 after its resize: verification %q, want ok", got)
+	}
+	s.recheckPods(t.Context())
+	if got := s.describePod("sb2"); got != nil {
+		t.Errorf("sandbox unknown to the registry after a recheck: %v, want it forgotten", got)
 	}
 }
 
