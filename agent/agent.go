@@ -318,10 +318,10 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 	if a.events != nil {
 		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
 	}
-	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach), a.sandboxes, a.registry, opts...)
 	p.resources = resources.New(resourcesConfig(a.cfg.Resources), node, a.sandboxes, p.runtime, a.registry,
 		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)),
 		resources.WithKubeletMemoryQoS(p.kubelet.WritesMemoryQoS))
+	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach, p.resources), a.sandboxes, a.registry, opts...)
 	p.resources.LogNode(klog.FromContext(ctx))
 	logKubeletDecisions(ctx, p.kubelet.Get(), a.cfg, p.resources.MemoryQoS())
 	if err := a.newImagePulls(ctx, p); err != nil {

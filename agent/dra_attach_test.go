@@ -185,7 +185,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	// The kubelet stops the sandbox (twice: Stop is idempotent) and removes it.
 	stopAndRemove := func() {
 		t.Helper()
-		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d, at), restarted, prometheus.NewRegistry())
+		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d, at, testResources(restarted)), restarted, prometheus.NewRegistry())
 		// containerd's stop tears the pod's network namespace down, and a veth end in it.
 		stop := func(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
 			resp, err := dr.runtimeClient.StopPodSandbox(ctx, req)

@@ -20,11 +20,12 @@ import (
 )
 
 type (
-	createContainerHook = pipeline.Hook[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]
-	startContainerHook  = pipeline.Hook[*runtimeapi.StartContainerRequest, *runtimeapi.StartContainerResponse]
-	updateResourcesHook = pipeline.Hook[*runtimeapi.UpdateContainerResourcesRequest, *runtimeapi.UpdateContainerResourcesResponse]
-	removeContainerHook = pipeline.Hook[*runtimeapi.RemoveContainerRequest, *runtimeapi.RemoveContainerResponse]
-	pullImageHook       = pipeline.Hook[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
+	createContainerHook    = pipeline.Hook[*runtimeapi.CreateContainerRequest, *runtimeapi.CreateContainerResponse]
+	startContainerHook     = pipeline.Hook[*runtimeapi.StartContainerRequest, *runtimeapi.StartContainerResponse]
+	updateResourcesHook    = pipeline.Hook[*runtimeapi.UpdateContainerResourcesRequest, *runtimeapi.UpdateContainerResourcesResponse]
+	updatePodResourcesHook = pipeline.Hook[*runtimeapi.UpdatePodSandboxResourcesRequest, *runtimeapi.UpdatePodSandboxResourcesResponse]
+	removeContainerHook    = pipeline.Hook[*runtimeapi.RemoveContainerRequest, *runtimeapi.RemoveContainerResponse]
+	pullImageHook          = pipeline.Hook[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]
 )
 
 // createContainerHooks: CreateContainer.
@@ -49,6 +50,13 @@ func (p *proxy) updateContainerResourcesHooks() []updateResourcesHook {
 	}
 }
 
+// updatePodSandboxResourcesHooks: UpdatePodSandboxResources (an in-place pod-level resize).
+func (p *proxy) updatePodSandboxResourcesHooks() []updatePodResourcesHook {
+	return []updatePodResourcesHook{
+		{Feature: "resources", After: "record the pod-level resources; verify the pod's cgroup, in the background once the calls pause (the kubelet writes it after the answer)", Fn: p.resources.UpdatePodSandboxResources, ReadOnly: true},
+	}
+}
+
 // removeContainerHooks: RemoveContainer.
 func (p *proxy) removeContainerHooks() []removeContainerHook {
 	return []removeContainerHook{
@@ -70,6 +78,7 @@ func (p *proxy) register() {
 	pipeline.Intercept(p.server, cri.CreateContainer, p.createContainerHooks())
 	pipeline.Intercept(p.server, cri.StartContainer, p.startContainerHooks())
 	pipeline.Intercept(p.server, cri.UpdateContainerResources, p.updateContainerResourcesHooks())
+	pipeline.Intercept(p.server, cri.UpdatePodSandboxResources, p.updatePodSandboxResourcesHooks())
 	pipeline.Intercept(p.server, cri.RemoveContainer, p.removeContainerHooks())
 	pipeline.Intercept(p.server, cri.PullImage, p.pullImageHooks())
 }

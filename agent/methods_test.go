@@ -67,10 +67,11 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 	n := checkReadOnly(t, "CreateContainer", p.createContainerHooks()) +
 		checkReadOnly(t, "StartContainer", p.startContainerHooks()) +
 		checkReadOnly(t, "UpdateContainerResources", p.updateContainerResourcesHooks()) +
+		checkReadOnly(t, "UpdatePodSandboxResources", p.updatePodSandboxResourcesHooks()) +
 		checkReadOnly(t, "RemoveContainer", p.removeContainerHooks()) +
 		checkReadOnly(t, "PullImage", p.pullImageHooks())
-	if n < 5 {
-		t.Errorf("%d read-only hooks checked; the tables mark at least 5 with memory QoS off", n)
+	if n < 6 {
+		t.Errorf("%d read-only hooks checked; the tables mark at least 6 with memory QoS off", n)
 	}
 }
 

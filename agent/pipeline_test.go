@@ -24,6 +24,8 @@ import (
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/resources"
+	"github.com/podgate/podgate/resources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -140,7 +142,7 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 		d, at = o.dra(r)
 	}
 	r.core = pipeline.NewCore(r.registry, r.runtimeClient, pipeline.Quiet(srv))
-	stages := sandboxStages(r.core, sys, d, at)
+	stages := sandboxStages(r.core, sys, d, at, testResources(r.registry))
 	if o.change != nil {
 		o.change(stages)
 	}
@@ -341,4 +343,10 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 		}
 	}
 	r.checkNothingLeft(t)
+}
+
+// testResources is the resources feature as the pipeline tests need it: its pod-level stage
+// only records, on a node whose cgroups are never read here.
+func testResources(reg *registry.Registry) *resources.Hooks {
+	return resources.New(resources.Config{}, cgroup.Node{}, reg, nil, prometheus.NewRegistry())
 }

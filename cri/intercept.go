@@ -61,6 +61,16 @@ var (
 		func() *runtimeapi.UpdateContainerResourcesResponse {
 			return new(runtimeapi.UpdateContainerResourcesResponse)
 		})
+	// UpdatePodSandboxResources is the kubelet's word to the runtime of a pod-level resize
+	// (PodLevelResources, InPlacePodLevelResourcesVerticalScaling), sent before the kubelet
+	// writes the pod's cgroup itself.
+	UpdatePodSandboxResources = runtimeMethod("UpdatePodSandboxResources",
+		func() *runtimeapi.UpdatePodSandboxResourcesRequest {
+			return new(runtimeapi.UpdatePodSandboxResourcesRequest)
+		},
+		func() *runtimeapi.UpdatePodSandboxResourcesResponse {
+			return new(runtimeapi.UpdatePodSandboxResourcesResponse)
+		})
 	PullImage = Method[*runtimeapi.PullImageRequest, *runtimeapi.PullImageResponse]{
 		service: imageService, name: "PullImage",
 		newReq:   func() *runtimeapi.PullImageRequest { return new(runtimeapi.PullImageRequest) },

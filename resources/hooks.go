@@ -62,9 +62,13 @@ type Hooks struct {
 	// quiet waits until the CRI server has served no call for a moment; nil: no wait.
 	quiet func(context.Context) error
 
-	verifications *prometheus.CounterVec
-	qosApplied    prometheus.Counter
-	verifyTime    prometheus.Histogram
+	// podLevel are the sandboxes' pod cgroups (pod-level resources).
+	podLevel podLevels
+
+	verifications    *prometheus.CounterVec
+	podVerifications *prometheus.CounterVec
+	qosApplied       prometheus.Counter
+	verifyTime       prometheus.Histogram
 	// ownTime is podgate's own time in a call, the runtime's left out: what it adds.
 	ownTime *prometheus.HistogramVec
 }
@@ -105,9 +109,14 @@ func New(cfg Config, node cgroup.Node, reg *registry.Registry, rt runtimeapi.Run
 		recheck: cfg.RecheckPeriod, runtime: rt,
 		pageSize: int64(os.Getpagesize()), containers: reg,
 		background: pipeline.NewBackground("cgroup verifications"),
+		podLevel:   podLevels{bySandbox: map[string]*podLevel{}},
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "verifications_total",
 			Help: "Containers' cgroups read back and compared with what was asked, by when (start, update) and result (ok, mismatch, error).",
+		}, []string{"after", "result"}),
+		podVerifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "resources", Name: "pod_verifications_total",
+			Help: "Pods' cgroups (pod-level resources) read back and compared with what the kubelet sent the runtime, by when (update: after an UpdatePodSandboxResources; recheck) and result (ok, mismatch, error).",
 		}, []string{"after", "result"}),
 		qosApplied: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "resources", Name: "memory_qos_applied_total",
@@ -133,7 +142,7 @@ func New(cfg Config, node cgroup.Node, reg *registry.Registry, rt runtimeapi.Run
 		Help: "The node's cgroup mode, and whether podgate's memory QoS is on; always 1.",
 	}, []string{"mode", "memory_qos"})
 	info.WithLabelValues(node.Mode, fmt.Sprint(s.memoryQoS)).Set(1)
-	r.MustRegister(s.verifications, s.qosApplied, s.verifyTime, s.ownTime, info)
+	r.MustRegister(s.verifications, s.podVerifications, s.qosApplied, s.verifyTime, s.ownTime, info)
 	return s
 }
 

@@ -15,8 +15,8 @@ import (
 	"github.com/podgate/podgate/resources/cgroup"
 )
 
-// Describe adds the node's cgroups and its containers' resources (asked, held, verification)
-// to a pod's message of the PodResources extension, whose readers see no other view of them.
+// Describe adds the node's cgroups, its containers' resources (asked, held, verification) and
+// its pod-level resources to a pod's message of the PodResources extension, whose readers see no other view of them.
 func (s *Hooks) Describe(p *pb.Pod) {
 	reason := s.qosOff
 	switch {
@@ -47,6 +47,26 @@ func (s *Hooks) Describe(p *pb.Pod) {
 		p.Containers = append(p.Containers, m)
 	}
 	p.Cgroup = cg
+	p.PodResources = s.describePod(p.GetSandbox().GetId())
+}
+
+// describePod shows the sandbox's pod-level resources; nil when podgate saw neither its
+// RunPodSandbox nor a resize.
+func (s *Hooks) describePod(id string) *pb.PodLevelResources {
+	e, ok := s.podLevel.get(id)
+	if !ok || id == "" {
+		return nil
+	}
+	out := &pb.PodLevelResources{
+		Asked: askedResources(podSpec(e.resources, e.overhead)), Overhead: askedResources(cgroup.SpecResources(e.overhead, cgroup.WithSwapController(false), cgroup.WithHugetlbController(false))),
+		Held: heldResources(e.held), Verification: e.verification, Mismatches: slices.Clone(e.mismatches), Error: e.err,
+		CgroupParent: e.cgroupParent, Resizes: e.resizes,
+	}
+	out.Requests, out.Limits = podQuantities(e.resources)
+	if !e.verifiedAt.IsZero() {
+		out.VerifiedAt = timestamppb.New(e.verifiedAt)
+	}
+	return out
 }
 
 // askedResources shows a runtime spec's resources.

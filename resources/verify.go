@@ -118,8 +118,9 @@ func (s *Hooks) cgroupsPath(ctx context.Context, id string) (string, error) {
 	return path, nil
 }
 
-// Run reads every known container's cgroup again each recheck period, until ctx ends: a
-// change made behind the runtime's back shows as a mismatch.
+// Run reads every known container's cgroup, and every pod cgroup read once after a resize,
+// again each recheck period, until ctx ends: a change made behind the runtime's back shows as
+// a mismatch.
 func (s *Hooks) Run(ctx context.Context) {
 	if s.recheck <= 0 {
 		return
@@ -136,6 +137,7 @@ func (s *Hooks) Run(ctx context.Context) {
 		for _, c := range s.containers.Containers(func(c *registry.ContainerRecord) bool { return c.Verification != registry.CgroupPending }) {
 			_ = s.verifyContainer(ctx, c.ID, "recheck") // recorded and logged there
 		}
+		s.recheckPods(ctx)
 	}
 }
 

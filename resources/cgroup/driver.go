@@ -24,9 +24,11 @@ const defaultSlice = "system.slice"
 // Driver tells the runtime's cgroup driver from a runtime spec's linux.cgroupsPath:
 // DriverSystemd for the "slice:prefix:name" form (containerd's CRI plugin with the systemd
 // driver writes e.g. "kubepods-besteffort-pod123.slice:cri-containerd:abc"), DriverCgroupfs
-// for a path (e.g. "/kubepods/besteffort/pod123/abc"). It does not validate: [Read] does.
+// for a path (e.g. "/kubepods/besteffort/pod123/abc"); a bare slice, a pod's cgroup parent
+// with the systemd driver ("kubepods-besteffort-pod123.slice"), is DriverSystemd too. It does
+// not validate: [Read] does.
 func Driver(cgroupsPath string) string {
-	if _, _, _, ok := splitSystemd(cgroupsPath); ok {
+	if _, _, _, ok := splitSystemd(cgroupsPath); ok || isSlice(cgroupsPath) {
 		return DriverSystemd
 	}
 	return DriverCgroupfs
@@ -46,6 +48,12 @@ func splitSystemd(p string) (slice, prefix, name string, ok bool) {
 	return parts[0], parts[1], parts[2], true
 }
 
+// isSlice tells a bare systemd slice name ("kubepods-burstable-pod123.slice"), the form of a
+// pod's cgroup parent with the systemd driver.
+func isSlice(p string) bool {
+	return strings.HasSuffix(p, ".slice") && !strings.ContainsAny(p, ":/")
+}
+
 // groupPath is a cgroups path resolved to the cgroup's path below a hierarchy's root
 // ("/kubepods.slice/.../cri-containerd-abc.scope"), with the driver it was written for.
 type groupPath struct {
@@ -55,7 +63,8 @@ type groupPath struct {
 
 // resolve checks a runtime's linux.cgroupsPath and resolves it to the cgroup's path below each
 // hierarchy's root, as runc does: a cgroupfs path as it is, a systemd one expanded (slice
-// "a-b.slice" is /a.slice/a-b.slice, the unit is "prefix-name.scope"). What could lead outside
+// "a-b.slice" is /a.slice/a-b.slice, the unit is "prefix-name.scope"); a bare slice (a pod's
+// cgroup parent) is the slice's own cgroup. What could lead outside
 // the hierarchy is refused: "..", a path that is not clean, a relative cgroupfs path (runc
 // would nest it under its own cgroup), a host path, NUL.
 func resolve(cgroupsPath string) (groupPath, error) {
@@ -64,6 +73,18 @@ func resolve(cgroupsPath string) (groupPath, error) {
 		return groupPath{}, invalid(cgroupsPath, "empty")
 	case strings.ContainsRune(cgroupsPath, 0):
 		return groupPath{}, invalid(cgroupsPath, "contains NUL")
+	}
+	if isSlice(cgroupsPath) {
+		// A pod's cgroup parent with the systemd driver (LinuxPodSandboxConfig.cgroup_parent):
+		// the pod cgroup is the slice itself.
+		p, err := expandSlice(cgroupsPath)
+		switch {
+		case err != nil:
+			return groupPath{}, invalid(cgroupsPath, err.Error())
+		case p == "/":
+			return groupPath{}, invalid(cgroupsPath, "the root slice is no pod's")
+		}
+		return groupPath{path: p, driver: DriverSystemd}, nil
 	}
 	if slice, prefix, name, ok := splitSystemd(cgroupsPath); ok {
 		p, err := systemdPath(slice, prefix, name)

@@ -18,6 +18,7 @@ func TestDriver(t *testing.T) {
 		{"kubepods/abc", DriverCgroupfs},
 		{"a:b:c", DriverCgroupfs}, // not a slice
 		{"a.slice:b", DriverCgroupfs},
+		{"kubepods-burstable-pod123.slice", DriverSystemd}, // a pod's cgroup parent
 		{"", DriverCgroupfs},
 	} {
 		if got := Driver(tc.path); got != tc.want {
@@ -41,6 +42,11 @@ func TestResolve(t *testing.T) {
 		{name: "systemd root slice", path: "-.slice:p:x", want: groupPath{"/p-x.scope", DriverSystemd}},
 		{name: "systemd slice unit", path: "a.slice:p:a-b.slice", want: groupPath{"/a.slice/a-b.slice", DriverSystemd}},
 		{name: "systemd dots are a name", path: "a.slice:..:..", want: groupPath{"/a.slice/..-...scope", DriverSystemd}},
+		{name: "systemd pod cgroup parent", path: "kubepods-burstable-pod123.slice",
+			want: groupPath{"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod123.slice", DriverSystemd}},
+		{name: "systemd top slice", path: "kubepods.slice", want: groupPath{"/kubepods.slice", DriverSystemd}},
+		{name: "systemd bare root slice", path: "-.slice", invalid: true},
+		{name: "systemd bare slice empty component", path: "a--b.slice", invalid: true},
 		{name: "empty", path: "", invalid: true},
 		{name: "NUL", path: "/kubepods/a\x00b", invalid: true},
 		{name: "dot-dot", path: "/kubepods/../../etc", invalid: true},

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,6 +41,9 @@ type Registry struct {
 	bandwidth int
 	counting  atomic.Bool
 	srv       *http.Server
+	// auth, when set, makes some repositories private (WithBasicAuth).
+	auth         *basicAuth
+	unauthorized atomic.Int64
 
 	mu    sync.Mutex
 	stats Stats
@@ -97,11 +101,48 @@ func (s Stats) ActiveImages() int {
 	return n
 }
 
+// Option configures a Registry.
+type Option func(*Registry)
+
+// WithBasicAuth makes the repositories whose names start with prefix ("private/") private:
+// their manifests and blobs are served only to requests with HTTP basic credentials user and
+// password, others get 401 with a Basic challenge (counted: Unauthorized), as a registry with
+// a password does. Pushes of this package are let through. Without it every repository is
+// public.
+func WithBasicAuth(prefix, user, password string) Option {
+	return func(r *Registry) { r.auth = &basicAuth{prefix: prefix, user: user, password: password} }
+}
+
+// basicAuth is the credentials of the private repositories.
+type basicAuth struct{ prefix, user, password string }
+
 // New returns a registry whose blob downloads each get bandwidth bytes per second.
-func New(bandwidth int) *Registry {
+func New(bandwidth int, opts ...Option) *Registry {
 	r := &Registry{handler: ggcr.New(ggcr.Logger(log.New(io.Discard, "", 0))), bandwidth: bandwidth}
+	for _, o := range opts {
+		o(r)
+	}
 	r.Reset()
 	return r
+}
+
+// Unauthorized is the number of requests for a private repository refused for want of the
+// right credentials (WithBasicAuth), counted or not.
+func (r *Registry) Unauthorized() int64 { return r.unauthorized.Load() }
+
+// authorized tells whether req may read repo, answering 401 when not.
+func (r *Registry) authorized(w http.ResponseWriter, req *http.Request, repo string) bool {
+	a := r.auth
+	if a == nil || !strings.HasPrefix(repo, a.prefix) || req.Header.Get(pushHeader) != "" {
+		return true
+	}
+	if u, p, ok := req.BasicAuth(); ok && u == a.user && p == a.password {
+		return true
+	}
+	r.unauthorized.Add(1)
+	w.Header().Set("WWW-Authenticate", `Basic realm="podgate-test"`)
+	http.Error(w, "unauthorized", http.StatusUnauthorized)
+	return false
 }
 
 // Serve serves the registry on 127.0.0.1 until the test ends and returns its host:port.
@@ -302,6 +343,9 @@ func (r *Registry) Stats() Stats {
 
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	m := repoPath.FindStringSubmatch(req.URL.Path)
+	if m != nil && !r.authorized(w, req, m[1]) {
+		return
+	}
 	if m == nil || !r.counting.Load() || req.Header.Get(pushHeader) != "" || (req.Method != http.MethodGet && req.Method != http.MethodHead) {
 		r.handler.ServeHTTP(w, req)
 		return

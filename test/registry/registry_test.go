@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -267,5 +268,38 @@ func TestTrickleAndRange(t *testing.T) {
 	})
 	if err != nil || !slices.Equal(ranges, []string{"", "bytes=1000-"}) {
 		t.Errorf("blob requests' Range headers %q, want the whole blob then bytes=1000-", ranges)
+	}
+}
+
+// TestBasicAuth: a private repository is pulled with its credentials, refused (401, counted)
+// without them or with others; a public one needs none.
+func TestBasicAuth(t *testing.T) {
+	r := New(0, WithBasicAuth("private/", "alice", "s3cret"))
+	r.Serve(t)
+	priv := r.Push(t, "private", 1, 1<<10)[0]
+	pub := r.Push(t, "public", 1, 1<<10)[0]
+	get := func(ref string, opts ...remote.Option) error {
+		t.Helper()
+		n, err := name.ParseReference(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = remote.Image(n, append(opts, remote.WithContext(t.Context()))...)
+		return err
+	}
+	if err := get(priv, remote.WithAuth(&authn.Basic{Username: "alice", Password: "s3cret"})); err != nil {
+		t.Errorf("private image with its credentials: %v", err)
+	}
+	if err := get(priv); err == nil {
+		t.Error("private image without credentials: served")
+	}
+	if err := get(priv, remote.WithAuth(&authn.Basic{Username: "alice", Password: "other"})); err == nil {
+		t.Error("private image with other credentials: served")
+	}
+	if n := r.Unauthorized(); n < 2 {
+		t.Errorf("Unauthorized() = %d, want the two refused pulls counted", n)
+	}
+	if err := get(pub); err != nil {
+		t.Errorf("public image without credentials: %v", err)
 	}
 }

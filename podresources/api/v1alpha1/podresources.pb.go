@@ -145,7 +145,7 @@ func (x Sandbox_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Sandbox_State.Descriptor instead.
 func (Sandbox_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13, 0}
 }
 
 // State is where the pull is.
@@ -197,7 +197,7 @@ func (x ImagePull_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ImagePull_State.Descriptor instead.
 func (ImagePull_State) EnumDescriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{17, 0}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{18, 0}
 }
 
 // PodPullsRequest asks for the pulls of every pod (both fields empty) or of one pod.
@@ -593,7 +593,11 @@ type Pod struct {
 	Cgroup *Cgroup `protobuf:"bytes,7,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// containers are the pod's containers that podgate saw created or found running, with the
 	// resources asked and what their cgroups hold.
-	Containers    []*Container `protobuf:"bytes,8,rep,name=containers,proto3" json:"containers,omitempty"`
+	Containers []*Container `protobuf:"bytes,8,rep,name=containers,proto3" json:"containers,omitempty"`
+	// pod_resources are the pod's pod-level resources (its pod cgroup), as the kubelet told the
+	// runtime: at RunPodSandbox, then at each UpdatePodSandboxResources; unset when podgate saw
+	// neither (a sandbox started before podgate).
+	PodResources  *PodLevelResources `protobuf:"bytes,9,opt,name=pod_resources,json=podResources,proto3" json:"pod_resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -684,6 +688,156 @@ func (x *Pod) GetContainers() []*Container {
 	return nil
 }
 
+func (x *Pod) GetPodResources() *PodLevelResources {
+	if x != nil {
+		return x.PodResources
+	}
+	return nil
+}
+
+// PodLevelResources are a pod's pod-level resources: the requests and limits the kubelet sent
+// the runtime for the pod sandbox (LinuxPodSandboxConfig.resources at RunPodSandbox, then
+// UpdatePodSandboxResources.resources after an in-place pod-level resize), and what the pod's
+// cgroup held when podgate last read it after a resize.
+type PodLevelResources struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// requests are the pod's resource requests as the runtime was told them ("cpu": "200m"),
+	// from the CPU shares (none at 2 shares or fewer, which is no request); the runtime is not
+	// told the memory request.
+	Requests map[string]string `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// limits are the pod's limits ("cpu": "500m" from the CFS quota and period, "memory":
+	// "128Mi" from the memory limit); a resource without a limit is absent.
+	Limits map[string]string `protobuf:"bytes,2,rep,name=limits,proto3" json:"limits,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// asked are the pod cgroup's values: the sandbox's resources and its overhead (RuntimeClass
+	// overhead) together, as the kubelet sets the pod cgroup.
+	Asked *Resources `protobuf:"bytes,3,opt,name=asked,proto3" json:"asked,omitempty"`
+	// overhead is the sandbox's overhead, part of asked.
+	Overhead *Resources `protobuf:"bytes,4,opt,name=overhead,proto3" json:"overhead,omitempty"`
+	// held is what the pod's cgroup held when podgate last read it.
+	Held *Resources `protobuf:"bytes,5,opt,name=held,proto3" json:"held,omitempty"`
+	// verification is the last comparison of held with asked: ok, mismatch, error, or
+	// unverified (not read since the sandbox started).
+	Verification string `protobuf:"bytes,6,opt,name=verification,proto3" json:"verification,omitempty"`
+	// mismatches lists what differs, as field: asked X, cgroup holds Y.
+	Mismatches []string `protobuf:"bytes,7,rep,name=mismatches,proto3" json:"mismatches,omitempty"`
+	// error says why the cgroup could not be read.
+	Error      string                 `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
+	VerifiedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=verified_at,json=verifiedAt,proto3" json:"verified_at,omitempty"`
+	// cgroup_parent is the pod's cgroup (the sandbox's cgroup parent).
+	CgroupParent string `protobuf:"bytes,10,opt,name=cgroup_parent,json=cgroupParent,proto3" json:"cgroup_parent,omitempty"`
+	// resizes counts the UpdatePodSandboxResources calls podgate saw for the sandbox.
+	Resizes       uint32 `protobuf:"varint,11,opt,name=resizes,proto3" json:"resizes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodLevelResources) Reset() {
+	*x = PodLevelResources{}
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodLevelResources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodLevelResources) ProtoMessage() {}
+
+func (x *PodLevelResources) ProtoReflect() protoreflect.Message {
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodLevelResources.ProtoReflect.Descriptor instead.
+func (*PodLevelResources) Descriptor() ([]byte, []int) {
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PodLevelResources) GetRequests() map[string]string {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetLimits() map[string]string {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetAsked() *Resources {
+	if x != nil {
+		return x.Asked
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetOverhead() *Resources {
+	if x != nil {
+		return x.Overhead
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetHeld() *Resources {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetVerification() string {
+	if x != nil {
+		return x.Verification
+	}
+	return ""
+}
+
+func (x *PodLevelResources) GetMismatches() []string {
+	if x != nil {
+		return x.Mismatches
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *PodLevelResources) GetVerifiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.VerifiedAt
+	}
+	return nil
+}
+
+func (x *PodLevelResources) GetCgroupParent() string {
+	if x != nil {
+		return x.CgroupParent
+	}
+	return ""
+}
+
+func (x *PodLevelResources) GetResizes() uint32 {
+	if x != nil {
+		return x.Resizes
+	}
+	return 0
+}
+
 // Cgroup is the cgroup set-up of the node and the pod.
 type Cgroup struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -705,7 +859,7 @@ type Cgroup struct {
 
 func (x *Cgroup) Reset() {
 	*x = Cgroup{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +871,7 @@ func (x *Cgroup) String() string {
 func (*Cgroup) ProtoMessage() {}
 
 func (x *Cgroup) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[9]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +884,7 @@ func (x *Cgroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cgroup.ProtoReflect.Descriptor instead.
 func (*Cgroup) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{9}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Cgroup) GetMode() string {
@@ -793,7 +947,7 @@ type Container struct {
 
 func (x *Container) Reset() {
 	*x = Container{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +959,7 @@ func (x *Container) String() string {
 func (*Container) ProtoMessage() {}
 
 func (x *Container) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[10]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +972,7 @@ func (x *Container) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Container.ProtoReflect.Descriptor instead.
 func (*Container) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{10}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Container) GetId() string {
@@ -914,7 +1068,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1080,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[11]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1093,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{11}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Resources) GetCpuShares() uint64 {
@@ -1054,7 +1208,7 @@ type Sandbox struct {
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1220,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[12]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1233,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{12}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Sandbox) GetId() string {
@@ -1165,7 +1319,7 @@ type Sysctls struct {
 
 func (x *Sysctls) Reset() {
 	*x = Sysctls{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1177,7 +1331,7 @@ func (x *Sysctls) String() string {
 func (*Sysctls) ProtoMessage() {}
 
 func (x *Sysctls) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[13]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1190,7 +1344,7 @@ func (x *Sysctls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sysctls.ProtoReflect.Descriptor instead.
 func (*Sysctls) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{13}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Sysctls) GetAsked() map[string]string {
@@ -1245,7 +1399,7 @@ type Claim struct {
 
 func (x *Claim) Reset() {
 	*x = Claim{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1257,7 +1411,7 @@ func (x *Claim) String() string {
 func (*Claim) ProtoMessage() {}
 
 func (x *Claim) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[14]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1270,7 +1424,7 @@ func (x *Claim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Claim.ProtoReflect.Descriptor instead.
 func (*Claim) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{14}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Claim) GetNamespace() string {
@@ -1332,7 +1486,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1498,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[15]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1511,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{15}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Device) GetDriver() string {
@@ -1424,7 +1578,7 @@ type NetworkData struct {
 
 func (x *NetworkData) Reset() {
 	*x = NetworkData{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1590,7 @@ func (x *NetworkData) String() string {
 func (*NetworkData) ProtoMessage() {}
 
 func (x *NetworkData) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[16]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1603,7 @@ func (x *NetworkData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkData.ProtoReflect.Descriptor instead.
 func (*NetworkData) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{16}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *NetworkData) GetHostInterface() string {
@@ -1551,7 +1705,7 @@ type ImagePull struct {
 
 func (x *ImagePull) Reset() {
 	*x = ImagePull{}
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1717,7 @@ func (x *ImagePull) String() string {
 func (*ImagePull) ProtoMessage() {}
 
 func (x *ImagePull) ProtoReflect() protoreflect.Message {
-	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[17]
+	mi := &file_podresources_api_v1alpha1_podresources_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1730,7 @@ func (x *ImagePull) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImagePull.ProtoReflect.Descriptor instead.
 func (*ImagePull) Descriptor() ([]byte, []int) {
-	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{17}
+	return file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ImagePull) GetImage() string {
@@ -1779,7 +1933,7 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\vPOD_UPDATED\x10\x03\x12\x0f\n" +
 	"\vPOD_REMOVED\x10\x04\x12\n" +
 	"\n" +
-	"\x06SYNCED\x10\x05\"\x9d\x03\n" +
+	"\x06SYNCED\x10\x05\"\xf4\x03\n" +
 	"\x03Pod\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -1791,7 +1945,30 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x06cgroup\x18\a \x01(\v2%.podgate.podresources.v1alpha1.CgroupR\x06cgroup\x12H\n" +
 	"\n" +
 	"containers\x18\b \x03(\v2(.podgate.podresources.v1alpha1.ContainerR\n" +
-	"containers\"\xa6\x01\n" +
+	"containers\x12U\n" +
+	"\rpod_resources\x18\t \x01(\v20.podgate.podresources.v1alpha1.PodLevelResourcesR\fpodResources\"\xd7\x05\n" +
+	"\x11PodLevelResources\x12Z\n" +
+	"\brequests\x18\x01 \x03(\v2>.podgate.podresources.v1alpha1.PodLevelResources.RequestsEntryR\brequests\x12T\n" +
+	"\x06limits\x18\x02 \x03(\v2<.podgate.podresources.v1alpha1.PodLevelResources.LimitsEntryR\x06limits\x12>\n" +
+	"\x05asked\x18\x03 \x01(\v2(.podgate.podresources.v1alpha1.ResourcesR\x05asked\x12D\n" +
+	"\boverhead\x18\x04 \x01(\v2(.podgate.podresources.v1alpha1.ResourcesR\boverhead\x12<\n" +
+	"\x04held\x18\x05 \x01(\v2(.podgate.podresources.v1alpha1.ResourcesR\x04held\x12\"\n" +
+	"\fverification\x18\x06 \x01(\tR\fverification\x12\x1e\n" +
+	"\n" +
+	"mismatches\x18\a \x03(\tR\n" +
+	"mismatches\x12\x14\n" +
+	"\x05error\x18\b \x01(\tR\x05error\x12;\n" +
+	"\vverified_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"verifiedAt\x12#\n" +
+	"\rcgroup_parent\x18\n" +
+	" \x01(\tR\fcgroupParent\x12\x18\n" +
+	"\aresizes\x18\v \x01(\rR\aresizes\x1a;\n" +
+	"\rRequestsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
+	"\vLimitsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa6\x01\n" +
 	"\x06Cgroup\x12\x12\n" +
 	"\x04mode\x18\x01 \x01(\tR\x04mode\x12%\n" +
 	"\x0ev2_controllers\x18\x02 \x03(\tR\rv2Controllers\x12\x16\n" +
@@ -1956,7 +2133,7 @@ func file_podresources_api_v1alpha1_podresources_proto_rawDescGZIP() []byte {
 }
 
 var file_podresources_api_v1alpha1_podresources_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_podresources_api_v1alpha1_podresources_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	(WatchEvent_Type)(0),          // 0: podgate.podresources.v1alpha1.WatchEvent.Type
 	(Sandbox_State)(0),            // 1: podgate.podresources.v1alpha1.Sandbox.State
@@ -1970,63 +2147,73 @@ var file_podresources_api_v1alpha1_podresources_proto_goTypes = []any{
 	(*WatchRequest)(nil),          // 9: podgate.podresources.v1alpha1.WatchRequest
 	(*WatchEvent)(nil),            // 10: podgate.podresources.v1alpha1.WatchEvent
 	(*Pod)(nil),                   // 11: podgate.podresources.v1alpha1.Pod
-	(*Cgroup)(nil),                // 12: podgate.podresources.v1alpha1.Cgroup
-	(*Container)(nil),             // 13: podgate.podresources.v1alpha1.Container
-	(*Resources)(nil),             // 14: podgate.podresources.v1alpha1.Resources
-	(*Sandbox)(nil),               // 15: podgate.podresources.v1alpha1.Sandbox
-	(*Sysctls)(nil),               // 16: podgate.podresources.v1alpha1.Sysctls
-	(*Claim)(nil),                 // 17: podgate.podresources.v1alpha1.Claim
-	(*Device)(nil),                // 18: podgate.podresources.v1alpha1.Device
-	(*NetworkData)(nil),           // 19: podgate.podresources.v1alpha1.NetworkData
-	(*ImagePull)(nil),             // 20: podgate.podresources.v1alpha1.ImagePull
-	nil,                           // 21: podgate.podresources.v1alpha1.Resources.HugepagesEntry
-	nil,                           // 22: podgate.podresources.v1alpha1.Resources.UnifiedEntry
-	nil,                           // 23: podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	nil,                           // 24: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
+	(*PodLevelResources)(nil),     // 12: podgate.podresources.v1alpha1.PodLevelResources
+	(*Cgroup)(nil),                // 13: podgate.podresources.v1alpha1.Cgroup
+	(*Container)(nil),             // 14: podgate.podresources.v1alpha1.Container
+	(*Resources)(nil),             // 15: podgate.podresources.v1alpha1.Resources
+	(*Sandbox)(nil),               // 16: podgate.podresources.v1alpha1.Sandbox
+	(*Sysctls)(nil),               // 17: podgate.podresources.v1alpha1.Sysctls
+	(*Claim)(nil),                 // 18: podgate.podresources.v1alpha1.Claim
+	(*Device)(nil),                // 19: podgate.podresources.v1alpha1.Device
+	(*NetworkData)(nil),           // 20: podgate.podresources.v1alpha1.NetworkData
+	(*ImagePull)(nil),             // 21: podgate.podresources.v1alpha1.ImagePull
+	nil,                           // 22: podgate.podresources.v1alpha1.PodLevelResources.RequestsEntry
+	nil,                           // 23: podgate.podresources.v1alpha1.PodLevelResources.LimitsEntry
+	nil,                           // 24: podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	nil,                           // 25: podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	nil,                           // 26: podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	nil,                           // 27: podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
 }
 var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
-	20, // 0: podgate.podresources.v1alpha1.PodPullsResponse.pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
+	21, // 0: podgate.podresources.v1alpha1.PodPullsResponse.pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
 	11, // 1: podgate.podresources.v1alpha1.ListResponse.pods:type_name -> podgate.podresources.v1alpha1.Pod
 	11, // 2: podgate.podresources.v1alpha1.GetResponse.pod:type_name -> podgate.podresources.v1alpha1.Pod
 	0,  // 3: podgate.podresources.v1alpha1.WatchEvent.type:type_name -> podgate.podresources.v1alpha1.WatchEvent.Type
 	11, // 4: podgate.podresources.v1alpha1.WatchEvent.pod:type_name -> podgate.podresources.v1alpha1.Pod
-	15, // 5: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
-	17, // 6: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
-	20, // 7: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
-	12, // 8: podgate.podresources.v1alpha1.Pod.cgroup:type_name -> podgate.podresources.v1alpha1.Cgroup
-	13, // 9: podgate.podresources.v1alpha1.Pod.containers:type_name -> podgate.podresources.v1alpha1.Container
-	14, // 10: podgate.podresources.v1alpha1.Container.asked:type_name -> podgate.podresources.v1alpha1.Resources
-	14, // 11: podgate.podresources.v1alpha1.Container.held:type_name -> podgate.podresources.v1alpha1.Resources
-	25, // 12: podgate.podresources.v1alpha1.Container.verified_at:type_name -> google.protobuf.Timestamp
-	21, // 13: podgate.podresources.v1alpha1.Resources.hugepages:type_name -> podgate.podresources.v1alpha1.Resources.HugepagesEntry
-	22, // 14: podgate.podresources.v1alpha1.Resources.unified:type_name -> podgate.podresources.v1alpha1.Resources.UnifiedEntry
-	1,  // 15: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
-	16, // 16: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
-	25, // 17: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	23, // 18: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
-	24, // 19: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
-	18, // 20: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
-	19, // 21: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
-	2,  // 22: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
-	25, // 23: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
-	25, // 24: podgate.podresources.v1alpha1.ImagePull.started:type_name -> google.protobuf.Timestamp
-	26, // 25: podgate.podresources.v1alpha1.ImagePull.stall_window:type_name -> google.protobuf.Duration
-	26, // 26: podgate.podresources.v1alpha1.ImagePull.stalling_for:type_name -> google.protobuf.Duration
-	5,  // 27: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
-	7,  // 28: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
-	9,  // 29: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
-	3,  // 30: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
-	6,  // 31: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
-	8,  // 32: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
-	10, // 33: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
-	4,  // 34: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
-	31, // [31:35] is the sub-list for method output_type
-	27, // [27:31] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	16, // 5: podgate.podresources.v1alpha1.Pod.sandbox:type_name -> podgate.podresources.v1alpha1.Sandbox
+	18, // 6: podgate.podresources.v1alpha1.Pod.claims:type_name -> podgate.podresources.v1alpha1.Claim
+	21, // 7: podgate.podresources.v1alpha1.Pod.image_pulls:type_name -> podgate.podresources.v1alpha1.ImagePull
+	13, // 8: podgate.podresources.v1alpha1.Pod.cgroup:type_name -> podgate.podresources.v1alpha1.Cgroup
+	14, // 9: podgate.podresources.v1alpha1.Pod.containers:type_name -> podgate.podresources.v1alpha1.Container
+	12, // 10: podgate.podresources.v1alpha1.Pod.pod_resources:type_name -> podgate.podresources.v1alpha1.PodLevelResources
+	22, // 11: podgate.podresources.v1alpha1.PodLevelResources.requests:type_name -> podgate.podresources.v1alpha1.PodLevelResources.RequestsEntry
+	23, // 12: podgate.podresources.v1alpha1.PodLevelResources.limits:type_name -> podgate.podresources.v1alpha1.PodLevelResources.LimitsEntry
+	15, // 13: podgate.podresources.v1alpha1.PodLevelResources.asked:type_name -> podgate.podresources.v1alpha1.Resources
+	15, // 14: podgate.podresources.v1alpha1.PodLevelResources.overhead:type_name -> podgate.podresources.v1alpha1.Resources
+	15, // 15: podgate.podresources.v1alpha1.PodLevelResources.held:type_name -> podgate.podresources.v1alpha1.Resources
+	28, // 16: podgate.podresources.v1alpha1.PodLevelResources.verified_at:type_name -> google.protobuf.Timestamp
+	15, // 17: podgate.podresources.v1alpha1.Container.asked:type_name -> podgate.podresources.v1alpha1.Resources
+	15, // 18: podgate.podresources.v1alpha1.Container.held:type_name -> podgate.podresources.v1alpha1.Resources
+	28, // 19: podgate.podresources.v1alpha1.Container.verified_at:type_name -> google.protobuf.Timestamp
+	24, // 20: podgate.podresources.v1alpha1.Resources.hugepages:type_name -> podgate.podresources.v1alpha1.Resources.HugepagesEntry
+	25, // 21: podgate.podresources.v1alpha1.Resources.unified:type_name -> podgate.podresources.v1alpha1.Resources.UnifiedEntry
+	1,  // 22: podgate.podresources.v1alpha1.Sandbox.state:type_name -> podgate.podresources.v1alpha1.Sandbox.State
+	17, // 23: podgate.podresources.v1alpha1.Sandbox.sysctls:type_name -> podgate.podresources.v1alpha1.Sysctls
+	28, // 24: podgate.podresources.v1alpha1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	26, // 25: podgate.podresources.v1alpha1.Sysctls.asked:type_name -> podgate.podresources.v1alpha1.Sysctls.AskedEntry
+	27, // 26: podgate.podresources.v1alpha1.Sysctls.applied:type_name -> podgate.podresources.v1alpha1.Sysctls.AppliedEntry
+	19, // 27: podgate.podresources.v1alpha1.Claim.devices:type_name -> podgate.podresources.v1alpha1.Device
+	20, // 28: podgate.podresources.v1alpha1.Device.network:type_name -> podgate.podresources.v1alpha1.NetworkData
+	2,  // 29: podgate.podresources.v1alpha1.ImagePull.state:type_name -> podgate.podresources.v1alpha1.ImagePull.State
+	28, // 30: podgate.podresources.v1alpha1.ImagePull.since:type_name -> google.protobuf.Timestamp
+	28, // 31: podgate.podresources.v1alpha1.ImagePull.started:type_name -> google.protobuf.Timestamp
+	29, // 32: podgate.podresources.v1alpha1.ImagePull.stall_window:type_name -> google.protobuf.Duration
+	29, // 33: podgate.podresources.v1alpha1.ImagePull.stalling_for:type_name -> google.protobuf.Duration
+	5,  // 34: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
+	7,  // 35: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
+	9,  // 36: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
+	3,  // 37: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
+	6,  // 38: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
+	8,  // 39: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
+	10, // 40: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
+	4,  // 41: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
+	38, // [38:42] is the sub-list for method output_type
+	34, // [34:38] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_podresources_api_v1alpha1_podresources_proto_init() }
@@ -2034,14 +2221,14 @@ func file_podresources_api_v1alpha1_podresources_proto_init() {
 	if File_podresources_api_v1alpha1_podresources_proto != nil {
 		return
 	}
-	file_podresources_api_v1alpha1_podresources_proto_msgTypes[11].OneofWrappers = []any{}
+	file_podresources_api_v1alpha1_podresources_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_podresources_api_v1alpha1_podresources_proto_rawDesc), len(file_podresources_api_v1alpha1_podresources_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
