@@ -19,6 +19,12 @@
 #                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
 #   make verify-generate  generate, then fail if the committed generated code differs
+#   make package    .deb and .rpm of the static binary for amd64 and arm64 (nfpm, pinned), with the
+#                   unit, the config and kubelet drop-in as conffiles, and the docs, in
+#                   $(RELEASE_DIR); PKG_VERSION, PKG_ARCHES (docs/runbook.md, "Install from the
+#                   package")
+#   make release    package, then a CycloneDX SBOM of each binary (cyclonedx-gomod, pinned) and
+#                   SHA256SUMS over the binaries, SBOMs and packages
 #   make install    the binary, the systemd unit, a commented default config (kept if present) and
 #                   the kubelet drop-in, under $(DESTDIR); PREFIX (default /usr/local) for the binary
 #   make uninstall  remove what install put, but the config file
@@ -28,7 +34,14 @@ SHELL   := /bin/bash
 GO      ?= go
 BIN     := $(CURDIR)/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# COMMIT is stamped with -X main.commit for `podgate version` when go build stamps no
+# vcs.revision (a git worktree, whose .git go build does not read; GOFLAGS=-buildvcs=false).
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell [ -n "$$(git status --porcelain 2>/dev/null)" ] && echo -dirty)
+# -buildvcs=auto: stamp vcs.revision where go build can, whatever GOFLAGS says.
+BUILD_FLAGS := -buildvcs=auto -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)"
 GOLANGCI_LINT_VERSION := v2.15.0
+NFPM_VERSION          := v2.45.2
+CYCLONEDX_GOMOD_VERSION := v1.10.0
 BENCHSTAT_VERSION     := v0.0.0-20260908200009-22c9c6c9d4da
 BUF_VERSION           := v1.75.0
 # protoc-gen-go is the version of google.golang.org/protobuf in go.mod: keep them together.
@@ -38,7 +51,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak generate verify-generate install uninstall clean clean-rig
+.PHONY: all build package release demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -53,7 +66,37 @@ all: build
 # groups from /etc/group); linked against libc, the loader's and libc's pages are ≈ 1.3-1.9 MiB
 # more resident memory on every node (BENCHMARKS.md, "The tail and the memory together").
 build:
-	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/podgate ./cmd/podgate
+	CGO_ENABLED=0 $(GO) build $(BUILD_FLAGS) -o $(BIN)/podgate ./cmd/podgate
+
+# package: per architecture, the static binary (-trimpath: no build machine's paths in it), the
+# unit with ExecStart=/usr/bin/podgate, then nfpm (deploy/package/nfpm.yaml) for the .deb and the
+# .rpm. PKG_VERSION is the package's version, made of VERSION by deploy/package/version.sh.
+RELEASE_DIR ?= $(BIN)/release
+PKG_ARCHES  ?= amd64 arm64
+PKG_VERSION ?= $(shell sh deploy/package/version.sh '$(VERSION)')
+package: $(BIN)/nfpm
+	@set -e; for arch in $(PKG_ARCHES); do \
+		stage=$(RELEASE_DIR)/stage-$$arch; mkdir -p $$stage; \
+		echo "podgate $(PKG_VERSION) linux/$$arch"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath $(BUILD_FLAGS) -o $(RELEASE_DIR)/podgate-linux-$$arch ./cmd/podgate; \
+		cp $(RELEASE_DIR)/podgate-linux-$$arch $$stage/podgate; \
+		sed 's|^ExecStart=/usr/local/bin/podgate |ExecStart=/usr/bin/podgate |' deploy/podgate.service > $$stage/podgate.service; \
+		cp -R deploy/config.yaml deploy/kubelet-podgate.conf README.md docs deploy/package/deb deploy/package/rpm $$stage/; \
+		for p in deb rpm; do \
+			(cd $$stage && GOARCH=$$arch PKG_VERSION='$(PKG_VERSION)' \
+				$(BIN)/nfpm package --config $(CURDIR)/deploy/package/nfpm.yaml --packager $$p --target $(abspath $(RELEASE_DIR))/); \
+		done; \
+		rm -rf $$stage; \
+	done
+
+# release: the packages, a CycloneDX SBOM (JSON) of each binary's modules as go version -m reads
+# them, and SHA256SUMS (sha256sum -c SHA256SUMS checks a download).
+release: package $(BIN)/cyclonedx-gomod
+	@set -e; for arch in $(PKG_ARCHES); do \
+		$(BIN)/cyclonedx-gomod bin -json -version $(VERSION) -output $(RELEASE_DIR)/podgate-linux-$$arch.cdx.json $(RELEASE_DIR)/podgate-linux-$$arch; \
+	done
+	cd $(RELEASE_DIR) && sha256sum $(foreach a,$(PKG_ARCHES),podgate-linux-$(a) podgate-linux-$(a).cdx.json) *.deb *.rpm > SHA256SUMS
+	@cat $(RELEASE_DIR)/SHA256SUMS
 
 # rig: everything the tests use (root; idempotent, reuses what is built), in parts
 # (test/rig/install.sh): rig-node is containerd, runc, CNI plugins and the test images;
@@ -124,6 +167,12 @@ lint: $(BIN)/golangci-lint
 
 $(BIN)/golangci-lint:
 	GOBIN=$(BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+$(BIN)/nfpm:
+	GOBIN=$(BIN) $(GO) install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
+
+$(BIN)/cyclonedx-gomod:
+	GOBIN=$(BIN) $(GO) install github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@$(CYCLONEDX_GOMOD_VERSION)
 
 $(BIN)/benchstat:
 	GOBIN=$(BIN) $(GO) install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)

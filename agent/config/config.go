@@ -37,8 +37,8 @@ const (
 )
 
 // Configuration is podgate's configuration file (apiVersion podgate.dev/v1alpha1, kind
-// AgentConfiguration). Keys are lowerCamelCase like the kubelet's; see the README for
-// the whole file as it grows.
+// AgentConfiguration). Keys are lowerCamelCase like the kubelet's; see
+// docs/configuration.md for the whole file as it grows.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`
 	Kind       string `json:"kind"`

@@ -110,12 +110,18 @@ func (p *ImagePulls) setDefaults() {
 	if p.ProgressEventInterval.Duration == 0 {
 		p.ProgressEventInterval.Duration = DefaultPullProgressEventInterval
 	}
-	// imagePulls.stall's defaults are applied where it is read (PullStall.Rule), so that
-	// `podgate config defaults`, which README.md shows, is what it was before the section.
+	if p.Stall.MinBytesPerSecond == nil {
+		m := int64(DefaultPullStallMinBytesPerSecond)
+		p.Stall.MinBytesPerSecond = &m
+	}
+	if p.Stall.Window.Duration == 0 {
+		p.Stall.Window.Duration = DefaultPullStallWindow
+	}
 }
 
-// Rule is the section with its defaults: the least rate, 0 when stall detection is off, and
-// the window. The section is valid.
+// Rule is the section with its defaults (setDefaults sets them too; Rule also serves a
+// section built in code): the least rate, 0 when stall detection is off, and the window. The
+// section is valid.
 func (s PullStall) Rule() (minBytesPerSecond int64, window time.Duration) {
 	minBytesPerSecond, window = DefaultPullStallMinBytesPerSecond, DefaultPullStallWindow
 	if s.MinBytesPerSecond != nil {

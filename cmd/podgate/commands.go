@@ -25,7 +25,7 @@ to containerd, stepping in on a few (image pulls, pod sysctls, DRA devices).
 
 Settings come from the configuration file (--config), then from the flags given on the
 command line, which win over the file.`,
-		Version: version,
+		Version: binaryVersion(),
 		// No Args: cobra's default for a root command with subcommands rejects any positional
 		// argument as an unknown command and suggests the nearest one.
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -42,7 +42,8 @@ command line, which win over the file.`,
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetVersionTemplate("podgate {{.Version}}\n")
+	// The template holds no action: it is the text of versionText.
+	root.SetVersionTemplate(versionText())
 	o.addFlags(root.Flags())
 	root.AddCommand(newVersionCommand(), newCheckConfigCommand(), newConfigCommand(),
 		newPodsCommand(), newPodCommand(), newPullsCommand())
@@ -52,10 +53,10 @@ command line, which win over the file.`,
 func newVersionCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print podgate's version (same as --version)",
+		Short: "Print podgate's version, commit and Go version (same as --version)",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "podgate %s\n", version)
+			fmt.Fprint(cmd.OutOrStdout(), versionText())
 		},
 	}
 }

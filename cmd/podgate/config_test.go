@@ -65,24 +65,25 @@ const (
 	readmeDefaultsEnd   = "```\n<!-- end -->"
 )
 
-// The README shows the defaults as `podgate config defaults` prints them, byte for byte.
+// docs/configuration.md (once the README's "Configuration" section) shows the defaults as
+// `podgate config defaults` prints them, byte for byte.
 func TestREADMEShowsTheDefaults(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(readme), readmeDefaultsStart)
 	if !ok {
-		t.Fatalf("README.md has no block starting %q", readmeDefaultsStart)
+		t.Fatalf("docs/configuration.md has no block starting %q", readmeDefaultsStart)
 	}
 	block, _, ok := strings.Cut(rest, readmeDefaultsEnd)
 	if !ok {
-		t.Fatalf("README.md: the defaults block has no end %q", readmeDefaultsEnd)
+		t.Fatalf("docs/configuration.md: the defaults block has no end %q", readmeDefaultsEnd)
 	}
 	if want := string(configDefaults(t)); block != want {
-		t.Errorf("README.md's defaults block is not the output of `podgate config defaults`.\n"+
+		t.Errorf("docs/configuration.md's defaults block is not the output of `podgate config defaults`.\n"+
 			"Paste the output of `go run ./cmd/podgate config defaults` between the markers.\n"+
-			"README.md:\n%s\npodgate config defaults:\n%s", block, want)
+			"docs/configuration.md:\n%s\npodgate config defaults:\n%s", block, want)
 	}
 }
 

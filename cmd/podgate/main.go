@@ -3,7 +3,7 @@
 //	podgate [--config FILE] [--cri-socket PATH] [--runtime-endpoint EP] [--image-endpoint EP]
 //	        [--metrics-address ADDR] [--state-dir DIR] [--kubeconfig FILE] [--node-name NAME]
 //	        [--log-format text|json] [-v N]
-//	podgate version           (also: podgate --version)
+//	podgate version           (also: podgate --version): version, commit, Go version
 //	podgate check-config FILE
 //	podgate config defaults   (the default configuration file)
 //	podgate completion bash|zsh|fish|powershell
@@ -98,7 +98,7 @@ func serve(cfg *config.Configuration, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ctx = klog.NewContext(ctx, klog.Background())
-	a := agent.New(cfg, version)
+	a := agent.New(cfg, binaryVersion())
 	go releaseAfterStartup(ctx, a.Rebuilt())
 	if err := a.Run(ctx); err != nil {
 		klog.Background().Error(err, "podgate failed")

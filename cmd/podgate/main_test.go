@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -126,8 +127,9 @@ func TestCommandLine(t *testing.T) {
 			want: []string{"version", "check-config", "completion", "--config", "--cri-socket", "-v, --v", "--version"}},
 		{name: "help command", args: []string{"help"}, code: 0, want: []string{"check-config", "completion"}},
 		{name: "help of a command", args: []string{"help", "check-config"}, code: 0, want: []string{"podgate check-config FILE"}},
-		{name: "version flag", args: []string{"--version"}, code: 0, wantStdout: "podgate dev\n"},
-		{name: "version command", args: []string{"version"}, code: 0, wantStdout: "podgate dev\n"},
+		// A test binary has no VCS stamp: the commit is unknown.
+		{name: "version flag", args: []string{"--version"}, code: 0, wantStdout: "podgate dev\ncommit: unknown\ngo: " + runtime.Version() + "\n"},
+		{name: "version command", args: []string{"version"}, code: 0, wantStdout: "podgate dev\ncommit: unknown\ngo: " + runtime.Version() + "\n"},
 		{name: "check-config help", args: []string{"check-config", "--help"}, code: 0, want: []string{"podgate check-config FILE"}},
 		{name: "check-config without file", args: []string{"check-config"}, code: 2, want: []string{"usage: podgate check-config FILE"}},
 		{name: "check-config with two files", args: []string{"check-config", "a", "b"}, code: 2, want: []string{"got 2 arguments"}},

@@ -27,15 +27,15 @@ type readmeCommand struct {
 	output string
 }
 
-// TestGrpcurlCommandsOfReadme runs the grpcurl commands of the README's PodResources section,
-// as written there, against a real podgate with a real pod, and checks that the README shows
+// TestGrpcurlCommandsOfReadme runs the grpcurl commands of docs/podresources.md (once the
+// README's PodResources section), as written there, against a real podgate with a real pod, and checks that the README shows
 // what they print: list and describe byte for byte, a Get's JSON with the same fields.
 func TestGrpcurlCommandsOfReadme(t *testing.T) {
 	grpcurl := filepath.Join(rig.InstallDir(), "bin", "grpcurl")
 	if _, err := os.Stat(grpcurl); err != nil {
 		t.Skipf("grpcurl is not installed (%v): run `make rig` (test/rig/install.sh builds it) as root", err)
 	}
-	cmds := readmeConsole(t, filepath.Join("..", "..", "README.md"), "## PodResources", "$ grpcurl ")
+	cmds := readmeConsole(t, filepath.Join("..", "..", "docs", "podresources.md"), "## PodResources", "$ grpcurl ")
 	n := startNode(t, "--config", writeConfig(t, "sysctls:\n  podDefaults: {net.ipv4.tcp_keepalive_time: \"600\"}\n"))
 	if _, err := n.through.Runtime.RunPodSandbox(t.Context(), &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "0c2d9a4e-5b8f-4a43-9d1e-2f6a7c1b3e55"},

@@ -10,7 +10,8 @@
 #   cluster        etcd, kube-apiserver and kubelet                    (the same, for the single-node
 #                                                                       Kubernetes of test/cluster)
 #   tools          crictl v1.36.x                                      (built; README "Debugging", test/e2e)
-#                  grpcurl v1.9.x                                      (built; README "PodResources", test/e2e)
+#                  grpcurl v1.9.x                                      (built; docs/podresources.md, test/e2e)
+#                  rpm, systemd, init-system-helpers                   (Debian; test/packaging)
 #   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
 #                  matrix (test/matrix/versions.env)
 #   matrix         every containerd and kubelet of the matrix          (built; make matrix)
@@ -64,8 +65,14 @@ done
 
 mkdir -p "$RIG_DIR/bin" "$RIG_DIR/images"
 
-# gcc: runc is built with cgo (seccomp). util-linux: findmnt, used by down.sh.
+# gcc: runc is built with cgo (seccomp). util-linux: findmnt, used by down.sh. For the package
+# tests (test/packaging; tools, a part of make test's rig): rpm (rpm -qlp, rpm -qp --scripts),
+# systemd (systemd-analyze verify of the installed unit), init-system-helpers
+# (deb-systemd-helper, which the .deb's maintainer scripts call).
 apt_packages=(gcc libc6-dev libseccomp-dev pkg-config containernetworking-plugins busybox-static iproute2 iptables util-linux)
+if part tools; then
+	apt_packages+=(rpm systemd init-system-helpers)
+fi
 missing=()
 for p in "${apt_packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
