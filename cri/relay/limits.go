@@ -180,23 +180,19 @@ func (s *Server) logger() klog.Logger {
 }
 
 // chargeLocked counts n more bytes that s holds for its client. When they do not fit it
-// counts none and says why; when only the process's budget is over and another connection
-// holds more, that one is closed and s's bytes are taken. mu is held.
+// counts none and says why; when only the process's budget is over and other connections hold
+// more, the one that holds the most is closed to make room. mu is held.
 func (ss *session) chargeLocked(s *stream, n int64) string {
 	lim := &ss.srv.lim
-	if ss.held.Load()+n > lim.ConnectionBytes {
+	switch {
+	case ss.shedding.Load():
+		return ReasonTotalBudget
+	case ss.held.Load()+n > lim.ConnectionBytes:
 		return ReasonConnectionBudget
+	case ss.srv.held.Load()+n > lim.TotalBytes && !ss.srv.makeRoom(ss, n):
+		return ReasonTotalBudget
 	}
-	if ss.srv.held.Add(n) > lim.TotalBytes {
-		v := ss.srv.biggest()
-		if v == nil || v == ss {
-			ss.srv.held.Add(-n)
-			return ReasonTotalBudget
-		}
-		go v.shed()
-	}
-	ss.held.Add(n)
-	s.held += n
+	ss.forceChargeLocked(s, n)
 	return ""
 }
 
@@ -218,25 +214,37 @@ func (ss *session) releaseLocked(s *stream, n int64) {
 	ss.srv.held.Add(-n)
 }
 
-// biggest is the session that holds the most, of those not being shed already.
-func (s *Server) biggest() *session {
+// makeRoom makes room for n more bytes of ss within the process's budget: the connections
+// that hold the most, while they hold more than ss, are closed (shed), and their bytes count
+// as given back, which they are as their calls end. It says whether the room is there.
+func (s *Server) makeRoom(ss *session, n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var top *session
-	for ss := range s.sessions {
-		if !ss.shedding.Load() && (top == nil || ss.held.Load() > top.held.Load()) {
-			top = ss
+	var leaving int64 // what the connections being shed still hold
+	for o := range s.sessions {
+		if o.shedding.Load() {
+			leaving += o.held.Load()
 		}
 	}
-	return top
+	for s.held.Load()-leaving+n > s.lim.TotalBytes {
+		var top *session
+		for o := range s.sessions {
+			if !o.shedding.Load() && (top == nil || o.held.Load() > top.held.Load()) {
+				top = o
+			}
+		}
+		if top == nil || top == ss || top.held.Load() <= ss.held.Load() || !top.shedding.CompareAndSwap(false, true) {
+			return false
+		}
+		leaving += top.held.Load()
+		go top.shed()
+	}
+	return true
 }
 
 // shed closes the connection, the one that held the most when the process's budget ran out:
 // GOAWAY ENHANCE_YOUR_CALM, and its calls end, which gives their bytes back.
 func (ss *session) shed() {
-	if ss.shedding.Swap(true) {
-		return
-	}
 	ss.report(refusal{ReasonTotalBudget, fmt.Sprintf("held %d bytes, the most of any connection, when all of them together reached %d", ss.held.Load(), ss.srv.lim.TotalBytes), "closed the connection"})
 	ss.down.goAway(ss.lastIDLocked(), http2.ErrCodeEnhanceYourCalm)
 	_ = ss.down.conn.Close()
