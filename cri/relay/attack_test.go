@@ -56,6 +56,8 @@ func newAttackBed(t *testing.T, lim Limits, maxMessage int) *attackBed {
 				return echoT
 			case "/svc/Raw":
 				return raw
+			case "/svc/Unknown":
+				return nil // answered Unimplemented at once
 			}
 			return update
 		},
@@ -436,7 +438,8 @@ func TestHeaderListAmplification(t *testing.T) {
 // idle, and is answered throughout.
 func TestSilentConnections(t *testing.T) {
 	const capacity = 300
-	b := newAttackBed(t, Limits{MaxConnections: capacity, IdleTimeout: time.Second}, 16<<20)
+	const idle = 2 * time.Second
+	b := newAttackBed(t, Limits{MaxConnections: capacity, IdleTimeout: idle}, 16<<20)
 	good := b.goodClient(t)
 	good() // its connection is open before the attack
 	stopGood, goodDone := make(chan struct{}), make(chan struct{})
@@ -460,6 +463,7 @@ func TestSilentConnections(t *testing.T) {
 		goAway   *http2.GoAwayFrame
 	}
 	results := make(chan result, 500)
+	dialing := time.Now()
 	for range 500 {
 		c, err := net.Dial("unix", b.sock)
 		if err != nil {
@@ -489,6 +493,7 @@ func TestSilentConnections(t *testing.T) {
 			}
 		}()
 	}
+	dialled := time.Since(dialing)
 	var served, refused int
 	for range 500 {
 		r := <-results
@@ -504,12 +509,15 @@ func TestSilentConnections(t *testing.T) {
 	stopCount()
 	close(stopGood)
 	<-goodDone
-	if most := mostOpen.Load(); most > capacity || refused == 0 {
-		t.Errorf("%d connections open at most, %d closed at once; want at most %d open", most, refused, capacity)
+	if most := mostOpen.Load(); most > capacity {
+		t.Errorf("%d connections open at most, want at most %d", most, capacity)
 	}
-	t.Logf("%d served until idle, %d refused at once", served, refused)
+	t.Logf("%d served until idle, %d refused at once; dialled in %s", served, refused, dialled)
 	good()
-	b.wantReported(t, ReasonConnectionCap)
+	if dialled < idle {
+		// All 500 were open before the first could be closed idle: the cap refused some.
+		b.wantReported(t, ReasonConnectionCap)
+	}
 	b.mu.Lock()
 	if b.reasons[ReasonIdle] < served {
 		t.Errorf("%d idle connections counted, %d closed", b.reasons[ReasonIdle], served)
@@ -634,16 +642,23 @@ func TestFramesOnClosedStreams(t *testing.T) {
 	if r := cl.readUntil(isRSTOf(5)).(*http2.RSTStreamFrame); r.ErrCode != http2.ErrCodeStreamClosed {
 		t.Errorf("DATA on a closed stream: RST_STREAM %v, want STREAM_CLOSED", r.ErrCode)
 	}
-	cl.headers(7, false, grpcRequest("/svc/Update")...)
-	cl.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(7, http2.ErrCodeCancel) })
-	cl.write(func(fr *http2.Framer) error { return fr.WriteData(7, false, []byte("after the reset")) })
+	// Closed: answered at once (a method nobody serves), then DATA.
+	cl.headers(7, true, grpcRequest("/svc/Unknown")...)
+	cl.readUntil(func(f http2.Frame) bool { return isHeaders(f) && f.Header().StreamID == 7 })
+	cl.write(func(fr *http2.Framer) error { return fr.WriteData(7, false, []byte("after the answer")) })
 	if r := cl.readUntil(isRSTOf(7)).(*http2.RSTStreamFrame); r.ErrCode != http2.ErrCodeStreamClosed {
+		t.Errorf("DATA on a stream answered at once: RST_STREAM %v, want STREAM_CLOSED", r.ErrCode)
+	}
+	cl.headers(9, false, grpcRequest("/svc/Update")...)
+	cl.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(9, http2.ErrCodeCancel) })
+	cl.write(func(fr *http2.Framer) error { return fr.WriteData(9, false, []byte("after the reset")) })
+	if r := cl.readUntil(isRSTOf(9)).(*http2.RSTStreamFrame); r.ErrCode != http2.ErrCodeStreamClosed {
 		t.Errorf("DATA after the client's RST_STREAM: RST_STREAM %v, want STREAM_CLOSED", r.ErrCode)
 	}
 	// The connection goes on.
-	cl.headers(9, false, grpcRequest("/svc/Update")...)
-	cl.write(func(fr *http2.Framer) error { return fr.WriteData(9, true, message(2, []byte("ok"))) })
-	if h := cl.readUntil(func(f http2.Frame) bool { return isHeaders(f) && f.Header().StreamID == 9 }); field(h, ":status") != "200" {
+	cl.headers(11, false, grpcRequest("/svc/Update")...)
+	cl.write(func(fr *http2.Framer) error { return fr.WriteData(11, true, message(2, []byte("ok"))) })
+	if h := cl.readUntil(func(f http2.Frame) bool { return isHeaders(f) && f.Header().StreamID == 11 }); field(h, ":status") != "200" {
 		t.Errorf("the next call: %v", h.(*http2.MetaHeadersFrame).Fields)
 	}
 }

@@ -184,11 +184,11 @@ func (ss *session) removeLocked(s *stream) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
+	if s.downID != 0 && s.toUp.done {
+		ss.noteClosedLocked(s.downID)
+	}
 	if ss.streams[s.downID] == s {
 		delete(ss.streams, s.downID)
-		if s.toUp.done {
-			ss.noteClosedLocked(s.downID)
-		}
 		if len(ss.streams) == 0 {
 			ss.idleSince = time.Now()
 		}

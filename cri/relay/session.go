@@ -321,31 +321,43 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		ss.rstClient(id, http2.ErrCodeProtocol)
 		return nil
 	}
+	arrived := time.Now()
 	s := ss.newClientStream(id, path, f.StreamEnded())
 	if !ss.admitBytes(s, f) {
 		return nil
 	}
-	target := ss.srv.Route(path)
+	return ss.start(s, f, arrived)
+}
+
+// start routes the client's new call s, whose headers f arrived at arrived, and starts its
+// clock.
+func (ss *session) start(s *stream, f *http2.MetaHeadersFrame, arrived time.Time) error {
+	target := ss.srv.Route(s.path)
 	fields := f.Fields
 	if ss.srv.Observer != nil {
-		call := &Call{Path: path, Target: target, Header: f.Fields}
+		call := &Call{Path: s.path, Target: target, Header: f.Fields}
 		s.token, s.observed = ss.srv.Observer.Begin(call), true
 		fields = call.forwarded()
 	}
-	return ss.route(s, f, target, fields)
+	err := ss.route(s, f, target, fields)
+	// The clock starts once s has its kind, which its expiry reads, but counts from its
+	// headers' arrival.
+	timeout, ok := grpcTimeout(f.Fields)
+	ss.mu.Lock()
+	if !s.removed {
+		ss.timeLocked(s, arrived, timeout, ok)
+	}
+	ss.mu.Unlock()
+	return err
 }
 
-// admitBytes counts the call's header block against the budget and starts its clock; a call
-// over the budget is refused before it is read (REFUSED_STREAM: the client may retry it).
+// admitBytes counts the call's header block against the budget; a call over the budget is
+// refused before it is read (REFUSED_STREAM: the client may retry it).
 func (ss *session) admitBytes(s *stream, f *http2.MetaHeadersFrame) bool {
 	n := headerListSize(f.Fields)
 	ss.mu.Lock()
 	reason := ss.chargeLocked(s, n)
 	held := ss.held.Load()
-	if reason == "" {
-		timeout, ok := grpcTimeout(f.Fields)
-		ss.timeLocked(s, timeout, ok)
-	}
 	ss.mu.Unlock()
 	if reason == "" {
 		return true

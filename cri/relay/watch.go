@@ -84,15 +84,15 @@ func (e *endpoint) ping() {
 	}
 }
 
-// timeLocked starts s's clock as its headers arrive: its grpc-timeout when it has one (ended
-// reset, as gRPC's server does), else RequestTimeout while its request has not ended. mu is
-// held.
-func (ss *session) timeLocked(s *stream, timeout time.Duration, hasTimeout bool) {
+// timeLocked starts s's clock, from arrived, when its headers came: its grpc-timeout when it
+// has one (then reset, as gRPC's server does), else RequestTimeout while its request has not
+// ended. mu is held.
+func (ss *session) timeLocked(s *stream, arrived time.Time, timeout time.Duration, hasTimeout bool) {
 	switch {
 	case hasTimeout:
-		s.timer = time.AfterFunc(timeout, func() { ss.expire(s, true) })
+		s.timer = time.AfterFunc(time.Until(arrived.Add(timeout)), func() { ss.expire(s, true) })
 	case !s.toUp.done:
-		s.timer = time.AfterFunc(ss.srv.lim.RequestTimeout, func() { ss.expire(s, false) })
+		s.timer = time.AfterFunc(time.Until(arrived.Add(ss.srv.lim.RequestTimeout)), func() { ss.expire(s, false) })
 	}
 }
 
