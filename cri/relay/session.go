@@ -41,6 +41,7 @@ type session struct {
 	closedIDs [32]uint32
 	nclosed   int
 	idleSince time.Time // when the last call ended: IdleTimeout counts from it
+	clocks    []clock   // the calls begun in the frames read since the last flush
 
 	held     atomic.Int64 // the bytes the session's calls hold (Limits.ConnectionBytes)
 	shedding atomic.Bool  // closed to free the process's budget
@@ -147,6 +148,7 @@ func (ss *session) readClient() error {
 			}
 		}
 		if !ss.down.frameBuffered() {
+			ss.startClocks()
 			ss.flushAll()
 			ss.closeIfDrained()
 		}
@@ -340,12 +342,10 @@ func (ss *session) start(s *stream, f *http2.MetaHeadersFrame, arrived time.Time
 		fields = call.forwarded()
 	}
 	err := ss.route(s, f, target, fields)
-	// The clock starts once s has its kind, which its expiry reads, but counts from its
-	// headers' arrival.
 	timeout, ok := grpcTimeout(f.Fields)
 	ss.mu.Lock()
-	if !s.removed {
-		ss.timeLocked(s, arrived, timeout, ok)
+	if !s.removed && !s.toUp.done {
+		ss.clocks = append(ss.clocks, clock{s, arrived, timeout, ok})
 	}
 	ss.mu.Unlock()
 	return err

@@ -84,16 +84,36 @@ func (e *endpoint) ping() {
 	}
 }
 
-// timeLocked starts s's clock, from arrived, when its headers came: its grpc-timeout when it
-// has one (then reset, as gRPC's server does), else RequestTimeout while its request has not
-// ended. mu is held.
-func (ss *session) timeLocked(s *stream, arrived time.Time, timeout time.Duration, hasTimeout bool) {
-	switch {
-	case hasTimeout:
-		s.timer = time.AfterFunc(time.Until(arrived.Add(timeout)), func() { ss.expire(s, true) })
-	case !s.toUp.done:
-		s.timer = time.AfterFunc(time.Until(arrived.Add(ss.srv.lim.RequestTimeout)), func() { ss.expire(s, false) })
+// clock is a call's time limit, from when its headers arrived: its grpc-timeout when it has
+// one, else RequestTimeout.
+type clock struct {
+	s          *stream
+	arrived    time.Time
+	timeout    time.Duration
+	hasTimeout bool
+}
+
+// startClocks starts the clocks of the calls begun in the frames just read whose requests
+// have not arrived whole with them: a kubelet's request comes whole with its headers, and
+// costs no timer. A call whose request is whole needs none of the relay's: a call answered in
+// the process has the deadline in its handler's context, and the server of a call passed
+// through keeps its grpc-timeout, which the relay passed on with the headers at once.
+func (ss *session) startClocks() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	for i, c := range ss.clocks {
+		ss.clocks[i] = clock{}
+		s := c.s
+		if s.removed || s.toUp.done {
+			continue
+		}
+		limit, deadline := ss.srv.lim.RequestTimeout, false
+		if c.hasTimeout {
+			limit, deadline = c.timeout, true
+		}
+		s.timer = time.AfterFunc(time.Until(c.arrived.Add(limit)), func() { ss.expire(s, deadline) })
 	}
+	ss.clocks = ss.clocks[:0]
 }
 
 // expire ends s when its time ran out: at its deadline, a call whose request did not arrive
