@@ -112,6 +112,10 @@ func (t todo) frame(dst *endpoint, id uint32, it item) todo {
 // unlock lets mu go and then does t. When t has frames it takes their endpoint's write lock
 // before mu goes, so that frames leave in the order their windows were counted under mu.
 func (ss *session) unlock(t todo) {
+	if t.note != nil {
+		// Under mu, before the client learns of it: a rare line, rate-limited.
+		ss.report(*t.note)
+	}
 	var err error
 	if t.dst != nil {
 		err = ss.writeUnlock(&t)
@@ -120,9 +124,6 @@ func (ss *session) unlock(t todo) {
 	}
 	if t.rstID != 0 {
 		ss.rstClient(t.rstID, t.rstCode)
-	}
-	if t.note != nil {
-		ss.report(*t.note)
 	}
 	if t.ended != nil {
 		ss.observeEnd(t.ended)

@@ -313,8 +313,8 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	path := f.PseudoValue("path")
 	switch method := f.PseudoValue("method"); {
 	case f.Truncated:
-		ss.rstClient(id, http2.ErrCodeProtocol)
 		ss.report(refusal{ReasonHeaderList, fmt.Sprintf("sent a header block over SETTINGS_MAX_HEADER_LIST_SIZE (%d bytes decoded)", ss.srv.lim.MaxHeaderList), "RST_STREAM PROTOCOL_ERROR"})
+		ss.rstClient(id, http2.ErrCodeProtocol)
 		return nil
 	case method != "POST":
 		ss.notPost(f, method)
@@ -362,8 +362,8 @@ func (ss *session) admitBytes(s *stream, f *http2.MetaHeadersFrame) bool {
 	if reason == "" {
 		return true
 	}
-	ss.rstClient(s.downID, http2.ErrCodeRefusedStream)
 	ss.report(refusal{reason, fmt.Sprintf("opened a call of %s while its connection held %d bytes and all of them %d", s.path, held, ss.srv.held.Load()), "RST_STREAM REFUSED_STREAM"})
+	ss.rstClient(s.downID, http2.ErrCodeRefusedStream)
 	return false
 }
 

@@ -134,7 +134,7 @@ func (ss *session) expire(s *stream, deadline bool) {
 	whole := s.toUp.done
 	s.expired = deadline
 	ss.mu.Unlock()
-	ss.resetStream(s, http2.ErrCodeCancel, true, true, http2.ErrCodeCancel)
+	// Told before the client is, so that what it learns is already counted.
 	switch {
 	case whole:
 	case deadline:
@@ -142,6 +142,7 @@ func (ss *session) expire(s *stream, deadline bool) {
 	default:
 		ss.report(refusal{ReasonRequestTimeout, fmt.Sprintf("had not sent the whole request of %s after %s", s.path, ss.srv.lim.RequestTimeout), "RST_STREAM CANCEL"})
 	}
+	ss.resetStream(s, http2.ErrCodeCancel, true, true, http2.ErrCodeCancel)
 	ss.flushAll()
 }
 
