@@ -309,7 +309,8 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 		closeAll(p.backends)
 		return nil, err
 	}
-	p.server = cri.NewServer(runtime, image, append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)))...)
+	p.server = cri.NewServer(runtime, image, append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)),
+		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
 	p.runtime = p.server.RuntimeClient()
 	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
 	a.buildDRA(ctx, p)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/cri/relay"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/podresources"
 )
@@ -27,6 +28,14 @@ func TestConfigDefaultsMatchFeatures(t *testing.T) {
 		{"events.qps", config.DefaultEventQPS, kube.DefaultEventQPS},
 		{"events.burst", config.DefaultEventBurst, kube.DefaultEventBurst},
 		{"dra.interfaceNameAttribute", config.DefaultInterfaceNameAttribute, dra.DefaultInterfaceNameAttribute},
+		{"criSocketLimits.connectionBytes", int64(config.DefaultCRIConnectionBytes), relay.DefaultLimits.ConnectionBytes},
+		{"criSocketLimits.totalBytes", int64(config.DefaultCRITotalBytes), relay.DefaultLimits.TotalBytes},
+		{"criSocketLimits.maxConnections", config.DefaultCRIMaxConnections, relay.DefaultLimits.MaxConnections},
+		{"criSocketLimits.maxHeaderListBytes", uint32(config.DefaultCRIMaxHeaderListBytes), relay.DefaultLimits.MaxHeaderList},
+		{"criSocketLimits.idleTimeout", config.DefaultCRIIdleTimeout, relay.DefaultLimits.IdleTimeout},
+		{"criSocketLimits.keepaliveTime", config.DefaultCRIKeepaliveTime, relay.DefaultLimits.KeepaliveTime},
+		{"criSocketLimits.keepaliveTimeout", config.DefaultCRIKeepaliveTimeout, relay.DefaultLimits.KeepaliveTimeout},
+		{"criSocketLimits.requestTimeout", config.DefaultCRIRequestTimeout, relay.DefaultLimits.RequestTimeout},
 	} {
 		if c.config != c.feature {
 			t.Errorf("%s: config's default %v, the feature's %v", c.name, c.config, c.feature)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -12,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
+	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/relay"
 	"github.com/podgate/podgate/sysctl"
 )
 
@@ -104,6 +107,20 @@ func (a *Agent) openCRI(server *cri.Server) (service, error) {
 		},
 		close: func() { l.Close() },
 	}, nil
+}
+
+// criLimits is the criSocketLimits section as the CRI socket's relay takes it.
+func criLimits(l config.CRISocketLimits) relay.Limits {
+	return relay.Limits{
+		ConnectionBytes:  l.ConnectionBytes,
+		TotalBytes:       l.TotalBytes,
+		MaxConnections:   l.MaxConnections,
+		MaxHeaderList:    uint32(min(l.MaxHeaderListBytes, math.MaxUint32)),
+		IdleTimeout:      l.IdleTimeout.Duration,
+		KeepaliveTime:    l.KeepaliveTime.Duration,
+		KeepaliveTimeout: l.KeepaliveTimeout.Duration,
+		RequestTimeout:   l.RequestTimeout.Duration,
+	}
 }
 
 // openHTTP opens the metrics address for /metrics, /healthz and /readyz.

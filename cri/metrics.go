@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/podgate/podgate/cri/relay"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -15,6 +16,9 @@ type Metrics struct {
 	latency   *prometheus.HistogramVec
 	inFlight  *prometheus.GaugeVec
 	backendUp *prometheus.GaugeVec
+	// refusals counts what the relay refused its clients, by reason; each reason's counter is
+	// made up front, so that a reason shows at 0 before it happens.
+	refusals map[string]prometheus.Counter
 	// methods holds the instruments of every method podgate's cri-api knows, made once so a
 	// call does no label lookup. Methods it does not know share the "other" entry: their names
 	// come from clients and must not grow the label set.
@@ -48,9 +52,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "podgate", Subsystem: "cri", Name: "backend_up",
 			Help: "1 when podgate is connected to the backend runtime endpoint, 0 otherwise.",
 		}, []string{"backend", "endpoint"}),
-		methods: map[string]*methodMetrics{},
+		methods:  map[string]*methodMetrics{},
+		refusals: map[string]prometheus.Counter{},
 	}
-	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp)
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "podgate", Subsystem: "cri", Name: "connection_refusals_total",
+		Help: "Calls refused and connections closed on the CRI socket because a client went over a limit or broke HTTP/2, by reason.",
+	}, []string{"reason"})
+	for _, r := range relay.Reasons {
+		m.refusals[r] = refusals.WithLabelValues(r)
+	}
+	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp, refusals)
 	for _, sd := range []struct {
 		name    string
 		methods []string
@@ -103,6 +115,13 @@ func (mm *methodMetrics) done(start time.Time, code codes.Code) {
 		mm.codes[code].Inc()
 	} else {
 		mm.codes[codes.Unknown].Inc()
+	}
+}
+
+// refused counts one of the relay's refusals (relay.Server.Refused).
+func (m *Metrics) refused(reason string) {
+	if c, ok := m.refusals[reason]; ok {
+		c.Inc()
 	}
 }
 

@@ -54,6 +54,10 @@ type Server struct {
 	handlerTargets map[string]*relay.Target
 	started        bool
 
+	// limits bound what a client of the socket can make podgate hold, and for how long
+	// (relay.DefaultLimits where a field is zero).
+	limits relay.Limits
+
 	// statsHandlers see every call (tracing), as a gRPC server's would; none by default, and
 	// then a call costs nothing more.
 	statsHandlers []stats.Handler
@@ -78,6 +82,10 @@ func WithMetrics(m *Metrics) Option { return func(s *Server) { s.metrics = m } }
 func WithStatsHandler(h stats.Handler) Option {
 	return func(s *Server) { s.statsHandlers = append(s.statsHandlers, h) }
 }
+
+// WithLimits sets the limits of what one client of the socket can make podgate hold, and for
+// how long; relay.DefaultLimits without it.
+func WithLimits(l relay.Limits) Option { return func(s *Server) { s.limits = l } }
 
 // WithLogger sets the server's logger (default: klog's global logger).
 func WithLogger(l klog.Logger) Option { return func(s *Server) { s.logger = l } }
@@ -116,6 +124,9 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		Observer:        &observer{s: s},
 		LongLived:       func(path string) bool { return !s.unary[path] },
 		ShutdownMessage: "podgate is shutting down",
+		Limits:          s.limits,
+		Logger:          s.logger.WithValues("server", "CRI"),
+		Refused:         s.metrics.refused,
 	}
 	return s
 }

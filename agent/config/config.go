@@ -49,6 +49,9 @@ type Configuration struct {
 	// CRISocketGroup is the group (name or id) that owns the CRI socket, which has mode 0660.
 	// Empty keeps root's group.
 	CRISocketGroup string `json:"criSocketGroup,omitempty"`
+	// CRISocketLimits bounds what a client of the CRI socket can make podgate hold, and for
+	// how long.
+	CRISocketLimits CRISocketLimits `json:"criSocketLimits,omitzero"`
 	// RuntimeEndpoint is the backend runtime's CRI socket (containerd).
 	RuntimeEndpoint string `json:"runtimeEndpoint,omitempty"`
 	// ImageEndpoint is the backend for ImageService calls; empty means RuntimeEndpoint.
@@ -257,6 +260,9 @@ func (c *Configuration) Validate() error {
 	}
 	if c.Logging.Verbosity < 0 {
 		field("logging.verbosity", fmt.Errorf("%d: must not be negative", c.Logging.Verbosity))
+	}
+	if err := c.CRISocketLimits.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(c.validateKube(), c.validateKubeAPILimits(), c.validatePodsAPISocket(), c.ImagePulls.validate()); err != nil {
 		errs = append(errs, err)

@@ -29,6 +29,14 @@
 // handlers because each is already a type with state of its own (the request's bytes, the
 // handler's wait), and an interface value of an empty struct costs the passthrough nothing.
 //
+// No client can take the relay down (Limits): what it holds for a client's requests not yet
+// handed on counts against a budget per connection and one per process (chargeLocked), a
+// call's grpc-timeout applies from its headers and a request without one must arrive within
+// RequestTimeout, a connection without calls closes after IdleTimeout and one that answers no
+// PING after KeepaliveTimeout, and the connections are capped. A client that goes over a limit
+// is refused, logged once per connection (its pid and uid from SO_PEERCRED, at most a line a
+// second per reason) and counted (Server.Refused).
+//
 // Flow control keeps its arithmetic in one type (window, RFC 9113 §6.9). The steps that move
 // windows and frames run under the session's mu and return what is left to do (a todo: frames
 // to write, a stream's end to tell); session.unlock lets mu go and does it, taking the

@@ -27,8 +27,10 @@ type endpoint struct {
 	send           window // the peer's connection-level window for what podgate sends
 	peerInitWindow int64  // the peer's SETTINGS_INITIAL_WINDOW_SIZE
 	peerMaxFrame   uint32 // the peer's SETTINGS_MAX_FRAME_SIZE
-	recv           window // what the peer may still send on the connection
-	updates        []windowUpdate
+	// peerMaxHeaderList is the peer's SETTINGS_MAX_HEADER_LIST_SIZE, 0 while it set none.
+	peerMaxHeaderList uint32
+	recv              window // what the peer may still send on the connection
+	updates           []windowUpdate
 }
 
 // windowUpdate is a WINDOW_UPDATE waiting for the endpoint's next flush.

@@ -7,6 +7,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc/codes"
@@ -24,10 +25,19 @@ func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) (todo, error
 	if s == nil || s.removed {
 		// A stream that ended (or was reset): the bytes go back to the connection's window.
 		ss.credit(d, nil, n)
+		if id := f.StreamID; d.toUp && !ss.wasReset(id) && ss.wasClosed(id) {
+			// Closed by the client's END_STREAM or RST_STREAM (RFC 9113 §5.1).
+			return todo{rstID: id, rstCode: http2.ErrCodeStreamClosed}, nil
+		}
 		return todo{}, nil
 	}
 	h := d.half(s)
-	if h.recv.receive(n) != http2.ErrCodeNo || h.done {
+	if h.done {
+		// Half-closed (remote): its sender ended it (RFC 9113 §5.1).
+		ss.credit(d, nil, n)
+		return todo{reset: s, code: http2.ErrCodeStreamClosed}, nil
+	}
+	if h.recv.receive(n) != http2.ErrCodeNo {
 		ss.credit(d, nil, n)
 		return todo{reset: s, code: http2.ErrCodeFlowControl}, nil
 	}
@@ -71,6 +81,9 @@ func (ss *session) sendLocked(d dir, s *stream, it item) todo {
 			return ss.writeLocked(d, s, todo{one: it, hasOne: true})
 		}
 	}
+	if ss.counts(d) {
+		ss.forceChargeLocked(s, int64(len(it.data)))
+	}
 	h.q.push(it)
 	out, done := ss.takeLocked(d, s)
 	return ss.writeLocked(d, s, todo{out: out, done: done})
@@ -87,8 +100,15 @@ func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h.send.spend(sent)
 	d.dst.send.spend(sent)
 	ss.credit(d, s, sent)
+	if ss.counts(d) {
+		ss.releaseLocked(s, sent)
+	}
 	return out, done
 }
+
+// counts says whether what waits toward d.dst counts against the budget: the client's
+// request bytes the server has no window for yet.
+func (ss *session) counts(d dir) bool { return d.toUp && d.src == ss.down }
 
 // writeLocked readies t's frames to go to d.dst on s: the ends they carry count as sent, and
 // s is forgotten once both its directions have ended. mu is held; ss.unlock writes them.
@@ -161,11 +181,21 @@ func (ss *session) endLocked(s *stream) todo {
 func (ss *session) removeLocked(s *stream) {
 	s.kind.removed()
 	s.removed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	if s.downID != 0 && s.toUp.done {
+		ss.noteClosedLocked(s.downID)
+	}
 	if ss.streams[s.downID] == s {
 		delete(ss.streams, s.downID)
+		if len(ss.streams) == 0 {
+			ss.idleSince = time.Now()
+		}
 	}
 	ss.credit(s.req, nil, s.toUp.q.drop())
 	ss.credit(s.ans, nil, s.toDown.q.drop())
+	ss.releaseLocked(s, s.held)
 	if s.up == nil {
 		return
 	}
@@ -221,7 +251,7 @@ func (ss *session) endReset(s *stream, code http2.ErrCode) (client, ok bool) {
 		return false, false
 	}
 	if !s.toDown.done {
-		s.code = resetCode(code)
+		s.code = deadlineCode(s, resetCode(code))
 	}
 	ss.removeLocked(s)
 	return s.kind.abort(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code)), true
@@ -301,6 +331,8 @@ func (ss *session) settingLocked(e *endpoint, u *upstream, st http2.Setting) (gr
 		}
 	case http2.SettingMaxFrameSize:
 		e.peerMaxFrame = st.Val
+	case http2.SettingMaxHeaderListSize:
+		e.peerMaxHeaderList = st.Val
 	}
 	return false, nil
 }

@@ -3,7 +3,12 @@ package relay
 // The kinds of stream the relay carries, and what a step taken under the session's mu leaves
 // for after it.
 
-import "golang.org/x/net/http2"
+import (
+	"errors"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
 
 // streamKind is what differs between the kinds of stream: where a call's request goes and
 // where its answer comes from. The flow functions hand a stream's frames to its kind, so that
@@ -91,6 +96,12 @@ type todo struct {
 	// reset is reset on both sides, last, with code: an error in what a side sent.
 	reset *stream
 	code  http2.ErrCode
+	// rstID is a client stream reset with rstCode after the frames: one that has gone, or
+	// one the relay answered before the client ended it, as gRPC's server does.
+	rstID   uint32
+	rstCode http2.ErrCode
+	// note is what the client did that the step refused, to report.
+	note *refusal
 }
 
 func (t todo) frame(dst *endpoint, id uint32, it item) todo {
@@ -101,14 +112,25 @@ func (t todo) frame(dst *endpoint, id uint32, it item) todo {
 // unlock lets mu go and then does t. When t has frames it takes their endpoint's write lock
 // before mu goes, so that frames leave in the order their windows were counted under mu.
 func (ss *session) unlock(t todo) {
+	if t.note != nil {
+		// Under mu, before the client learns of it: a rare line, rate-limited.
+		ss.report(*t.note)
+	}
 	var err error
 	if t.dst != nil {
 		err = ss.writeUnlock(&t)
 	} else {
 		ss.mu.Unlock()
 	}
+	if t.rstID != 0 {
+		ss.rstClient(t.rstID, t.rstCode)
+	}
 	if t.ended != nil {
 		ss.observeEnd(t.ended)
+	}
+	if errors.Is(err, errHeaderListTooLarge) {
+		ss.headerListTooLarge(t.dst, t.id)
+		err = nil
 	}
 	if err != nil && t.up != nil {
 		ss.upstreamFailed(t.up, err)
@@ -129,25 +151,63 @@ func (ss *session) writeUnlock(t *todo) error {
 	e := t.dst
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
-	maxFrame := e.peerMaxFrame
+	maxFrame, maxList := e.peerMaxFrame, e.peerMaxHeaderList
 	ss.mu.Unlock()
 	if t.hasOne {
-		if err := e.writeItem(t.id, t.one, maxFrame); err != nil {
+		if err := e.writeItem(t.id, t.one, maxFrame, maxList); err != nil {
 			return err
 		}
 	}
 	for _, it := range t.out {
-		if err := e.writeItem(t.id, it, maxFrame); err != nil {
+		if err := e.writeItem(t.id, it, maxFrame, maxList); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// writeItem writes it on stream id; the caller holds wmu.
-func (e *endpoint) writeItem(id uint32, it item, maxFrame uint32) error {
+// errHeaderListTooLarge is a header block larger than its peer's SETTINGS_MAX_HEADER_LIST_SIZE:
+// not sent; its stream is reset instead.
+var errHeaderListTooLarge = errors.New("header list larger than the peer's SETTINGS_MAX_HEADER_LIST_SIZE")
+
+// writeItem writes it on stream id, unless it is a header block larger than maxList (0: no
+// limit); the caller holds wmu.
+func (e *endpoint) writeItem(id uint32, it item, maxFrame, maxList uint32) error {
 	if it.headers != nil {
+		if maxList > 0 && headerListSize(it.headers) > int64(maxList) {
+			return errHeaderListTooLarge
+		}
 		return e.writeHeaders(id, it.headers, it.end, maxFrame)
 	}
 	return e.fr.WriteData(id, it.end, it.data)
+}
+
+// headerListSize is a header block's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113
+// §6.5.2): each field's name and value and 32 bytes.
+func headerListSize(fields []hpack.HeaderField) int64 {
+	var n int64
+	for _, f := range fields {
+		n += int64(f.Size())
+	}
+	return n
+}
+
+// headerListTooLarge resets the stream whose header block was too large for dst to take, as
+// gRPC's server does: RST_STREAM INTERNAL_ERROR, and CANCEL to the other side.
+func (ss *session) headerListTooLarge(dst *endpoint, id uint32) {
+	if dst != ss.down {
+		ss.mu.Lock()
+		var s *stream
+		for u := range ss.upConns {
+			if u.ep == dst {
+				s = u.streams[id]
+			}
+		}
+		ss.mu.Unlock()
+		ss.resetStream(s, http2.ErrCodeInternal, true, true, http2.ErrCodeInternal)
+		return
+	}
+	s := ss.streamByDown(id)
+	ss.rstClient(id, http2.ErrCodeInternal)
+	ss.resetStream(s, http2.ErrCodeInternal, false, true, http2.ErrCodeCancel)
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"k8s.io/klog/v2"
 )
 
 const (
@@ -29,7 +31,8 @@ const (
 	connWindow = 64 << 20
 	// initialWindow is HTTP/2's window before a SETTINGS frame says otherwise.
 	initialWindow = 65535
-	// maxHeaderList bounds a header block podgate decodes (SETTINGS_MAX_HEADER_LIST_SIZE).
+	// maxHeaderList bounds a header block podgate decodes from a server (its
+	// SETTINGS_MAX_HEADER_LIST_SIZE); a client's is Limits.MaxHeaderList.
 	maxHeaderList = 1 << 20
 	// maxStreams is how many calls one client connection may have open at once.
 	maxStreams = 1000
@@ -159,12 +162,26 @@ type Server struct {
 	LongLived func(path string) bool
 	// ShutdownMessage is the message of the Unavailable status those calls end with.
 	ShutdownMessage string
+	// Limits bound what clients can make the relay hold, and for how long.
+	Limits Limits
+	// Logger logs the clients that go over the limits or break HTTP/2, a line per connection
+	// and at most one a second per reason; klog's global logger when unset.
+	Logger klog.Logger
+	// Refused, when set, is told each time the relay refuses a call or ends a connection of a
+	// client, with the reason (one of Reasons): a metric's count.
+	Refused func(reason string)
+
+	initOnce sync.Once
+	lim      Limits       // Limits with the defaults
+	held     atomic.Int64 // bytes every session holds (Limits.TotalBytes)
+	logs     logLimiter
 
 	// lastUpstreamStreamID is the highest stream id a connection to a target takes before new
 	// calls go on a fresh one; 0 is HTTP/2's own, 2^31−1. Tests set it small.
 	lastUpstreamStreamID uint32
 
 	mu        sync.Mutex
+	open      int // client connections accepted and not yet ended (Limits.MaxConnections)
 	sessions  map[*session]struct{}
 	listeners map[net.Listener]struct{}
 	stopping  bool
@@ -214,19 +231,39 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		backoff = 0
+		s.init()
 		s.mu.Lock()
 		if s.stopping {
 			s.mu.Unlock()
 			_ = c.Close()
 			continue
 		}
+		if s.open >= s.lim.MaxConnections {
+			s.mu.Unlock()
+			s.reportRefusal(peerCred(c), new(sync.Once), refusal{ReasonConnectionCap, fmt.Sprintf("connected while %d connections were open", s.lim.MaxConnections), "closed the connection"})
+			_ = c.Close()
+			continue
+		}
+		s.open++
 		s.conns.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.conns.Done()
-			_ = s.ServeConn(context.Background(), c) // a client's broken connection is its own affair
+			// What a client did wrong is reported by ServeConn; what is left is its own
+			// affair (a connection it broke), logged for the curious.
+			if err := s.ServeConn(context.Background(), c); err != nil {
+				s.logger().V(4).Info("CRI client connection ended", "err", err)
+			}
+			s.mu.Lock()
+			s.open--
+			s.mu.Unlock()
 		}()
 	}
+}
+
+// init settles the limits, once.
+func (s *Server) init() {
+	s.initOnce.Do(func() { s.lim = s.Limits.withDefaults() })
 }
 
 // passing says whether an Accept error goes away by itself.
@@ -303,33 +340,49 @@ func (s *Server) removeSession(ss *session) {
 	delete(s.sessions, ss)
 }
 
-// ServeConn serves one client connection until it ends or ctx ends.
+// ServeConn serves one client connection until it ends or ctx ends. What the client did wrong
+// (a limit it went over, a frame that breaks HTTP/2) is reported (Logger, Refused) before it
+// returns; its error is the connection's end, nil when the client or Shutdown closed it.
 func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	defer c.Close()
+	s.init()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	br := bufio.NewReaderSize(c, readBuffer)
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
 	ss.down = newEndpoint(c, br)
+	ss.peer = peerCred(c)
 	// The source of what Unary targets answer: no connection, windows nobody counts.
 	ss.self = &endpoint{recv: newWindow(math.MaxInt64)}
+	// HPACK's decoder counts the header list as it decodes it and keeps nothing past the limit.
 	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	ss.down.fr.MaxHeaderListSize = maxHeaderList
+	ss.down.fr.MaxHeaderListSize = s.lim.MaxHeaderList
 	if !s.addSession(ss) {
 		return nil
 	}
 	defer s.removeSession(ss)
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
+	err := ss.serve()
+	ss.ended(err)
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
 
+// serve reads the client's preface, sends podgate's SETTINGS and serves the connection until it
+// ends.
+func (ss *session) serve() error {
+	c, lim := ss.down.conn, &ss.srv.lim
 	// A client says the preface at once; one that does not holds no goroutine for long.
 	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(br, preface); err != nil {
-		return fmt.Errorf("read client preface: %w", err)
+	if _, err := io.ReadFull(ss.down.br, preface); err != nil {
+		return prefaceError{fmt.Errorf("read client preface: %w", err)}
 	}
 	if string(preface) != http2.ClientPreface {
-		return errors.New("not an HTTP/2 client preface")
+		return prefaceError{errors.New("not an HTTP/2 client preface")}
 	}
 	_ = c.SetReadDeadline(time.Time{})
 	// SETTINGS first, before a GOAWAY of a Shutdown that began meanwhile (drain writes it
@@ -340,21 +393,40 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 		return nil
 	}
 	ss.started = true
+	ss.idleSince = time.Now()
 	ss.down.wmu.Lock()
 	ss.mu.Unlock()
 	err := ss.down.writeSettingsLocked(
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
 	)
 	ss.down.wmu.Unlock()
 	if err != nil {
 		return err
 	}
+	ss.startWatch()
 	err = ss.readClient()
 	ss.close()
-	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-		return nil
-	}
 	return err
+}
+
+// prefaceError is a client's connection that did not begin with HTTP/2's preface.
+type prefaceError struct{ error }
+
+func (e prefaceError) Unwrap() error { return e.error }
+
+// ended reports what the client did when its connection ended with err: a preface that did
+// not come, a frame that broke HTTP/2.
+func (ss *session) ended(err error) {
+	var pe prefaceError
+	switch code, goAway := goAwayCode(err); {
+	case err == nil || errors.Is(err, net.ErrClosed):
+	case errors.As(err, &pe):
+		if !errors.Is(err, io.EOF) {
+			ss.report(refusal{ReasonPreface, pe.Error(), "closed the connection"})
+		}
+	case goAway:
+		ss.report(refusal{ReasonProtocol, err.Error(), fmt.Sprintf("GOAWAY %v, closed the connection", code)})
+	}
 }

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -32,6 +36,19 @@ type session struct {
 	closed    bool
 	draining  bool // Shutdown: no new calls; the connection closes when the last one ends
 	upReaders sync.WaitGroup
+	// closedIDs are the client streams that ended lately after the client's END_STREAM or
+	// RST_STREAM: a frame on one is a STREAM_CLOSED error (RFC 9113 §5.1).
+	closedIDs [32]uint32
+	nclosed   int
+	idleSince time.Time // when the last call ended: IdleTimeout counts from it
+	clocks    []clock   // the calls begun in the frames read since the last flush
+
+	held     atomic.Int64 // the bytes the session's calls hold (Limits.ConnectionBytes)
+	shedding atomic.Bool  // closed to free the process's budget
+	logged   sync.Once    // the session's one log line
+	peer     peer         // the client's process
+	frames   atomic.Uint64
+	watch    watchState
 }
 
 // half is one direction of a stream: what src sends, on its way to dst.
@@ -65,6 +82,11 @@ type stream struct {
 	code         codes.Code
 	headersSent  bool // the client has the response headers
 	removed      bool
+	// held is what s holds against the budget (chargeLocked); timer ends s at its deadline or
+	// RequestTimeout, expired says it did.
+	held    int64
+	timer   *time.Timer
+	expired bool
 }
 
 // dir is one direction of forwarding: from src to dst.
@@ -106,6 +128,7 @@ func (e connError) Error() string { return fmt.Sprintf("HTTP/2 %v: %s", e.code, 
 func (ss *session) readClient() error {
 	for {
 		f, err := ss.down.fr.ReadFrame()
+		ss.frames.Add(1)
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
@@ -125,6 +148,7 @@ func (ss *session) readClient() error {
 			}
 		}
 		if !ss.down.frameBuffered() {
+			ss.startClocks()
 			ss.flushAll()
 			ss.closeIfDrained()
 		}
@@ -159,6 +183,19 @@ func (ss *session) noteReset(id uint32) {
 	defer ss.mu.Unlock()
 	ss.resets[ss.nreset%len(ss.resets)] = id
 	ss.nreset++
+}
+
+// noteClosedLocked remembers that the client's stream id closed after the client ended or
+// reset it. mu is held.
+func (ss *session) noteClosedLocked(id uint32) {
+	ss.closedIDs[ss.nclosed%len(ss.closedIDs)] = id
+	ss.nclosed++
+}
+
+// wasClosed says whether the client's stream id closed lately after the client ended or reset
+// it. mu is held.
+func (ss *session) wasClosed(id uint32) bool {
+	return id != 0 && slices.Contains(ss.closedIDs[:], id)
 }
 
 // wasReset says whether podgate reset the client's stream id lately. mu is held.
@@ -238,6 +275,11 @@ func (ss *session) clientFrame(f http2.Frame) error {
 		ss.down.pong(f)
 	case *http2.RSTStreamFrame:
 		ss.reset(ss.streamByDown(f.StreamID), f.ErrCode, true)
+		ss.mu.Lock()
+		if f.StreamID <= ss.lastID && !ss.wasClosed(f.StreamID) {
+			ss.noteClosedLocked(f.StreamID)
+		}
+		ss.mu.Unlock()
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "a client sent PUSH_PROMISE"}
 	}
@@ -248,39 +290,124 @@ func (ss *session) clientFrame(f http2.Frame) error {
 
 // clientHeaders starts a call, or forwards the client's trailers.
 func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
 	ss.mu.Lock()
-	if s := ss.streams[f.StreamID]; s != nil {
+	if s := ss.streams[id]; s != nil {
 		ss.unlock(ss.clientTrailersLocked(s, f))
 		return nil
 	}
-	open, full, err := ss.admitLocked(f.StreamID)
+	if id <= ss.lastID && !ss.wasReset(id) && ss.wasClosed(id) {
+		ss.mu.Unlock()
+		ss.rstClient(id, http2.ErrCodeStreamClosed) // RFC 9113 §5.1, closed
+		return nil
+	}
+	open, full, err := ss.admitLocked(id)
 	ss.mu.Unlock()
 	switch {
 	case !open:
 		return err
 	case full:
-		ss.rstClient(f.StreamID, http2.ErrCodeRefusedStream)
+		ss.rstClient(id, http2.ErrCodeRefusedStream)
 		return nil
 	}
 	path := f.PseudoValue("path")
-	if f.PseudoValue("method") != "POST" || path == "" || f.Truncated {
-		ss.rstClient(f.StreamID, http2.ErrCodeProtocol)
+	switch method := f.PseudoValue("method"); {
+	case f.Truncated:
+		ss.report(refusal{ReasonHeaderList, fmt.Sprintf("sent a header block over SETTINGS_MAX_HEADER_LIST_SIZE (%d bytes decoded)", ss.srv.lim.MaxHeaderList), "RST_STREAM PROTOCOL_ERROR"})
+		ss.rstClient(id, http2.ErrCodeProtocol)
+		return nil
+	case method != "POST":
+		ss.notPost(f, method)
+		return nil
+	case path == "":
+		ss.rstClient(id, http2.ErrCodeProtocol)
 		return nil
 	}
-	s := ss.newClientStream(f.StreamID, path, f.StreamEnded())
-	target := ss.srv.Route(path)
+	arrived := time.Now()
+	s := ss.newClientStream(id, path, f.StreamEnded())
+	if !ss.admitBytes(s, f) {
+		return nil
+	}
+	return ss.start(s, f, arrived)
+}
+
+// start routes the client's new call s, whose headers f arrived at arrived, and starts its
+// clock.
+func (ss *session) start(s *stream, f *http2.MetaHeadersFrame, arrived time.Time) error {
+	target := ss.srv.Route(s.path)
 	fields := f.Fields
 	if ss.srv.Observer != nil {
-		call := &Call{Path: path, Target: target, Header: f.Fields}
+		call := &Call{Path: s.path, Target: target, Header: f.Fields}
 		s.token, s.observed = ss.srv.Observer.Begin(call), true
 		fields = call.forwarded()
 	}
-	return ss.route(s, f, target, fields)
+	err := ss.route(s, f, target, fields)
+	timeout, ok := grpcTimeout(f.Fields)
+	ss.mu.Lock()
+	if !s.removed && !s.toUp.done {
+		ss.clocks = append(ss.clocks, clock{s, arrived, timeout, ok})
+	}
+	ss.mu.Unlock()
+	return err
+}
+
+// admitBytes counts the call's header block against the budget; a call over the budget is
+// refused before it is read (REFUSED_STREAM: the client may retry it).
+func (ss *session) admitBytes(s *stream, f *http2.MetaHeadersFrame) bool {
+	n := headerListSize(f.Fields)
+	ss.mu.Lock()
+	reason := ss.chargeLocked(s, n)
+	held := ss.held.Load()
+	ss.mu.Unlock()
+	if reason == "" {
+		return true
+	}
+	ss.report(refusal{reason, fmt.Sprintf("opened a call of %s while its connection held %d bytes and all of them %d", s.path, held, ss.srv.held.Load()), "RST_STREAM REFUSED_STREAM"})
+	ss.rstClient(s.downID, http2.ErrCodeRefusedStream)
+	return false
+}
+
+// grpcTimeout is a header block's grpc-timeout; false without one, or with one that does not
+// parse (whose call podgate answers, or its server).
+func grpcTimeout(fields []hpack.HeaderField) (time.Duration, bool) {
+	v := headerValue(fields, "grpc-timeout")
+	if v == "" {
+		return 0, false
+	}
+	d, err := parseTimeout(v)
+	return d, err == nil
+}
+
+// notPost answers a request whose method is not POST as gRPC's server does: HTTP 405 with
+// Internal (415 with InvalidArgument when it is not gRPC's content type at all), and a
+// RST_STREAM NO_ERROR after it when the client has not ended the request.
+func (ss *session) notPost(f *http2.MetaHeadersFrame, method string) {
+	ct := headerValue(f.Fields, "content-type")
+	httpStatus, code := "405", codes.Internal
+	msg := fmt.Sprintf("Received a HEADERS frame with :method %q which should be POST", method)
+	if ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
+		httpStatus, code = "415", codes.InvalidArgument
+		msg = fmt.Sprintf("invalid gRPC request content-type %q", ct)
+		ct = "application/grpc"
+	}
+	fields := []hpack.HeaderField{{Name: ":status", Value: httpStatus}, {Name: "content-type", Value: ct}}
+	fields = append(fields, statusFields(status.New(code, msg))...)
+	t := todo{}.frame(ss.down, f.StreamID, item{headers: fields, end: true})
+	ss.mu.Lock()
+	if f.StreamEnded() {
+		ss.noteClosedLocked(f.StreamID)
+	} else {
+		t.rstID, t.rstCode = f.StreamID, http2.ErrCodeNo
+	}
+	ss.unlock(t)
 }
 
 // clientTrailersLocked takes the client's trailers on s: they end its request. mu is held.
 func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) todo {
-	if !f.StreamEnded() || s.toUp.done {
+	switch {
+	case s.toUp.done:
+		return todo{reset: s, code: http2.ErrCodeStreamClosed} // half-closed (remote), §5.1
+	case !f.StreamEnded():
 		return todo{reset: s, code: http2.ErrCodeProtocol}
 	}
 	s.toUp.done = true
@@ -348,6 +475,8 @@ func (ss *session) route(s *stream, f *http2.MetaHeadersFrame, target *Target, f
 func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderField) (todo, error) {
 	switch {
 	case ss.closed:
+		s.kind = answered{}
+		ss.removeLocked(s)
 		return todo{ended: s}, errors.New("session closed")
 	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
 		return ss.answerLocalLocked(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", up.target.Name, up.maxStreams)), nil
@@ -380,7 +509,7 @@ func (ss *session) answerLocalLocked(s *stream, code codes.Code, msg string) tod
 	s.toUp.sentEnd = s.toUp.done
 	t := todo{}.frame(ss.down, s.downID, item{headers: grpcStatus(code, msg, true), end: true})
 	if s.toUp.done {
-		s.removed = true
+		ss.removeLocked(s)
 		t.ended = s
 	} else {
 		ss.streams[s.downID] = s
@@ -449,6 +578,9 @@ func (ss *session) close() {
 	_ = ss.down.conn.Close()
 	ss.mu.Lock()
 	ss.closed = true
+	if ss.watch.timer != nil {
+		ss.watch.timer.Stop()
+	}
 	var open []*stream
 	for _, s := range ss.streams {
 		open = append(open, s)

@@ -52,7 +52,6 @@ type unaryCall struct {
 	deadline    time.Time
 	contentType string
 	buf         []byte
-	tooBig      bool
 	cancel      context.CancelFunc
 }
 
@@ -88,6 +87,7 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 // request is already whole. mu is held.
 func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 	if ss.closed {
+		ss.removeLocked(s)
 		return todo{ended: s}
 	}
 	s.toDown.send = newWindow(ss.down.peerInitWindow)
@@ -100,19 +100,47 @@ func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 
 // unaryRequestLocked takes the request's bytes of a call answered in the process: they are
 // consumed as they come (their window goes back at once). mu is held.
+//
+// What it holds counts against the budget: a request over the budget, or whose length prefix
+// says more than the message limit, is answered ResourceExhausted at once, not at its end.
 func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, it item) todo {
 	ss.credit(s.req, s, int64(len(it.data)))
-	switch {
-	case u.tooBig:
-	case len(u.buf)+len(it.data) > 5+u.target.maxMessage():
-		u.tooBig, u.buf = true, nil
-	default:
-		u.buf = append(u.buf, it.data...)
+	limit := u.target.maxMessage()
+	if reason := ss.chargeLocked(s, int64(len(it.data))); reason != "" {
+		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("podgate holds too much for its clients' requests (%s)", reason),
+			refusal{reason, fmt.Sprintf("sent %d bytes of a request of %s while its connection held %d bytes", len(u.buf)+len(it.data), s.path, ss.held.Load()), "answered ResourceExhausted"})
 	}
-	if it.end {
+	had := len(u.buf)
+	u.buf = append(u.buf, it.data...)
+	var n uint32
+	if len(u.buf) >= 5 {
+		n = binary.BigEndian.Uint32(u.buf[1:5])
+	}
+	switch {
+	case had < 5 && int64(n) > int64(limit):
+		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d vs. %d)", n, limit),
+			refusal{ReasonMessageTooLarge, fmt.Sprintf("announced a message of %d bytes for %s", n, s.path), "answered ResourceExhausted"})
+	case len(u.buf) > 5+limit:
+		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d)", limit),
+			refusal{ReasonMessageTooLarge, fmt.Sprintf("sent more than %d bytes for %s", limit, s.path), "answered ResourceExhausted"})
+	case it.end:
 		return ss.dispatchLocked(s, u)
 	}
 	return todo{}
+}
+
+// refuseLocked answers s with a status before its request ended and resets it (NO_ERROR), as
+// gRPC's server does: what the client still sends on it is dropped, and the bytes s held go
+// back. r is reported. mu is held.
+func (ss *session) refuseLocked(s *stream, code codes.Code, msg string, r refusal) todo {
+	t := ss.answerLocalLocked(s, code, msg)
+	if !s.removed {
+		ss.removeLocked(s)
+		t.ended = s
+		t.rstID, t.rstCode = s.downID, http2.ErrCodeNo
+	}
+	t.note = &r
+	return t
 }
 
 // dispatchLocked readies the target's handler to run on the whole request, in a goroutine of
@@ -145,8 +173,6 @@ func (ss *session) dispatchLocked(s *stream, u *unaryCall) todo {
 // message is the request's one message, or the status a gRPC server answers a bad one with.
 func (u *unaryCall) message() ([]byte, error) {
 	switch {
-	case u.tooBig:
-		return nil, status.Errorf(codes.ResourceExhausted, "received message larger than max (%d)", u.target.maxMessage())
 	case len(u.buf) < 5:
 		return nil, status.Error(codes.Internal, "the request has no message")
 	case u.buf[0] != 0:

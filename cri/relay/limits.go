@@ -1,0 +1,255 @@
+package relay
+
+// What one client may make the relay hold, and for how long: the memory budget, the
+// connections' limits, and the report of a client that went over them.
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"k8s.io/klog/v2"
+)
+
+// Limits bound what clients can make the relay hold and for how long. A zero field takes its
+// default (DefaultLimits), which a kubelet never reaches: its largest request is a few KiB, its
+// header blocks a few hundred bytes, and it calls the runtime every second or so.
+type Limits struct {
+	// ConnectionBytes bounds the bytes one client connection makes the relay hold for requests
+	// it has not yet handed on: intercepted requests' bodies until their end, the decoded
+	// header blocks of its open calls, request bytes that wait for the runtime's window. A call
+	// that would go over it is refused.
+	ConnectionBytes int64
+	// TotalBytes bounds the same over every connection. Over it, the connection that holds the
+	// most pays: its call is refused when it is the caller's, else that connection is closed.
+	TotalBytes int64
+	// MaxConnections bounds the client connections open at once; a connection over it is closed
+	// as soon as it is accepted.
+	MaxConnections int
+	// MaxHeaderList is the SETTINGS_MAX_HEADER_LIST_SIZE the relay announces and holds a
+	// client's header block to, counted as HPACK decodes it.
+	MaxHeaderList uint32
+	// IdleTimeout closes a connection that has had no call open for so long (GOAWAY, then the
+	// close); its client reconnects at its next call.
+	IdleTimeout time.Duration
+	// KeepaliveTime is how long a client may send nothing before the relay sends it a PING;
+	// KeepaliveTimeout how long it then has to answer before its connection is closed.
+	KeepaliveTime, KeepaliveTimeout time.Duration
+	// RequestTimeout bounds how long a call without a grpc-timeout may take to send its whole
+	// request; a call with one gets its grpc-timeout, from the moment its headers arrive.
+	RequestTimeout time.Duration
+}
+
+// DefaultLimits are the limits a zero Limits field takes.
+var DefaultLimits = Limits{
+	ConnectionBytes:  64 << 20,
+	TotalBytes:       256 << 20,
+	MaxConnections:   4096,
+	MaxHeaderList:    64 << 10,
+	IdleTimeout:      5 * time.Minute,
+	KeepaliveTime:    2 * time.Minute,
+	KeepaliveTimeout: 20 * time.Second,
+	RequestTimeout:   2 * time.Minute,
+}
+
+// withDefaults is l with every zero field set to its default.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	pick := func(v, def time.Duration) time.Duration {
+		if v > 0 {
+			return v
+		}
+		return def
+	}
+	if l.ConnectionBytes <= 0 {
+		l.ConnectionBytes = d.ConnectionBytes
+	}
+	if l.TotalBytes <= 0 {
+		l.TotalBytes = d.TotalBytes
+	}
+	if l.MaxConnections <= 0 {
+		l.MaxConnections = d.MaxConnections
+	}
+	if l.MaxHeaderList == 0 {
+		l.MaxHeaderList = d.MaxHeaderList
+	}
+	l.IdleTimeout = pick(l.IdleTimeout, d.IdleTimeout)
+	l.KeepaliveTime = pick(l.KeepaliveTime, d.KeepaliveTime)
+	l.KeepaliveTimeout = pick(l.KeepaliveTimeout, d.KeepaliveTimeout)
+	l.RequestTimeout = pick(l.RequestTimeout, d.RequestTimeout)
+	return l
+}
+
+// Reasons a client's call or connection is refused or ended, the values Server.Refused is told
+// and the relay's log lines name.
+const (
+	ReasonConnectionBudget = "connection_budget"     // the connection held ConnectionBytes
+	ReasonTotalBudget      = "total_budget"          // every connection together held TotalBytes
+	ReasonMessageTooLarge  = "message_too_large"     // a length prefix over the message limit
+	ReasonHeaderList       = "header_list_too_large" // a header block over MaxHeaderList
+	ReasonDeadline         = "deadline"              // a request not whole at its grpc-timeout
+	ReasonRequestTimeout   = "request_timeout"       // a request not whole after RequestTimeout
+	ReasonConnectionCap    = "connection_cap"        // MaxConnections open already
+	ReasonIdle             = "idle_timeout"          // no call open for IdleTimeout
+	ReasonKeepalive        = "keepalive_timeout"     // no answer to a PING
+	ReasonPreface          = "preface"               // no HTTP/2 client preface
+	ReasonProtocol         = "protocol_error"        // a frame that breaks HTTP/2: GOAWAY
+)
+
+// Reasons lists every reason, for a metric's label values made up front.
+var Reasons = []string{ReasonConnectionBudget, ReasonTotalBudget, ReasonMessageTooLarge, ReasonHeaderList,
+	ReasonDeadline, ReasonRequestTimeout, ReasonConnectionCap, ReasonIdle, ReasonKeepalive, ReasonPreface, ReasonProtocol}
+
+// quietReasons are the reasons that are no misbehaviour (a client that stays away): logged at
+// verbosity 2 rather than always.
+var quietReasons = map[string]bool{ReasonIdle: true}
+
+// logInterval is how often a reason may be logged at most: a client cannot flood the log, and
+// the lines it was refused say how many were left out.
+const logInterval = time.Second
+
+// logLimiter lets one log line per reason through per logInterval and counts the others.
+type logLimiter struct {
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+// allow says whether a line of reason may be logged now, and how many were left out since the
+// last one.
+func (l *logLimiter) allow(reason string, now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last, l.suppressed = map[string]time.Time{}, map[string]int{}
+	}
+	if now.Sub(l.last[reason]) < logInterval {
+		l.suppressed[reason]++
+		return false, 0
+	}
+	l.last[reason] = now
+	n := l.suppressed[reason]
+	l.suppressed[reason] = 0
+	return true, n
+}
+
+// peer is the process at the other end of a client's connection, as the kernel says
+// (SO_PEERCRED): read as the connection is accepted, for the log line of a client that
+// misbehaves; -1 when unknown.
+type peer struct{ pid, uid int64 }
+
+// refusal is what the relay did about a client, for its one log line and the metric.
+type refusal struct {
+	reason string
+	did    string // what the client did
+	action string // what podgate did
+}
+
+// report counts r and logs it, once per connection and within the log's rate: the peer's pid
+// and uid, what it did, what podgate did.
+func (ss *session) report(r refusal) {
+	ss.srv.reportRefusal(ss.peer, &ss.logged, r)
+}
+
+// reportRefusal is report for a connection that has no session (refused at accept).
+func (s *Server) reportRefusal(p peer, logged *sync.Once, r refusal) {
+	if s.Refused != nil {
+		s.Refused(r.reason)
+	}
+	logged.Do(func() {
+		ok, left := s.logs.allow(r.reason, time.Now())
+		if !ok {
+			return
+		}
+		l := s.logger()
+		if quietReasons[r.reason] {
+			l = l.V(2)
+		}
+		l.Info("A CRI client misbehaved", "reason", r.reason, "pid", p.pid, "uid", p.uid,
+			"did", r.did, "podgate", r.action, "suppressed", left)
+	})
+}
+
+// logger is the Server's logger, klog's global one when none was set.
+func (s *Server) logger() klog.Logger {
+	if s.Logger.GetSink() == nil {
+		return klog.Background()
+	}
+	return s.Logger
+}
+
+// chargeLocked counts n more bytes that s holds for its client. When they do not fit it
+// counts none and says why; when only the process's budget is over and other connections hold
+// more, the one that holds the most is closed to make room. mu is held.
+func (ss *session) chargeLocked(s *stream, n int64) string {
+	lim := &ss.srv.lim
+	switch {
+	case ss.shedding.Load():
+		return ReasonTotalBudget
+	case ss.held.Load()+n > lim.ConnectionBytes:
+		return ReasonConnectionBudget
+	case ss.srv.held.Load()+n > lim.TotalBytes && !ss.srv.makeRoom(ss, n):
+		return ReasonTotalBudget
+	}
+	ss.forceChargeLocked(s, n)
+	return ""
+}
+
+// forceChargeLocked counts n more bytes s holds, over the budget or not: bytes the windows
+// bound already. mu is held.
+func (ss *session) forceChargeLocked(s *stream, n int64) {
+	ss.held.Add(n)
+	ss.srv.held.Add(n)
+	s.held += n
+}
+
+// releaseLocked gives back n of the bytes s held. mu is held.
+func (ss *session) releaseLocked(s *stream, n int64) {
+	if n <= 0 {
+		return
+	}
+	s.held -= n
+	ss.held.Add(-n)
+	ss.srv.held.Add(-n)
+}
+
+// makeRoom makes room for n more bytes of ss within the process's budget: the connections
+// that hold the most, while they hold more than ss, are closed (shed), and their bytes count
+// as given back, which they are as their calls end. It says whether the room is there.
+func (s *Server) makeRoom(ss *session, n int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var leaving int64 // what the connections being shed still hold
+	for o := range s.sessions {
+		if o.shedding.Load() {
+			leaving += o.held.Load()
+		}
+	}
+	for s.held.Load()-leaving+n > s.lim.TotalBytes {
+		var top *session
+		for o := range s.sessions {
+			if !o.shedding.Load() && (top == nil || o.held.Load() > top.held.Load()) {
+				top = o
+			}
+		}
+		if top == nil || top == ss || top.held.Load() <= ss.held.Load() || !top.shedding.CompareAndSwap(false, true) {
+			return false
+		}
+		leaving += top.held.Load()
+		go top.shed()
+	}
+	return true
+}
+
+// shed closes the connection, the one that held the most when the process's budget ran out:
+// GOAWAY ENHANCE_YOUR_CALM, and its calls end, which gives their bytes back.
+func (ss *session) shed() {
+	ss.report(refusal{ReasonTotalBudget, fmt.Sprintf("held %d bytes, the most of any connection, when all of them together reached %d", ss.held.Load(), ss.srv.lim.TotalBytes), "closed the connection"})
+	ss.down.goAway(ss.lastIDLocked(), http2.ErrCodeEnhanceYourCalm)
+	_ = ss.down.conn.Close()
+}
+
+// Held is how many bytes the relay holds now for requests it has not handed on, over every
+// connection: what Limits.TotalBytes bounds.
+func (s *Server) Held() int64 { return s.held.Load() }
