@@ -196,13 +196,7 @@ func (s *Hooks) verifyPod(ctx context.Context, id, after string) {
 // recordPod stores a pod cgroup's verification, and reports whether it is news worth a log
 // line (as record does for containers).
 func (s *Hooks) recordPod(id, after string, held *cgroup.Held, mismatches []cgroup.Mismatch, err error) bool {
-	result := registry.CgroupOK
-	switch {
-	case err != nil:
-		result = registry.CgroupError
-	case len(mismatches) > 0:
-		result = registry.CgroupMismatch
-	}
+	result := verificationResult(mismatches, err)
 	s.podVerifications.WithLabelValues(after, result).Inc()
 	news := false
 	s.podLevel.update(id, nil, func(e *podLevel) {

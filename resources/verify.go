@@ -84,13 +84,7 @@ func (s *Hooks) verifyContainer(ctx context.Context, id, after string) (err erro
 // check follows a CRI call, or a recheck found the result changed (a recheck repeating the
 // last result stays quiet).
 func (s *Hooks) record(id, after string, held *cgroup.Held, mismatches []cgroup.Mismatch, err error) bool {
-	result := registry.CgroupOK
-	switch {
-	case err != nil:
-		result = registry.CgroupError
-	case len(mismatches) > 0:
-		result = registry.CgroupMismatch
-	}
+	result := verificationResult(mismatches, err)
 	s.verifications.WithLabelValues(after, result).Inc()
 	news := false
 	s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) {
@@ -143,3 +137,14 @@ func (s *Hooks) Run(ctx context.Context) {
 
 // Wait waits for the background verifications, until ctx ends (shutdown, tests).
 func (s *Hooks) Wait(ctx context.Context) error { return s.background.Wait(ctx) }
+
+// verificationResult is a cgroup check's result as the registry and the metrics name it.
+func verificationResult(mismatches []cgroup.Mismatch, err error) string {
+	switch {
+	case err != nil:
+		return registry.CgroupError
+	case len(mismatches) > 0:
+		return registry.CgroupMismatch
+	}
+	return registry.CgroupOK
+}
