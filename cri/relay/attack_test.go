@@ -607,7 +607,8 @@ func TestNotPostAnsweredAsGRPCServer(t *testing.T) {
 }
 
 // TestFramesOnClosedStreams: DATA or HEADERS on a stream the client ended (half-closed remote)
-// or that has closed are a STREAM_CLOSED error (RFC 9113 §5.1), and the connection goes on.
+// or that has closed are a STREAM_CLOSED stream error (RFC 9113 §5.1), and the connection goes
+// on; HEADERS on a stream both ends ended is a STREAM_CLOSED connection error.
 func TestFramesOnClosedStreams(t *testing.T) {
 	b := newAttackBed(t, Limits{}, 16<<20)
 	cl := dialRelay(t, b.sock)
@@ -661,6 +662,16 @@ func TestFramesOnClosedStreams(t *testing.T) {
 	if h := cl.readUntil(func(f http2.Frame) bool { return isHeaders(f) && f.Header().StreamID == 11 }); field(h, ":status") != "200" {
 		t.Errorf("the next call: %v", h.(*http2.MetaHeadersFrame).Fields)
 	}
+
+	// HEADERS on a stream both ends closed with END_STREAM: a connection error of type
+	// STREAM_CLOSED (§5.1), as h2spec's "5.1 closed: Sends a HEADERS frame" asks.
+	again := dialRelay(t, b.sock)
+	again.headers(1, true, grpcRequest("/svc/Unknown")...)
+	again.readUntil(func(f http2.Frame) bool { return isHeaders(f) && f.Header().StreamID == 1 })
+	again.headers(1, true, grpcRequest("/svc/Unknown")...)
+	if g := again.readUntil(func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok }).(*http2.GoAwayFrame); g.ErrCode != http2.ErrCodeStreamClosed {
+		t.Errorf("HEADERS on a closed stream: GOAWAY %v, want STREAM_CLOSED", g.ErrCode)
+	}
 }
 
 // TestClientsHeaderListLimitKept: an answer whose header block is larger than the client's
@@ -679,5 +690,21 @@ func TestClientsHeaderListLimitKept(t *testing.T) {
 	cl.write(func(fr *http2.Framer) error { return fr.WriteData(3, true, message(2, []byte("hi"))) })
 	if h := cl.readUntil(func(f http2.Frame) bool { return f.Header().StreamID == 3 }); !isHeaders(h) || field(h, ":status") != "200" {
 		t.Errorf("a call whose answer fits: %v", h)
+	}
+}
+
+// TestStreamCapRefused: the relay advertises maxStreams calls at once per connection and
+// refuses one over it with REFUSED_STREAM (RFC 9113 §5.1.2, h2spec's 5.1.2), while the calls
+// open stay open.
+func TestStreamCapRefused(t *testing.T) {
+	b := newAttackBed(t, Limits{}, 16<<20)
+	cl := dialRelay(t, b.sock)
+	for i := range uint32(maxStreams) {
+		cl.headers(2*i+1, false, grpcRequest("/svc/Raw")...)
+	}
+	over := uint32(2*maxStreams + 1)
+	cl.headers(over, false, grpcRequest("/svc/Raw")...)
+	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != over || r.ErrCode != http2.ErrCodeRefusedStream {
+		t.Errorf("call %d over the %d advertised: RST_STREAM %d %v, want %d REFUSED_STREAM", maxStreams+1, maxStreams, r.StreamID, r.ErrCode, over)
 	}
 }

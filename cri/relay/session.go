@@ -297,9 +297,10 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if id <= ss.lastID && !ss.wasReset(id) && ss.wasClosed(id) {
+		// RFC 9113 §5.1, closed: a frame after both ends' END_STREAM is a connection error of
+		// type STREAM_CLOSED (after a reset, it is one the client may have sent before it knew).
 		ss.mu.Unlock()
-		ss.rstClient(id, http2.ErrCodeStreamClosed) // RFC 9113 §5.1, closed
-		return nil
+		return connError{http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS on closed stream %d", id)}
 	}
 	open, full, err := ss.admitLocked(id)
 	ss.mu.Unlock()

@@ -115,7 +115,9 @@ func runOne(ctx context.Context, r *rig, a attack, server string) (string, error
 	answered := k.finish()
 	logLines := "—"
 	if pg != nil {
-		logLines = fmt.Sprint(strings.Count(pg.Log.String(), "Refused a PodResources client"))
+		// Each socket's line for a client it refused or cut off.
+		log := pg.Log.String()
+		logLines = fmt.Sprint(strings.Count(log, "Refused a PodResources client") + strings.Count(log, "A CRI client misbehaved"))
 	}
 	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %s | %s | %s", before.rss, after.rss, after.hwm, goroutines, answered, did, logLines), nil
 }

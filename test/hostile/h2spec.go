@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -28,6 +29,7 @@ func runH2spec(ctx context.Context, r *rig, bin, path string) error {
 	}
 	defer func() { _, _ = pg.Stop(30 * time.Second) }()
 	results := map[string]map[string]string{} // server → test → result
+	var podgateWhy map[string]string          // test → h2spec's failure text, podgate's
 	for _, t := range []struct{ server, sock string }{{"podgate", pg.Socket}, {"grpc-go", f.sock}} {
 		port, stop, err := forward(t.sock)
 		if err != nil {
@@ -37,11 +39,15 @@ func runH2spec(ctx context.Context, r *rig, bin, path string) error {
 		cmd := exec.CommandContext(ctx, bin, "-p", strconv.Itoa(port), "-P", path, "-o", "2", "-j", report)
 		_ = cmd.Run() // h2spec exits non-zero when a test fails
 		stop()
-		if results[t.server], err = readReport(report); err != nil {
+		var why map[string]string
+		if results[t.server], why, err = readReport(report); err != nil {
 			return fmt.Errorf("%s: %w", t.server, err)
 		}
+		if t.server == "podgate" {
+			podgateWhy = why
+		}
 	}
-	return printSideBySide(results["podgate"], results["grpc-go"])
+	return printSideBySide(results["podgate"], results["grpc-go"], podgateWhy)
 }
 
 // forward listens on a free TCP port of loopback and passes each connection to sock.
@@ -75,26 +81,28 @@ type junitSuites struct {
 	Suites []struct {
 		Name  string `xml:"name,attr"`
 		Cases []struct {
-			Package   string    `xml:"package,attr"`
-			ClassName string    `xml:"classname,attr"`
-			Failure   *struct{} `xml:"failure"`
-			Skipped   *struct{} `xml:"skipped"`
-			Error     *struct{} `xml:"error"`
+			Package   string `xml:"package,attr"`
+			ClassName string `xml:"classname,attr"`
+			Failure   *struct {
+				Text string `xml:",chardata"`
+			} `xml:"failure"`
+			Skipped *struct{} `xml:"skipped"`
+			Error   *struct{} `xml:"error"`
 		} `xml:"testcase"`
 	} `xml:"testsuite"`
 }
 
 // readReport reads h2spec's JUnit report: each test's result by its id and title.
-func readReport(file string) (map[string]string, error) {
+func readReport(file string) (map[string]string, map[string]string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var s junitSuites
 	if err := xml.Unmarshal(b, &s); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := map[string]string{}
+	out, why := map[string]string{}, map[string]string{}
 	for _, suite := range s.Suites {
 		for _, c := range suite.Cases {
 			res := "pass"
@@ -105,12 +113,16 @@ func readReport(file string) (map[string]string, error) {
 				res = "skip"
 			}
 			out[c.Package+" "+c.ClassName] = res
+			if c.Failure != nil {
+				// h2spec's expected and actual frames.
+				why[c.Package+" "+c.ClassName] = strings.Join(strings.Fields(c.Failure.Text), " ")
+			}
 		}
 	}
-	return out, nil
+	return out, why, nil
 }
 
-func printSideBySide(pg, gg map[string]string) error {
+func printSideBySide(pg, gg, pgWhy map[string]string) error {
 	var names []string
 	for n := range pg {
 		names = append(names, n)
@@ -145,5 +157,10 @@ func printSideBySide(pg, gg map[string]string) error {
 		fmt.Printf("| %s | %s%s | %s |\n", n, pg[n], mark, gg[n])
 	}
 	fmt.Println("\n(tests both pass are left out)")
+	for _, n := range names {
+		if pg[n] == "FAIL" && gg[n] != "FAIL" {
+			fmt.Printf("\npodgate's alone, %s: %s\n", n, pgWhy[n])
+		}
+	}
 	return nil
 }
