@@ -36,7 +36,7 @@ func runH2spec(ctx context.Context, r *rig, bin, path string) error {
 			return err
 		}
 		report := filepath.Join(r.dir, t.server+".xml")
-		cmd := exec.CommandContext(ctx, bin, "-p", strconv.Itoa(port), "-P", path, "-o", "2", "-j", report)
+		cmd := exec.CommandContext(ctx, bin, "-p", strconv.Itoa(port), "-P", path, "-o", "10", "-j", report)
 		_ = cmd.Run() // h2spec exits non-zero when a test fails
 		stop()
 		var why map[string]string
