@@ -25,7 +25,7 @@ import (
 // (agent/pipeline.go, sandboxStages). The timeline takes the order from podgate's spans; the
 // metrics say each stage's time (podgate_sandbox_stage_duration_seconds{stage}) but not the
 // order, so the step lines read them in this order, and refuse a stage this list lacks.
-var SandboxStages = []string{"sysctl-check", "dra-prepare", "forward", "status", "sysctl-verify", "dra-attach", "record"}
+var SandboxStages = []string{"sysctl-check", "dra-prepare", "forward", "status", "sysctl-verify", "dra-attach", "pod-resources", "record"}
 
 // Metric names the pod starts read.
 const (
