@@ -693,18 +693,18 @@ func TestClientsHeaderListLimitKept(t *testing.T) {
 	}
 }
 
-// TestStreamCapRefused: the relay advertises maxStreams calls at once per connection and
+// TestStreamCapRefused: the relay advertises MaxStreams calls at once per connection and
 // refuses one over it with REFUSED_STREAM (RFC 9113 §5.1.2, h2spec's 5.1.2), while the calls
 // open stay open.
 func TestStreamCapRefused(t *testing.T) {
 	b := newAttackBed(t, Limits{}, 16<<20)
 	cl := dialRelay(t, b.sock)
-	for i := range uint32(maxStreams) {
+	for i := range uint32(MaxStreams) {
 		cl.headers(2*i+1, false, grpcRequest("/svc/Raw")...)
 	}
-	over := uint32(2*maxStreams + 1)
+	over := uint32(2*MaxStreams + 1)
 	cl.headers(over, false, grpcRequest("/svc/Raw")...)
 	if r := cl.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != over || r.ErrCode != http2.ErrCodeRefusedStream {
-		t.Errorf("call %d over the %d advertised: RST_STREAM %d %v, want %d REFUSED_STREAM", maxStreams+1, maxStreams, r.StreamID, r.ErrCode, over)
+		t.Errorf("call %d over the %d advertised: RST_STREAM %d %v, want %d REFUSED_STREAM", MaxStreams+1, MaxStreams, r.StreamID, r.ErrCode, over)
 	}
 }

@@ -22,6 +22,11 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// MaxStreams is how many calls one client connection may have open at once: podgate
+// advertises it in SETTINGS_MAX_CONCURRENT_STREAMS and refuses a call over it with
+// REFUSED_STREAM.
+const MaxStreams = 1000
+
 const (
 	// streamWindow is the receive window podgate gives every stream, on both sides: the most of
 	// one call's bytes it holds when the side they go to reads slower than the side they come
@@ -34,8 +39,6 @@ const (
 	// maxHeaderList bounds a header block podgate decodes from a server (its
 	// SETTINGS_MAX_HEADER_LIST_SIZE); a client's is Limits.MaxHeaderList.
 	maxHeaderList = 1 << 20
-	// maxStreams is how many calls one client connection may have open at once.
-	maxStreams = 1000
 	// maxFrame is the largest frame podgate reads (HTTP/2's default SETTINGS_MAX_FRAME_SIZE,
 	// which it does not raise), so a frame it forwards fits any peer's.
 	maxFrame = 16384
@@ -397,7 +400,7 @@ func (ss *session) serve() error {
 	ss.down.wmu.Lock()
 	ss.mu.Unlock()
 	err := ss.down.writeSettingsLocked(
-		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: maxStreams},
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
 	)
