@@ -13,7 +13,8 @@
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
 #   make attacks the hostile local clients of issue 30 against podgate and grpc-go: RSS, the
 #                kubelet's Version answered, what each server did; a table (test/hostile; root)
-#   make h2spec  h2spec v2.2.1 with gRPC-shaped requests against podgate and grpc-go, side by side
+#   make h2spec  h2spec v2.2.1 with gRPC-shaped requests against podgate and grpc-go (also with
+#                podgate's stream limit), side by side
 #                (test/h2spec; root)
 #   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
 #                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)

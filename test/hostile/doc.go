@@ -9,8 +9,11 @@
 //	go run ./test/hostile            # make attacks
 //
 // With -h2spec BIN it runs h2spec (patched to send gRPC-shaped requests, see test/h2spec)
-// against podgate's CRI socket and against the grpc-go server, through a TCP→unix forwarder,
-// and prints each test's result side by side (make h2spec).
+// against podgate's CRI socket, against the grpc-go server, and against the grpc-go server
+// advertising podgate's stream limit, each through a TCP→unix forwarder, and prints each test's
+// result side by side (make h2spec). Arguments after the flags are h2spec's test IDs:
+//
+//	go run ./test/hostile -h2spec BIN http2/5.1.2
 //
 // It needs root: podgate runs as root.
 package main

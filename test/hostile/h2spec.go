@@ -5,49 +5,66 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/podgate/podgate/cri/relay"
 )
 
-// runH2spec runs h2spec against podgate's CRI socket and the grpc-go server's, each through a
-// TCP→unix forwarder (h2spec speaks TCP), and prints every test's result side by side.
-func runH2spec(ctx context.Context, r *rig, bin, path string) error {
+// runH2spec runs h2spec against podgate's CRI socket and two grpc-go servers, each through a
+// TCP→unix forwarder (h2spec speaks TCP), and prints every test's result side by side. The
+// second grpc-go server advertises podgate's own stream limit (relay.MaxStreams), so that the
+// tests of a limit (h2spec skips them where none is advertised) are compared like for like.
+func runH2spec(ctx context.Context, r *rig, bin, path string, tests []string) error {
 	f, err := r.startFake()
 	if err != nil {
 		return err
 	}
 	defer f.stop()
+	limited, err := r.startFake("-max-streams", strconv.Itoa(relay.MaxStreams))
+	if err != nil {
+		return err
+	}
+	defer limited.stop()
 	pg, err := r.startPodgate(ctx, f)
 	if err != nil {
 		return err
 	}
 	defer func() { _, _ = pg.Stop(30 * time.Second) }()
-	results := map[string]map[string]string{} // server → test → result
-	var podgateWhy map[string]string          // test → h2spec's failure text, podgate's
-	for _, t := range []struct{ server, sock string }{{"podgate", pg.Socket}, {"grpc-go", f.sock}} {
+	runs := []h2specRun{{server: "podgate", sock: pg.Socket}, {server: "grpc-go", sock: f.sock}, {server: grpcGoLimited, sock: limited.sock}}
+	for i := range runs {
+		t := &runs[i]
 		port, stop, err := forward(t.sock)
 		if err != nil {
 			return err
 		}
-		report := filepath.Join(r.dir, t.server+".xml")
-		cmd := exec.CommandContext(ctx, bin, "-p", strconv.Itoa(port), "-P", path, "-o", "10", "-j", report)
-		_ = cmd.Run() // h2spec exits non-zero when a test fails
+		report := filepath.Join(r.dir, strconv.Itoa(i)+".xml")
+		args := append([]string{"-p", strconv.Itoa(port), "-P", path, "-o", "10", "-j", report}, tests...)
+		_ = exec.CommandContext(ctx, bin, args...).Run() // h2spec exits non-zero when a test fails
 		stop()
-		var why map[string]string
-		if results[t.server], why, err = readReport(report); err != nil {
+		if t.results, t.why, err = readReport(report); err != nil {
 			return fmt.Errorf("%s: %w", t.server, err)
 		}
-		if t.server == "podgate" {
-			podgateWhy = why
-		}
 	}
-	return printSideBySide(results["podgate"], results["grpc-go"], podgateWhy)
+	printSideBySide(runs)
+	return nil
+}
+
+// grpcGoLimited names the grpc-go server run with podgate's stream limit.
+var grpcGoLimited = fmt.Sprintf("grpc-go, %d streams", relay.MaxStreams)
+
+// h2specRun is one server's h2spec results: each test's result and, for a failure, h2spec's
+// expected and actual frames.
+type h2specRun struct {
+	server, sock string
+	results, why map[string]string
 }
 
 // forward listens on a free TCP port of loopback and passes each connection to sock.
@@ -87,7 +104,9 @@ type junitSuites struct {
 				Text string `xml:",chardata"`
 			} `xml:"failure"`
 			Skipped *struct{} `xml:"skipped"`
-			Error   *struct{} `xml:"error"`
+			Error   *struct {
+				Text string `xml:",chardata"`
+			} `xml:"error"`
 		} `xml:"testcase"`
 	} `xml:"testsuite"`
 }
@@ -113,54 +132,59 @@ func readReport(file string) (map[string]string, map[string]string, error) {
 				res = "skip"
 			}
 			out[c.Package+" "+c.ClassName] = res
-			if c.Failure != nil {
-				// h2spec's expected and actual frames.
+			switch {
+			case c.Failure != nil: // h2spec's expected and actual frames
 				why[c.Package+" "+c.ClassName] = strings.Join(strings.Fields(c.Failure.Text), " ")
+			case c.Error != nil: // the same, when the connection ended a test
+				why[c.Package+" "+c.ClassName] = strings.Join(strings.Fields(c.Error.Text), " ")
 			}
 		}
 	}
 	return out, why, nil
 }
 
-func printSideBySide(pg, gg, pgWhy map[string]string) error {
-	var names []string
-	for n := range pg {
-		names = append(names, n)
-	}
-	for n := range gg {
-		if _, ok := pg[n]; !ok {
-			names = append(names, n)
+// printSideBySide prints each server's totals and a table of the tests not every server
+// passed; a failure is podgate's alone when no grpc-go server has it too.
+func printSideBySide(runs []h2specRun) {
+	names := map[string]bool{}
+	for _, r := range runs {
+		for n := range r.results {
+			names[n] = true
 		}
 	}
-	sort.Strings(names)
-	count := func(m map[string]string, res string) int {
-		n := 0
-		for _, r := range m {
-			if r == res {
-				n++
-			}
+	sorted := slices.Sorted(maps.Keys(names))
+	var totals, header, rule []string
+	for _, r := range runs {
+		count := map[string]int{}
+		for _, res := range r.results {
+			count[res]++
 		}
-		return n
+		totals = append(totals, fmt.Sprintf("%s: %d passed, %d failed, %d skipped", r.server, count["pass"], count["FAIL"], count["skip"]))
+		header, rule = append(header, r.server), append(rule, "---")
 	}
-	fmt.Printf("podgate: %d passed, %d failed, %d skipped; grpc-go: %d passed, %d failed, %d skipped\n\n",
-		count(pg, "pass"), count(pg, "FAIL"), count(pg, "skip"), count(gg, "pass"), count(gg, "FAIL"), count(gg, "skip"))
-	fmt.Println("| test | podgate | grpc-go |")
-	fmt.Println("|---|---|---|")
-	for _, n := range names {
-		if pg[n] == "pass" && gg[n] == "pass" {
+	fmt.Printf("%s\n\n| test | %s |\n|---|%s|\n", strings.Join(totals, "; "), strings.Join(header, " | "), strings.Join(rule, "|"))
+	podgate, others := runs[0], runs[1:]
+	alone := func(n string) bool {
+		return podgate.results[n] == "FAIL" && !slices.ContainsFunc(others, func(o h2specRun) bool { return o.results[n] == "FAIL" })
+	}
+	for _, n := range sorted {
+		if !slices.ContainsFunc(runs, func(r h2specRun) bool { return r.results[n] != "pass" }) {
 			continue
 		}
-		mark := ""
-		if pg[n] == "FAIL" && gg[n] != "FAIL" {
-			mark = " **podgate's alone**"
+		cells := []string{n}
+		for i, r := range runs {
+			cell := r.results[n]
+			if i == 0 && alone(n) {
+				cell += " **podgate's alone**"
+			}
+			cells = append(cells, cell)
 		}
-		fmt.Printf("| %s | %s%s | %s |\n", n, pg[n], mark, gg[n])
+		fmt.Printf("| %s |\n", strings.Join(cells, " | "))
 	}
-	fmt.Println("\n(tests both pass are left out)")
-	for _, n := range names {
-		if pg[n] == "FAIL" && gg[n] != "FAIL" {
-			fmt.Printf("\npodgate's alone, %s: %s\n", n, pgWhy[n])
+	fmt.Println("\n(tests every server passes are left out)")
+	for _, n := range sorted {
+		if podgate.results[n] == "FAIL" {
+			fmt.Printf("\npodgate, %s: %s\n", n, podgate.why[n])
 		}
 	}
-	return nil
 }

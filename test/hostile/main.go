@@ -43,7 +43,7 @@ func main() {
 	}
 	env := &rig{dir: dir, podgate: bins["podgate"], fake: bins["fakeruntime"]}
 	if *h2spec != "" {
-		if err := runH2spec(ctx, env, *h2spec, *path); err != nil {
+		if err := runH2spec(ctx, env, *h2spec, *path, flag.Args()); err != nil {
 			fail(err)
 		}
 		return
@@ -68,14 +68,14 @@ type fakeRuntime struct {
 	sock string
 }
 
-func (r *rig) startFake() (*fakeRuntime, error) {
+func (r *rig) startFake(args ...string) (*fakeRuntime, error) {
 	r.n++
 	d := filepath.Join(r.dir, strconv.Itoa(r.n))
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return nil, err
 	}
 	f := &fakeRuntime{sock: filepath.Join(d, "fake.sock")}
-	f.cmd = exec.Command(r.fake, "-listen", f.sock, "-containers", "10", "-sandboxes", "10")
+	f.cmd = exec.Command(r.fake, append([]string{"-listen", f.sock, "-containers", "10", "-sandboxes", "10"}, args...)...)
 	out, err := f.cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

@@ -11,11 +11,13 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
@@ -25,11 +27,13 @@ func main() {
 	listen := flag.String("listen", "", "unix socket to serve on")
 	containers := flag.Int("containers", 1000, "containers the runtime holds")
 	sandboxes := flag.Int("sandboxes", 1000, "sandboxes the runtime holds")
+	maxStreams := flag.Uint("max-streams", 0, "advertise and enforce this SETTINGS_MAX_CONCURRENT_STREAMS (0: grpc-go's default, none)")
 	flag.Parse()
 	f := fake.NewFakeRemoteRuntime()
 	f.RuntimeService.SetFakeSandboxes(fakeSandboxes(*sandboxes))
 	f.RuntimeService.SetFakeContainers(fakeContainers(*containers, *sandboxes))
-	if err := f.Start("unix://" + *listen); err != nil {
+	stop, err := serve(f, *listen, uint32(*maxStreams))
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeruntime:", err)
 		os.Exit(1)
 	}
@@ -37,7 +41,24 @@ func main() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
 	<-sig
-	f.Stop()
+	stop()
+}
+
+// serve serves f on the unix socket: with the fake's own server, or, with a stream limit, with
+// a server of that option holding the same services.
+func serve(f *fake.RemoteRuntime, sock string, maxStreams uint32) (stop func(), err error) {
+	if maxStreams == 0 {
+		return f.Stop, f.Start("unix://" + sock)
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(maxStreams))
+	runtimeapi.RegisterRuntimeServiceServer(srv, f)
+	runtimeapi.RegisterImageServiceServer(srv, f)
+	go func() { _ = srv.Serve(l) }()
+	return srv.Stop, nil
 }
 
 // id is a containerd-like ID: 64 hex digits.
