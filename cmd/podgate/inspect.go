@@ -316,19 +316,7 @@ func stalling(p *pb.ImagePull) string {
 		return ""
 	}
 	return fmt.Sprintf("stalling: %s/s < %s/s for %s of %s", progress.Bytes(p.GetStallBytesPerSecond()).Short(),
-		progress.Bytes(p.GetStallMinBytesPerSecond()).Short(), p.GetStallingFor().AsDuration().Round(time.Second), shortDuration(p.GetStallWindow().AsDuration()))
-}
-
-// shortDuration writes d as the configuration file does: "5m", not "5m0s".
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
+		progress.Bytes(p.GetStallMinBytesPerSecond()).Short(), p.GetStallingFor().AsDuration().Round(time.Second), progress.ShortDuration(p.GetStallWindow().AsDuration()))
 }
 
 func sandboxState(sb *pb.Sandbox) string {

@@ -117,7 +117,7 @@ func (e *pullEvents) PullEvent(ev Event) {
 		if stall := (*stallError)(nil); errors.As(ev.Err, &stall) {
 			e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullStalled, "Cancelled",
 				"Pull of image %q stalled: %s from registry %s over the last %s, below the minimum of %s (imagePulls.stall.minBytesPerSecond); podgate cancelled it, the kubelet retries it with back-off",
-				stall.image, rateString(stall.rate), stall.registry, shortDuration(stall.rule.Window), rateString(float64(stall.rule.MinBytesPerSecond)))
+				stall.image, rateString(stall.rate), stall.registry, progress.ShortDuration(stall.rule.Window), rateString(float64(stall.rule.MinBytesPerSecond)))
 		}
 		e.finished(ev, pod)
 	}

@@ -2,7 +2,6 @@ package imagepull
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -29,7 +28,7 @@ type stallError struct {
 
 func (e *stallError) Error() string {
 	return fmt.Sprintf("pull of %s stalled: %s from registry %s over the last %s, below imagePulls.stall.minBytesPerSecond %s; podgate cancelled the pull",
-		e.image, rateString(e.rate), e.registry, shortDuration(e.rule.Window), rateString(float64(e.rule.MinBytesPerSecond)))
+		e.image, rateString(e.rate), e.registry, progress.ShortDuration(e.rule.Window), rateString(float64(e.rule.MinBytesPerSecond)))
 }
 
 // Unwrap returns the class, for errors.Is and the CRI boundary's mapping.
@@ -37,18 +36,6 @@ func (e *stallError) Unwrap() error { return errdefs.ErrUnavailable }
 
 // rateString writes bytes per second as podgate's pull Events write rates: "210 B/s".
 func rateString(bps float64) string { return progress.Bytes(int64(bps)).String() + "/s" }
-
-// shortDuration writes d as the configuration does: "5m", not "5m0s".
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
 
 // Stall cancels the running backend pull of image that started at started, found stalled at
 // rate bytes per second against rule: the way a pull whose callers all left is cancelled, but

@@ -1,6 +1,9 @@
 package progress
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // StallRule says when a running pull is stalled: its rate, from containerd's content store,
 // stays below MinBytesPerSecond over Window. The zero rule (MinBytesPerSecond 0) finds no
@@ -80,4 +83,16 @@ func (w *stallWindow) judge(rule StallRule, unseen int64) Stall {
 		return Stall{Rate: rate, For: min(span, rule.Window), Stalled: stalled}
 	}
 	return Stall{}
+}
+
+// ShortDuration writes d as the configuration does: "5m", not "5m0s"; "1h", not "1h0m0s".
+func ShortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
