@@ -4,12 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
-	"strconv"
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/resources/cgroup"
 )
@@ -42,8 +41,8 @@ func validateResources(r *config.Resources) error {
 func Check(c *config.Configuration) error {
 	return errors.Join(
 		Validate(c),
-		prefixed("criSocketGroup", checkGroup(c.CRISocketGroup)),
-		prefixed("podResources.socketGroup", checkGroup(c.PodResources.SocketGroup)),
+		prefixed("criSocketGroup", cri.CheckSocketGroup(c.CRISocketGroup)),
+		prefixed("podResources.socketGroup", cri.CheckSocketGroup(c.PodResources.SocketGroup)),
 		prefixed("kubeconfig", kube.CheckKubeconfig(c.Kubeconfig)),
 		prefixed("stateDir", checkStateDir(c.StateDir)),
 		prefixed("resources.kubeletConfig", checkKubeletConfig(c.Resources.KubeletConfig)),
@@ -68,31 +67,6 @@ func prefixed(key string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", key, err)
-}
-
-// checkGroup resolves a group name or numeric id as the CRI socket's owner. Unlike
-// cri.Listen, which hands a numeric id to chown as it is, a gid no group has is refused: a
-// socket owned by nobody's group admits no kubelet but root's.
-func checkGroup(g string) error {
-	if g == "" {
-		return nil
-	}
-	var err error
-	if _, atoiErr := strconv.Atoi(g); atoiErr == nil {
-		_, err = user.LookupGroupId(g)
-	} else {
-		_, err = user.LookupGroup(g)
-	}
-	var unknownName user.UnknownGroupError
-	var unknownID user.UnknownGroupIdError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &unknownName), errors.As(err, &unknownID):
-		return fmt.Errorf("group %q: not found", g)
-	default:
-		return fmt.Errorf("group %q: %w", g, err)
-	}
 }
 
 // checkKubeletConfig reads the kubelet's configuration file as start-up does.

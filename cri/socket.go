@@ -97,3 +97,28 @@ func lookupGroup(g string) (int, error) {
 	}
 	return strconv.Atoi(grp.Gid)
 }
+
+// CheckSocketGroup resolves a socket's group, a name or a numeric id, as check-config checks
+// it. Unlike Listen, which hands a numeric id to chown as it is, it refuses a gid no group has:
+// a socket owned by nobody's group admits no client but root's.
+func CheckSocketGroup(g string) error {
+	if g == "" {
+		return nil
+	}
+	var err error
+	if _, atoiErr := strconv.Atoi(g); atoiErr == nil {
+		_, err = user.LookupGroupId(g)
+	} else {
+		_, err = user.LookupGroup(g)
+	}
+	var unknownName user.UnknownGroupError
+	var unknownID user.UnknownGroupIdError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &unknownName), errors.As(err, &unknownID):
+		return fmt.Errorf("group %q: not found", g)
+	default:
+		return fmt.Errorf("group %q: %w", g, err)
+	}
+}
