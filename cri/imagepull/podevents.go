@@ -152,18 +152,7 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 }
 
 // run looks at the pulls every second until ctx ends.
-func (e *pullEvents) run(ctx context.Context) {
-	tick := time.NewTicker(pullEventsPeriod)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			e.look()
-		}
-	}
-}
+func (e *pullEvents) run(ctx context.Context) { every(ctx, pullEventsPeriod, e.look) }
 
 // look reports what the thresholds call for and forgets the pulls that are gone.
 func (e *pullEvents) look() {

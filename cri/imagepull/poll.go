@@ -25,6 +25,15 @@ type DeletionPoller interface {
 // pollQueued asks poller every interval about the pods whose pulls wait in the queue, until ctx
 // ends.
 func (f *Feature) pollQueued(ctx context.Context, poller DeletionPoller, interval time.Duration) {
+	every(ctx, interval, func() {
+		if uids := f.governor.queuedPods(); len(uids) > 0 {
+			poller.PollDeleted(ctx, uids)
+		}
+	})
+}
+
+// every calls do each interval, the first time one interval from now, until ctx ends.
+func every(ctx context.Context, interval time.Duration, do func()) {
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -32,9 +41,7 @@ func (f *Feature) pollQueued(ctx context.Context, poller DeletionPoller, interva
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-		if uids := f.governor.queuedPods(); len(uids) > 0 {
-			poller.PollDeleted(ctx, uids)
+			do()
 		}
 	}
 }
