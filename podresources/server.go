@@ -99,18 +99,10 @@ func NewServer(o Options) (*Server, error) {
 	if o.Source == nil {
 		return nil, errors.New("podresources: no source")
 	}
-	if o.QPS == 0 {
-		o.QPS = DefaultQPS
-	}
-	if o.Burst == 0 {
-		o.Burst = DefaultBurst
-	}
-	if o.KubeletQPS == 0 {
-		o.KubeletQPS = DefaultKubeletQPS
-	}
-	if o.KubeletBurst == 0 {
-		o.KubeletBurst = DefaultKubeletBurst
-	}
+	o.QPS = cmp.Or(o.QPS, DefaultQPS)
+	o.Burst = cmp.Or(o.Burst, DefaultBurst)
+	o.KubeletQPS = cmp.Or(o.KubeletQPS, DefaultKubeletQPS)
+	o.KubeletBurst = cmp.Or(o.KubeletBurst, DefaultKubeletBurst)
 	if o.QPS < 0 || o.Burst < 0 {
 		return nil, fmt.Errorf("podresources: qps %v and burst %d must be positive", o.QPS, o.Burst)
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -55,26 +56,14 @@ type CRISocketLimits struct {
 // effective is l with each unset (zero) key at its default, as the CRI socket applies them;
 // the file and `podgate config defaults` leave them unset.
 func (l CRISocketLimits) effective() CRISocketLimits {
-	if l.ConnectionBytes == 0 {
-		l.ConnectionBytes = DefaultCRIConnectionBytes
-	}
-	if l.TotalBytes == 0 {
-		l.TotalBytes = DefaultCRITotalBytes
-	}
-	if l.MaxHeaderListBytes == 0 {
-		l.MaxHeaderListBytes = DefaultCRIMaxHeaderListBytes
-	}
-	if l.MaxConnections == 0 {
-		l.MaxConnections = DefaultCRIMaxConnections
-	}
-	for _, d := range []struct {
-		v   *Duration
-		def time.Duration
-	}{{&l.IdleTimeout, DefaultCRIIdleTimeout}, {&l.KeepaliveTime, DefaultCRIKeepaliveTime}, {&l.KeepaliveTimeout, DefaultCRIKeepaliveTimeout}, {&l.RequestTimeout, DefaultCRIRequestTimeout}} {
-		if d.v.Duration == 0 {
-			d.v.Duration = d.def
-		}
-	}
+	l.ConnectionBytes = cmp.Or(l.ConnectionBytes, DefaultCRIConnectionBytes)
+	l.TotalBytes = cmp.Or(l.TotalBytes, DefaultCRITotalBytes)
+	l.MaxHeaderListBytes = cmp.Or(l.MaxHeaderListBytes, DefaultCRIMaxHeaderListBytes)
+	l.MaxConnections = cmp.Or(l.MaxConnections, DefaultCRIMaxConnections)
+	l.IdleTimeout.Duration = cmp.Or(l.IdleTimeout.Duration, DefaultCRIIdleTimeout)
+	l.KeepaliveTime.Duration = cmp.Or(l.KeepaliveTime.Duration, DefaultCRIKeepaliveTime)
+	l.KeepaliveTimeout.Duration = cmp.Or(l.KeepaliveTimeout.Duration, DefaultCRIKeepaliveTimeout)
+	l.RequestTimeout.Duration = cmp.Or(l.RequestTimeout.Duration, DefaultCRIRequestTimeout)
 	return l
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -69,27 +70,13 @@ func (p *PodResources) setDefaults() {
 		s := DefaultKubeletPodResources
 		p.KubeletSocket = &s
 	}
-	if p.QPS == 0 {
-		p.QPS = DefaultPodResourcesQPS
-	}
-	if p.Burst == 0 {
-		p.Burst = DefaultPodResourcesBurst
-	}
-	if p.KubeletQPS == 0 {
-		p.KubeletQPS = DefaultPodResourcesKubeletQPS
-	}
-	if p.KubeletBurst == 0 {
-		p.KubeletBurst = DefaultPodResourcesKubeletBurst
-	}
-	if p.MaxConnections == 0 {
-		p.MaxConnections = DefaultPodResourcesMaxConnections
-	}
-	if p.MaxStreams == 0 {
-		p.MaxStreams = DefaultPodResourcesMaxStreams
-	}
-	if p.IdleTimeout.Duration == 0 {
-		p.IdleTimeout.Duration = DefaultPodResourcesIdleTimeout
-	}
+	p.QPS = cmp.Or(p.QPS, DefaultPodResourcesQPS)
+	p.Burst = cmp.Or(p.Burst, DefaultPodResourcesBurst)
+	p.KubeletQPS = cmp.Or(p.KubeletQPS, DefaultPodResourcesKubeletQPS)
+	p.KubeletBurst = cmp.Or(p.KubeletBurst, DefaultPodResourcesKubeletBurst)
+	p.MaxConnections = cmp.Or(p.MaxConnections, DefaultPodResourcesMaxConnections)
+	p.MaxStreams = cmp.Or(p.MaxStreams, DefaultPodResourcesMaxStreams)
+	p.IdleTimeout.Duration = cmp.Or(p.IdleTimeout.Duration, DefaultPodResourcesIdleTimeout)
 }
 
 // Enabled reports whether podgate serves PodResources.
