@@ -270,24 +270,23 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	repo, blobGet := m[1], m[2] == "blobs" && req.Method == http.MethodGet
 	entry := Request{Start: time.Now(), Method: req.Method, Repo: repo, Kind: m[2], Ref: m[3], Range: req.Header.Get("Range")}
 	r.begin(repo, blobGet, m[3])
-	defer func() { r.end(repo, entry) }()
+	var pw *pacedWriter
+	defer func() {
+		r.end(repo, entry)
+		if pw != nil {
+			pw.finish() // the blob's last byte, once its request is in the log
+		}
+	}()
 	if !blobGet {
 		r.handler.ServeHTTP(w, req)
 		return
-	}
-	if held := r.holding(); held != nil {
-		select {
-		case <-held:
-		case <-req.Context().Done(): // the puller gave up
-			return
-		}
 	}
 	digest := m[3]
 	if err := r.closeRange(req); err != nil {
 		http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
 		return
 	}
-	pw := &pacedWriter{ResponseWriter: w, rate: func() int { return r.rateOf(digest) }, due: time.Now(), pause: r.pausing, done: req.Context().Done()}
+	pw = &pacedWriter{ResponseWriter: w, rate: func() int { return r.rateOf(digest) }, due: time.Now(), hold: r.holding(), pause: r.pausing, done: req.Context().Done()}
 	r.handler.ServeHTTP(pw, req)
 	entry.Bytes = pw.written
 	r.mu.Lock()

@@ -92,12 +92,18 @@ func TestRequestLog(t *testing.T) {
 	}
 }
 
-// TestHold: a held download is in flight and sends nothing until Release, then completes.
+// TestHold: a held download is in flight and sends nothing until Release, then completes. Its
+// response headers come at once, so that a puller's wait for them (containerd's 30 s) never
+// runs out while the test holds it.
 func TestHold(t *testing.T) {
 	reg := New(64 << 20)
-	reg.Serve(t)
+	host := reg.Serve(t)
 	reg.Count(true)
 	layer := firstLayer(t, reg.Push(t, "held", 1, 4096)[0])
+	digest, err := layer.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg.Hold()
 	done := make(chan error, 1)
 	go func() {
@@ -108,11 +114,21 @@ func TestHold(t *testing.T) {
 		}
 		done <- err
 	}()
-	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		return reg.Stats().Active["held/img0"] == 1, nil
 	})
 	if err != nil {
 		t.Fatalf("the download never reached the registry: %v", err)
+	}
+	// A second download of the blob, held too, gets its headers while held.
+	client := &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: time.Minute}}
+	resp, err := client.Get("http://" + host + "/v2/held/img0/blobs/" + digest.String())
+	if err != nil {
+		t.Fatalf("a held download's headers: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a held download's status: %s", resp.Status)
 	}
 	select {
 	case err := <-done:
@@ -125,6 +141,14 @@ func TestHold(t *testing.T) {
 	reg.Release()
 	if err := <-done; err != nil {
 		t.Fatalf("download after Release: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("the second download after Release: %v", err)
+	}
+	resp.Body.Close()
+	if size, _ := layer.Size(); int64(len(body)) != size {
+		t.Errorf("the second download after Release: %d bytes, want the layer's %d", len(body), size)
 	}
 	if s := reg.Stats(); s.Bytes < 4096 || s.Active["held/img0"] != 0 {
 		t.Errorf("after Release: %d bytes served, %d requests active; want the layer, none", s.Bytes, s.Active["held/img0"])
