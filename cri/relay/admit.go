@@ -75,10 +75,16 @@ func (ss *session) admitLocked(id uint32) (open, full bool, err error) {
 	return true, len(ss.streams) >= MaxStreams || ss.draining, nil
 }
 
-// admitBytes counts the call's header block against the budget; a call over the budget is
-// refused before it is read (REFUSED_STREAM: the client may retry it).
+// streamCost is what the relay holds for an open call besides its header block (the stream,
+// its kind, the maps that find it, the header block's metadata), as measured
+// (TestHeaderOnlyStreamsChargedWhatTheyHold: about 1.5 KiB), with room to spare: a call whose request never comes is
+// charged what it holds.
+const streamCost = 2048
+
+// admitBytes counts the call's header block and streamCost against the budget; a call over the
+// budget is refused before it is read (REFUSED_STREAM: the client may retry it).
 func (ss *session) admitBytes(s *stream, f *http2.MetaHeadersFrame) bool {
-	n := headerListSize(f.Fields)
+	n := headerListSize(f.Fields) + streamCost
 	ss.mu.Lock()
 	reason := ss.chargeLocked(s, n)
 	held := ss.held.Load()

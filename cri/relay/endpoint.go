@@ -3,25 +3,39 @@ package relay
 import (
 	"bufio"
 	"bytes"
-	"io"
+	"errors"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
 
 // endpoint is one HTTP/2 connection: the client's, or an upstream one. Only its reader
-// goroutine reads frames; writes happen under wmu, from either side's reader.
+// goroutine reads frames. Frames for the peer are encoded into memory (out) under wmu, by
+// whichever goroutine has them, and only the endpoint's writer goroutine writes them to the
+// connection: wmu is never held across a write, so a peer that stops reading blocks the writer
+// alone, never a reader, a timer, a reset or a close (grpc-go's shape: one writer per
+// connection, fed by a buffer).
 type endpoint struct {
 	conn net.Conn
 	br   *bufio.Reader
 	fr   *http2.Framer
 
+	// wmu guards what is encoded for the peer: the framer's output, the HPACK encoder, out.
 	wmu  sync.Mutex
-	bw   *pooledWriter
+	out  outBuffer
 	henc *hpack.Encoder
 	hbuf bytes.Buffer
+	// closing (under wmu) makes the writer close the connection once out is written.
+	closing bool
+	// dead (under wmu) says the writer ended: what is encoded now is dropped.
+	dead bool
+
+	w *writer // nil for the session's own side (self), which has no connection
 
 	// Under the session's mu:
 	send           window // the peer's connection-level window for what podgate sends
@@ -31,6 +45,9 @@ type endpoint struct {
 	peerMaxHeaderList uint32
 	recv              window // what the peer may still send on the connection
 	updates           []windowUpdate
+	// waiting lists the streams with bytes queued toward this peer (see listLocked): what a
+	// WINDOW_UPDATE of the connection, a larger window in SETTINGS or room in out may let go.
+	waiting []*stream
 }
 
 // windowUpdate is a WINDOW_UPDATE waiting for the endpoint's next flush.
@@ -39,9 +56,33 @@ type windowUpdate struct {
 	inc uint32
 }
 
-func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
-	e := &endpoint{conn: c, br: br, bw: &pooledWriter{w: c}}
-	e.fr = http2.NewFramer(e.bw, br)
+// outRoom is how many bytes of DATA an endpoint takes into out before its writer has written
+// them; what comes beyond waits in its stream's queue, counted against the budget, until the
+// writer makes room. It bounds what a peer that stops reading makes the relay hold outside
+// the queues, a few writes' worth.
+const outRoom = 4 * writeBuffer
+
+// closeGrace bounds how long an endpoint's last frames (a GOAWAY) may take to leave before its
+// connection is closed anyway.
+const closeGrace = time.Second
+
+// endpointHooks is what an endpoint's writer tells its session.
+type endpointHooks struct {
+	// timeout bounds each write to the peer that makes no progress; 0 for none.
+	timeout time.Duration
+	// hold counts n more (or, negative, fewer) bytes of DATA held in out.
+	hold func(n int64)
+	// drained is called, without locks, once the writer made room in out for DATA that
+	// waited for it.
+	drained func(e *endpoint)
+	// stalled is called, without locks, when a write made no progress within timeout; the
+	// connection closes after it.
+	stalled func()
+}
+
+func newEndpoint(c net.Conn, br *bufio.Reader, hooks endpointHooks) *endpoint {
+	e := &endpoint{conn: c, br: br}
+	e.fr = http2.NewFramer(&e.out, br)
 	e.fr.SetMaxReadFrameSize(maxFrame)
 	e.fr.SetReuseFrames() // a DATA frame is passed on or queued (copied) before the next is read
 	e.henc = hpack.NewEncoder(&e.hbuf)
@@ -49,22 +90,37 @@ func newEndpoint(c net.Conn, br *bufio.Reader) *endpoint {
 	e.peerInitWindow = initialWindow
 	e.peerMaxFrame = 16384
 	e.recv = newWindow(connWindow)
+	e.w = &writer{endpointHooks: hooks, wake: make(chan struct{}, 1), progress: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	go e.writeLoop()
 	return e
 }
 
-// writeSettingsLocked sends podgate's SETTINGS and opens the connection window to connWindow;
-// the caller holds wmu.
+// writer is an endpoint's writing side.
+type writer struct {
+	endpointHooks
+	wake      chan struct{} // a flush: out has frames to write
+	progress  chan struct{} // the writer wrote: throttle looks again
+	quit      chan struct{} // closed by close
+	done      chan struct{} // closed when the writer has ended and the connection is closed
+	closeOnce sync.Once
+	closeSoon sync.Once // closeAfterFlush
+	// unwritten is the DATA bytes taken into out and not yet written (outRoom bounds it);
+	// starved says DATA waits in a queue for room.
+	unwritten atomic.Int64
+	starved   atomic.Bool
+	gone      atomic.Bool // the writer ended: nothing more is written
+}
+
+// writeSettingsLocked encodes podgate's SETTINGS and opens the connection window to
+// connWindow; the caller holds wmu and flushes.
 func (e *endpoint) writeSettingsLocked(settings ...http2.Setting) error {
 	if err := e.fr.WriteSettings(settings...); err != nil {
 		return err
 	}
-	if err := e.fr.WriteWindowUpdate(0, connWindow-initialWindow); err != nil {
-		return err
-	}
-	return e.bw.Flush()
+	return e.fr.WriteWindowUpdate(0, connWindow-initialWindow)
 }
 
-// writeHeaders encodes fields and writes them as one header block; the caller holds wmu.
+// writeHeaders encodes fields as one header block; the caller holds wmu.
 func (e *endpoint) writeHeaders(id uint32, fields []hpack.HeaderField, end bool, maxFrame uint32) error {
 	e.hbuf.Reset()
 	for _, f := range fields {
@@ -92,54 +148,30 @@ func (e *endpoint) writeHeaders(id uint32, fields []hpack.HeaderField, end bool,
 	return nil
 }
 
-// pooledWriter buffers writes in a buffer it borrows from a pool at the first write and gives
-// back at Flush: an idle connection holds none.
-type pooledWriter struct {
-	w  io.Writer
-	bw *bufio.Writer
-}
-
-var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, writeBuffer) }}
-
-func (p *pooledWriter) Write(b []byte) (int, error) {
-	if p.bw == nil {
-		p.bw = writers.Get().(*bufio.Writer)
-		p.bw.Reset(p.w)
+// flush wakes the writer: what is encoded leaves.
+func (e *endpoint) flush() {
+	if e.w == nil {
+		return
 	}
-	return p.bw.Write(b)
-}
-
-func (p *pooledWriter) WriteString(s string) (int, error) {
-	return p.Write([]byte(s))
-}
-
-// Buffered is how many bytes wait for Flush.
-func (p *pooledWriter) Buffered() int {
-	if p.bw == nil {
-		return 0
+	select {
+	case e.w.wake <- struct{}{}:
+	default:
 	}
-	return p.bw.Buffered()
 }
 
-// Flush writes what is buffered and gives the buffer back.
-func (p *pooledWriter) Flush() error {
-	if p.bw == nil {
-		return nil
-	}
-	err := p.bw.Flush()
-	p.bw.Reset(nil)
-	writers.Put(p.bw)
-	p.bw = nil
-	return err
-}
-
-// writeRST writes and flushes a RST_STREAM.
-func (e *endpoint) writeRST(id uint32, code http2.ErrCode) {
+// control encodes one frame with write, under wmu, and flushes it.
+func (e *endpoint) control(write func() error) {
 	e.wmu.Lock()
-	defer e.wmu.Unlock()
-	if e.fr.WriteRSTStream(id, code) == nil {
-		_ = e.bw.Flush()
+	if !e.dead {
+		_ = write() // into memory: only a frame the framer finds malformed fails
 	}
+	e.wmu.Unlock()
+	e.flush()
+}
+
+// writeRST sends a RST_STREAM.
+func (e *endpoint) writeRST(id uint32, code http2.ErrCode) {
+	e.control(func() error { return e.fr.WriteRSTStream(id, code) })
 }
 
 // frameBuffered says whether the next frame is already whole in the read buffer, so that
@@ -157,21 +189,232 @@ func (e *endpoint) frameBuffered() bool {
 	return n >= 9+length
 }
 
-// pong answers a PING.
+// pong answers a PING; it leaves with the reader's next flush.
 func (e *endpoint) pong(f *http2.PingFrame) {
 	if f.IsAck() {
 		return
 	}
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
-	_ = e.fr.WritePing(true, f.Data) // flushed with the rest; a broken connection shows in its reader
+	if !e.dead {
+		_ = e.fr.WritePing(true, f.Data)
+	}
 }
 
 // goAway tells the peer the connection ends, and why.
 func (e *endpoint) goAway(last uint32, code http2.ErrCode) {
+	e.control(func() error { return e.fr.WriteGoAway(last, code, nil) })
+}
+
+// close closes the connection at once; the writer ends with it.
+func (e *endpoint) close() {
+	if e.w == nil {
+		return
+	}
+	e.w.closeOnce.Do(func() {
+		close(e.w.quit)
+		_ = e.conn.Close()
+	})
+}
+
+// closeAfterFlush closes the connection once what is encoded has left, or after closeGrace,
+// whichever comes first; it does not wait.
+func (e *endpoint) closeAfterFlush() {
+	if e.w == nil {
+		return
+	}
+	e.w.closeSoon.Do(func() {
+		e.wmu.Lock()
+		e.closing = true
+		e.wmu.Unlock()
+		e.flush()
+		t := time.AfterFunc(closeGrace, e.close)
+		go func() {
+			<-e.w.done
+			t.Stop()
+		}()
+	})
+}
+
+// shutdown is closeAfterFlush, waiting for the close.
+func (e *endpoint) shutdown() {
+	if e.w == nil {
+		return
+	}
+	e.closeAfterFlush()
+	<-e.w.done
+}
+
+// commit counts n bytes of DATA taken into out (hold) until the writer has written them.
+func (w *writer) commit(n int64) {
+	w.hold(n)
+	w.unwritten.Add(n)
+	if w.gone.Load() {
+		w.drop()
+	}
+}
+
+// drop gives back what out held when the writer has ended: no byte of it will be written.
+func (w *writer) drop() {
+	for {
+		n := w.unwritten.Load()
+		if n == 0 || w.unwritten.CompareAndSwap(n, 0) {
+			w.hold(-n)
+			return
+		}
+	}
+}
+
+// room is how many more bytes of DATA out takes now.
+func (e *endpoint) room() int64 {
+	if e.w == nil {
+		return maxWindow
+	}
+	return outRoom - e.w.unwritten.Load()
+}
+
+// outMost is how many bytes out may hold before the reader of the same connection stops
+// reading until the writer has made room: the frames a peer's frames make podgate answer
+// (PING's, SETTINGS' acknowledgements, resets) cannot pile up for a peer that does not read.
+const outMost = outRoom + 64<<10
+
+// throttle waits, before the reader reads its next frame, while out holds more than outMost:
+// until the writer has written, or has ended.
+func (e *endpoint) throttle() {
+	for {
+		e.wmu.Lock()
+		n := e.out.size
+		e.wmu.Unlock()
+		if n <= outMost {
+			return
+		}
+		select {
+		case <-e.w.progress:
+		case <-e.w.done:
+			return
+		}
+	}
+}
+
+// writeLoop writes what is encoded for the peer, in one write (writev) per flush, until the
+// connection ends or closing asks it to end once out is empty.
+func (e *endpoint) writeLoop() {
+	w := e.w
+	defer e.endWriter()
+	for {
+		select {
+		case <-w.wake:
+		case <-w.quit:
+			return
+		}
+		for {
+			e.wmu.Lock()
+			bufs, data := e.out.take()
+			closing := e.closing
+			e.wmu.Unlock()
+			if len(bufs) == 0 {
+				if closing {
+					return
+				}
+				break
+			}
+			err := e.write(bufs)
+			releaseOut(bufs)
+			w.unwritten.Add(-data)
+			w.hold(-data)
+			if err != nil {
+				return
+			}
+			select {
+			case w.progress <- struct{}{}:
+			default:
+			}
+			if w.starved.Load() && e.room() > outRoom/2 && w.starved.CompareAndSwap(true, false) {
+				w.drained(e)
+			}
+		}
+	}
+}
+
+// write writes bufs whole, one write each (usually there is one: a flush's frames fit in a
+// buffer). With a timeout, a write that makes no progress within it fails the connection (its
+// peer does not read); one that makes some goes on. (Plain writes rather than writev: the race
+// detector sees the happens-before of what a socket carries only through them.)
+func (e *endpoint) write(bufs [][]byte) error {
+	for _, b := range bufs {
+		for len(b) > 0 {
+			if e.w.timeout > 0 {
+				_ = e.conn.SetWriteDeadline(time.Now().Add(e.w.timeout))
+			}
+			n, err := e.conn.Write(b)
+			b = b[n:]
+			switch {
+			case err == nil:
+			case n > 0 && errors.Is(err, os.ErrDeadlineExceeded):
+				// slow, not stopped
+			default:
+				if errors.Is(err, os.ErrDeadlineExceeded) && e.w.stalled != nil {
+					e.w.stalled()
+				}
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// endWriter ends the writer: nothing more is encoded, what was is dropped, the connection
+// closes.
+func (e *endpoint) endWriter() {
+	w := e.w
 	e.wmu.Lock()
-	defer e.wmu.Unlock()
-	if e.fr.WriteGoAway(last, code, nil) == nil {
-		_ = e.bw.Flush()
+	e.dead = true
+	bufs, _ := e.out.take()
+	e.wmu.Unlock()
+	releaseOut(bufs)
+	w.gone.Store(true)
+	w.drop()
+	e.close()
+	close(w.done)
+}
+
+// outBuffer is what an endpoint has encoded for its peer, in buffers borrowed from a pool at
+// the first byte and given back once written: an idle connection holds none.
+type outBuffer struct {
+	bufs [][]byte
+	size int64 // bytes in bufs
+	data int64 // DATA payload bytes among them (writeItem)
+}
+
+var outBuffers = sync.Pool{New: func() any { b := make([]byte, 0, writeBuffer); return &b }}
+
+// Write appends b; the framer writes each frame with one call.
+func (o *outBuffer) Write(b []byte) (int, error) {
+	n := len(b)
+	o.size += int64(n)
+	for len(b) > 0 {
+		if k := len(o.bufs); k == 0 || len(o.bufs[k-1]) == cap(o.bufs[k-1]) {
+			o.bufs = append(o.bufs, (*outBuffers.Get().(*[]byte))[:0])
+		}
+		last := &o.bufs[len(o.bufs)-1]
+		k := min(cap(*last)-len(*last), len(b))
+		*last = append(*last, b[:k]...)
+		b = b[k:]
+	}
+	return n, nil
+}
+
+// take hands what is buffered to the writer, with its DATA bytes.
+func (o *outBuffer) take() (bufs [][]byte, data int64) {
+	bufs, data = o.bufs, o.data
+	o.bufs, o.data, o.size = nil, 0, 0
+	return bufs, data
+}
+
+// releaseOut gives written buffers back to the pool.
+func releaseOut(bufs [][]byte) {
+	for _, b := range bufs {
+		b = b[:0]
+		outBuffers.Put(&b)
 	}
 }

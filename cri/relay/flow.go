@@ -66,49 +66,72 @@ func (ss *session) dropLocked(s *stream, it item) todo {
 }
 
 // sendLocked sends it to d.dst as far as the windows allow and queues the rest (copied: the
-// framer reuses its buffers). mu is held.
+// framer reuses its buffers). What waits counts against the budget, whichever way it goes: a
+// client's request the server has no window for, an answer the client has none for. mu is
+// held.
 func (ss *session) sendLocked(d dir, s *stream, it item) todo {
 	h := d.half(s)
 	if h.q.empty() {
 		n := int64(len(it.data))
-		if it.headers != nil || (n <= h.send.size() && n <= d.dst.send.size()) {
+		if it.headers != nil || (n <= h.send.size() && n <= d.dst.send.size() && n <= d.dst.room()) {
 			// The usual case: all of it goes now, from the framer's buffer.
 			if it.headers == nil {
-				h.send.spend(n)
-				d.dst.send.spend(n)
-				ss.credit(d, s, n)
+				ss.spendLocked(d, s, n)
 			}
 			return ss.writeLocked(d, s, todo{one: it, hasOne: true})
 		}
 	}
-	if ss.counts(d) {
-		ss.forceChargeLocked(s, int64(len(it.data)))
-	}
+	ss.forceChargeLocked(s, int64(len(it.data)))
 	h.q.push(it)
 	out, done := ss.takeLocked(d, s)
-	return ss.writeLocked(d, s, todo{out: out, done: done})
+	t := ss.writeLocked(d, s, todo{out: out, done: done})
+	ss.listLocked(d, s)
+	return t
 }
 
-// takeLocked takes from s's queue toward d.dst what the windows allow; the chunks it returns
-// go back to the pool once written. mu is held.
+// spendLocked counts n bytes of s going to d.dst now: out of the windows, into the endpoint's
+// out until written, and back to d.src's windows. mu is held.
+func (ss *session) spendLocked(d dir, s *stream, n int64) {
+	d.half(s).send.spend(n)
+	d.dst.send.spend(n)
+	if d.dst.w != nil {
+		d.dst.w.commit(n)
+	}
+	ss.credit(d, s, n)
+}
+
+// takeLocked takes from s's queue toward d.dst what the windows and the endpoint's room allow;
+// the chunks it returns go back to the pool once written. mu is held.
 func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h := d.half(s)
-	n := max(min(h.send.size(), d.dst.send.size()), 0)
+	room := d.dst.room()
+	n := max(min(h.send.size(), d.dst.send.size(), room), 0)
 	before := h.q.size
 	out, done := h.q.take(n)
 	sent := before - h.q.size
-	h.send.spend(sent)
-	d.dst.send.spend(sent)
-	ss.credit(d, s, sent)
-	if ss.counts(d) {
+	if sent > 0 {
+		ss.spendLocked(d, s, sent)
 		ss.releaseLocked(s, sent)
+		h.moved = time.Now()
+	}
+	if h.q.size > 0 && room <= n && d.dst.w != nil {
+		d.dst.w.starved.Store(true) // the writer lets the rest go once it has made room
 	}
 	return out, done
 }
 
-// counts says whether what waits toward d.dst counts against the budget: the client's
-// request bytes the server has no window for yet.
-func (ss *session) counts(d dir) bool { return d.toUp && d.src == ss.down }
+// listLocked puts s on d.dst's waiting list while bytes of it wait toward d.dst. mu is held.
+func (ss *session) listLocked(d dir, s *stream) {
+	h := d.half(s)
+	if h.listed || h.q.empty() || s.removed {
+		return
+	}
+	h.listed = true
+	if h.moved.IsZero() {
+		h.moved = time.Now()
+	}
+	d.dst.waiting = append(d.dst.waiting, s)
+}
 
 // writeLocked readies t's frames to go to d.dst on s: the ends they carry count as sent, and
 // s is forgotten once both its directions have ended. mu is held; ss.unlock writes them.
@@ -129,9 +152,6 @@ func (ss *session) writeLocked(d dir, s *stream, t todo) todo {
 		t.ended = s
 	}
 	t.dst, t.id = d.dst, d.dstID(s)
-	if d.toUp {
-		t.up = s.up
-	}
 	return t
 }
 
@@ -301,13 +321,15 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 		return err
 	}
 	e.wmu.Lock()
-	err = e.fr.WriteSettingsAck()
+	if !e.dead {
+		err = e.fr.WriteSettingsAck() // leaves with the reader's next flush
+	}
 	e.wmu.Unlock()
 	if err != nil {
 		return err
 	}
 	if grow {
-		ss.sendPending(u)
+		ss.sendPending(e)
 	}
 	return nil
 }
@@ -319,7 +341,15 @@ func (ss *session) settingLocked(e *endpoint, u *upstream, st http2.Setting) (gr
 	case http2.SettingInitialWindowSize:
 		delta := int64(st.Val) - e.peerInitWindow
 		e.peerInitWindow = int64(st.Val)
-		for _, s := range ss.towardLocked(u) {
+		if delta == 0 {
+			return false, nil
+		}
+		streams := ss.streams
+		if u != nil {
+			streams = u.streams
+		}
+		for _, s := range streams {
+			// RFC 9113 §6.9.2: every open stream's window moves by the difference.
 			if code := ss.halfToward(s, u).send.shift(delta); code != http2.ErrCodeNo {
 				return false, connError{code, "window above 2^31-1"}
 			}
@@ -342,11 +372,14 @@ func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateF
 	ss.mu.Lock()
 	if f.StreamID == 0 {
 		code := e.send.update(f.Increment)
+		waiting := len(e.waiting) > 0
 		ss.mu.Unlock()
 		if code != http2.ErrCodeNo {
 			return connError{code, "connection window above 2^31-1"}
 		}
-		ss.sendPending(u)
+		if waiting {
+			ss.sendPending(e)
+		}
 		return nil
 	}
 	ss.unlock(ss.streamUpdateLocked(u, f))
@@ -369,15 +402,42 @@ func (ss *session) streamUpdateLocked(u *upstream, f *http2.WindowUpdateFrame) t
 	return ss.pendingLocked(s, u != nil)
 }
 
-// sendPending sends what waits for the windows on every stream toward u (the client when u is
-// nil), a stream at a time.
-func (ss *session) sendPending(u *upstream) {
+// sendPending sends what waits toward e as far as the windows and e's room allow now. It
+// walks e's waiting list, the streams with bytes queued toward e, not every stream: a
+// WINDOW_UPDATE or SETTINGS costs what it lets go.
+func (ss *session) sendPending(e *endpoint) {
+	var ended []*stream
+	var tooLarge []uint32
 	ss.mu.Lock()
-	streams := ss.towardLocked(u)
+	list := e.waiting
+	e.waiting = nil
+	for _, s := range list {
+		d := s.ans
+		if s.req.dst == e {
+			d = s.req
+		}
+		d.half(s).listed = false
+		if s.removed {
+			continue
+		}
+		out, done := ss.takeLocked(d, s)
+		t := ss.writeLocked(d, s, todo{out: out, done: done})
+		if t.dst != nil && errors.Is(t.dst.writeTodo(&t), errHeaderListTooLarge) {
+			tooLarge = append(tooLarge, t.id)
+		}
+		release(done)
+		if t.ended != nil {
+			ended = append(ended, t.ended)
+		}
+		ss.listLocked(d, s)
+	}
 	ss.mu.Unlock()
-	for _, s := range streams {
-		ss.mu.Lock()
-		ss.unlock(ss.pendingLocked(s, u != nil))
+	e.flush()
+	for _, s := range ended {
+		ss.observeEnd(s)
+	}
+	for _, id := range tooLarge {
+		ss.headerListTooLarge(e, id)
 	}
 }
 
@@ -392,21 +452,9 @@ func (ss *session) pendingLocked(s *stream, toUp bool) todo {
 		d = s.req
 	}
 	out, done := ss.takeLocked(d, s)
-	return ss.writeLocked(d, s, todo{out: out, done: done})
-}
-
-// towardLocked lists the streams whose data goes to u, or to the client when u is nil. mu is
-// held.
-func (ss *session) towardLocked(u *upstream) []*stream {
-	m := ss.streams
-	if u != nil {
-		m = u.streams
-	}
-	out := make([]*stream, 0, len(m))
-	for _, s := range m {
-		out = append(out, s)
-	}
-	return out
+	t := ss.writeLocked(d, s, todo{out: out, done: done})
+	ss.listLocked(d, s)
+	return t
 }
 
 func (ss *session) halfToward(s *stream, u *upstream) *half {

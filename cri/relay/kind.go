@@ -89,7 +89,6 @@ type todo struct {
 	hasOne bool
 	out    []item
 	done   []*[]byte
-	up     *upstream // the upstream a failed write of the frames ends
 	ended  *stream   // the stream the step forgot: the observer's End
 	// handler is a Unary target's call, run in a goroutine of its own after the End.
 	handler func()
@@ -109,8 +108,9 @@ func (t todo) frame(dst *endpoint, id uint32, it item) todo {
 	return t
 }
 
-// unlock lets mu go and then does t. When t has frames it takes their endpoint's write lock
-// before mu goes, so that frames leave in the order their windows were counted under mu.
+// unlock encodes t's frames for their endpoint (in memory: nothing waits for a peer), lets
+// mu go and then does the rest of t. Frames are encoded under mu, so that they leave in the
+// order their windows were counted.
 func (ss *session) unlock(t todo) {
 	if t.note != nil {
 		// Under mu, before the client learns of it: a rare line, rate-limited.
@@ -118,10 +118,9 @@ func (ss *session) unlock(t todo) {
 	}
 	var err error
 	if t.dst != nil {
-		err = ss.writeUnlock(&t)
-	} else {
-		ss.mu.Unlock()
+		err = t.dst.writeTodo(&t)
 	}
+	ss.mu.Unlock()
 	if t.rstID != 0 {
 		ss.rstClient(t.rstID, t.rstCode)
 	}
@@ -130,10 +129,6 @@ func (ss *session) unlock(t todo) {
 	}
 	if errors.Is(err, errHeaderListTooLarge) {
 		ss.headerListTooLarge(t.dst, t.id)
-		err = nil
-	}
-	if err != nil && t.up != nil {
-		ss.upstreamFailed(t.up, err)
 	}
 	release(t.done)
 	if t.handler != nil {
@@ -144,15 +139,15 @@ func (ss *session) unlock(t todo) {
 	}
 }
 
-// writeUnlock writes t's frames; called with mu held, it releases it once it holds the write
-// lock. A write error is for the caller: an upstream's ends its calls, the client's shows in
-// the client's reader.
-func (ss *session) writeUnlock(t *todo) error {
-	e := t.dst
+// writeTodo encodes t's frames for e. The session's mu is held: the peer's limits are read
+// under it.
+func (e *endpoint) writeTodo(t *todo) error {
+	maxFrame, maxList := e.peerMaxFrame, e.peerMaxHeaderList
 	e.wmu.Lock()
 	defer e.wmu.Unlock()
-	maxFrame, maxList := e.peerMaxFrame, e.peerMaxHeaderList
-	ss.mu.Unlock()
+	if e.dead {
+		return nil
+	}
 	if t.hasOne {
 		if err := e.writeItem(t.id, t.one, maxFrame, maxList); err != nil {
 			return err
@@ -179,6 +174,7 @@ func (e *endpoint) writeItem(id uint32, it item, maxFrame, maxList uint32) error
 		}
 		return e.writeHeaders(id, it.headers, it.end, maxFrame)
 	}
+	e.out.data += int64(len(it.data))
 	return e.fr.WriteData(id, it.end, it.data)
 }
 

@@ -39,6 +39,12 @@ type Limits struct {
 	// RequestTimeout bounds how long a call without a grpc-timeout may take to send its whole
 	// request; a call with one gets its grpc-timeout, from the moment its headers arrive.
 	RequestTimeout time.Duration
+	// WriteTimeout closes a connection whose client took no byte of what podgate wrote to it
+	// for so long: it stopped reading its socket.
+	WriteTimeout time.Duration
+	// WindowTimeout resets a call whose answer waited so long on the client's flow-control
+	// window without a byte leaving: the client reads its socket but opens no window.
+	WindowTimeout time.Duration
 }
 
 // DefaultLimits are the limits a zero Limits field takes.
@@ -51,6 +57,8 @@ var DefaultLimits = Limits{
 	KeepaliveTime:    2 * time.Minute,
 	KeepaliveTimeout: 20 * time.Second,
 	RequestTimeout:   2 * time.Minute,
+	WriteTimeout:     20 * time.Second,
+	WindowTimeout:    time.Minute,
 }
 
 // withDefaults is l with every zero field set to its default.
@@ -78,6 +86,8 @@ func (l Limits) withDefaults() Limits {
 	l.KeepaliveTime = pick(l.KeepaliveTime, d.KeepaliveTime)
 	l.KeepaliveTimeout = pick(l.KeepaliveTimeout, d.KeepaliveTimeout)
 	l.RequestTimeout = pick(l.RequestTimeout, d.RequestTimeout)
+	l.WriteTimeout = pick(l.WriteTimeout, d.WriteTimeout)
+	l.WindowTimeout = pick(l.WindowTimeout, d.WindowTimeout)
 	return l
 }
 
@@ -95,11 +105,14 @@ const (
 	ReasonKeepalive        = "keepalive_timeout"     // no answer to a PING
 	ReasonPreface          = "preface"               // no HTTP/2 client preface
 	ReasonProtocol         = "protocol_error"        // a frame that breaks HTTP/2: GOAWAY
+	ReasonWriteTimeout     = "write_timeout"         // took nothing podgate wrote for WriteTimeout
+	ReasonWindowTimeout    = "window_timeout"        // an answer waited on a shut window for WindowTimeout
 )
 
 // Reasons lists every reason, for a metric's label values made up front.
 var Reasons = []string{ReasonConnectionBudget, ReasonTotalBudget, ReasonMessageTooLarge, ReasonHeaderList,
-	ReasonDeadline, ReasonRequestTimeout, ReasonConnectionCap, ReasonIdle, ReasonKeepalive, ReasonPreface, ReasonProtocol}
+	ReasonDeadline, ReasonRequestTimeout, ReasonConnectionCap, ReasonIdle, ReasonKeepalive, ReasonPreface, ReasonProtocol,
+	ReasonWriteTimeout, ReasonWindowTimeout}
 
 // quietReasons are the reasons that are no misbehaviour (a client that stays away): logged at
 // verbosity 2 rather than always.
@@ -180,8 +193,8 @@ func (s *Server) logger() klog.Logger {
 }
 
 // chargeLocked counts n more bytes that s holds for its client. When they do not fit it
-// counts none and says why; when only the process's budget is over and other connections hold
-// more, the one that holds the most is closed to make room. mu is held.
+// counts none and says why; over the process's budget, the connection that holds the most is
+// closed to make room (makeRoom). mu is held.
 func (ss *session) chargeLocked(s *stream, n int64) string {
 	lim := &ss.srv.lim
 	switch {
@@ -197,11 +210,23 @@ func (ss *session) chargeLocked(s *stream, n int64) string {
 }
 
 // forceChargeLocked counts n more bytes s holds, over the budget or not: bytes the windows
-// bound already. mu is held.
+// bound already, which have arrived. Over the process's budget, the connection that holds the
+// most is closed. mu is held.
 func (ss *session) forceChargeLocked(s *stream, n int64) {
+	s.held += n
+	ss.hold(n)
+	if over := ss.srv.held.Load() - ss.srv.lim.TotalBytes; over > 0 {
+		ss.srv.mu.Lock()
+		ss.srv.shedLocked(over, nil)
+		ss.srv.mu.Unlock()
+	}
+}
+
+// hold counts n more (or, negative, fewer) bytes the session holds, toward its budget and the
+// process's.
+func (ss *session) hold(n int64) {
 	ss.held.Add(n)
 	ss.srv.held.Add(n)
-	s.held += n
 }
 
 // releaseLocked gives back n of the bytes s held. mu is held.
@@ -210,44 +235,67 @@ func (ss *session) releaseLocked(s *stream, n int64) {
 		return
 	}
 	s.held -= n
-	ss.held.Add(-n)
-	ss.srv.held.Add(-n)
+	ss.hold(-n)
 }
 
-// makeRoom makes room for n more bytes of ss within the process's budget: the connections
-// that hold the most, while they hold more than ss, are closed (shed), and their bytes count
-// as given back, which they are as their calls end. It says whether the room is there.
+// makeRoom is called when n more bytes of ss would go over the process's budget: the
+// connections that hold the most, while they hold more than ss, are closed (shed). Their bytes
+// count until their calls have ended, which closing them sets off: until then, only a
+// connection that holds little (within reserve) still gets its n bytes, so that a kubelet's
+// call is not refused because another client filled the budget. It says whether n fits.
 func (s *Server) makeRoom(ss *session, n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	over := s.held.Load() + n - s.lim.TotalBytes
+	s.shedLocked(over, ss)
+	reserve := s.lim.TotalBytes / reserveShare
+	return ss.held.Load()+n <= reserve && over <= reserve
+}
+
+// reserveShare: a connection that holds at most 1/reserveShare of the process's budget may go
+// over it by as much while the connections that hold the most are shed.
+const reserveShare = 16
+
+// shedLocked closes the connections that hold the most until those being closed hold at least
+// over bytes. With caller set, only connections that hold more than the caller are shed.
+// s.mu is held.
+func (s *Server) shedLocked(over int64, caller *session) {
 	var leaving int64 // what the connections being shed still hold
 	for o := range s.sessions {
 		if o.shedding.Load() {
 			leaving += o.held.Load()
 		}
 	}
-	for s.held.Load()-leaving+n > s.lim.TotalBytes {
+	for leaving < over {
 		var top *session
 		for o := range s.sessions {
 			if !o.shedding.Load() && (top == nil || o.held.Load() > top.held.Load()) {
 				top = o
 			}
 		}
-		if top == nil || top == ss || top.held.Load() <= ss.held.Load() || !top.shedding.CompareAndSwap(false, true) {
-			return false
+		switch {
+		case top == nil, top == caller, caller != nil && top.held.Load() <= caller.held.Load(),
+			top.held.Load() == 0, !top.shedding.CompareAndSwap(false, true):
+			return
 		}
 		leaving += top.held.Load()
 		go top.shed()
 	}
-	return true
 }
 
 // shed closes the connection, the one that held the most when the process's budget ran out:
-// GOAWAY ENHANCE_YOUR_CALM, and its calls end, which gives their bytes back.
+// GOAWAY ENHANCE_YOUR_CALM, and the close, which does not wait for a client that does not
+// read; its calls end then, which gives their bytes back.
 func (ss *session) shed() {
 	ss.report(refusal{ReasonTotalBudget, fmt.Sprintf("held %d bytes, the most of any connection, when all of them together reached %d", ss.held.Load(), ss.srv.lim.TotalBytes), "closed the connection"})
 	ss.down.goAway(ss.lastIDLocked(), http2.ErrCodeEnhanceYourCalm)
-	_ = ss.down.conn.Close()
+	ss.down.closeAfterFlush()
+}
+
+// stalled reports a client that took nothing podgate wrote for WriteTimeout; its connection
+// closes.
+func (ss *session) stalled() {
+	ss.report(refusal{ReasonWriteTimeout, fmt.Sprintf("took no byte of what podgate wrote for %s", ss.srv.lim.WriteTimeout), "closed the connection"})
 }
 
 // Held is how many bytes the relay holds now for requests it has not handed on, over every

@@ -318,7 +318,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 	}
 	s.mu.Lock()
 	for ss := range s.sessions {
-		_ = ss.down.conn.Close()
+		ss.down.close()
 	}
 	s.mu.Unlock()
 	<-done
@@ -353,7 +353,8 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	defer cancel()
 	br := bufio.NewReaderSize(c, readBuffer)
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
-	ss.down = newEndpoint(c, br)
+	ss.down = newEndpoint(c, br, endpointHooks{timeout: s.lim.WriteTimeout, hold: ss.hold, drained: ss.sendPending, stalled: ss.stalled})
+	defer ss.down.close() // the writer's end, on every way out
 	ss.peer = peerCred(c)
 	// The source of what Unary targets answer: no connection, windows nobody counts.
 	ss.self = &endpoint{recv: newWindow(math.MaxInt64)}
@@ -364,7 +365,7 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 		return nil
 	}
 	defer s.removeSession(ss)
-	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	stop := context.AfterFunc(ctx, ss.down.close)
 	defer stop()
 	err := ss.serve()
 	ss.ended(err)
@@ -408,6 +409,7 @@ func (ss *session) serve() error {
 	if err != nil {
 		return err
 	}
+	ss.down.flush()
 	ss.startWatch()
 	err = ss.readClient()
 	ss.close()

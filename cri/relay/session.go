@@ -15,7 +15,8 @@ import (
 )
 
 // session is one client connection and the upstream connections its calls go to. Lock order:
-// mu, then an endpoint's wmu; never mu while holding a wmu.
+// mu, then an endpoint's wmu; never mu while holding a wmu. Neither is held across a write to a
+// connection: only an endpoint's writer writes.
 type session struct {
 	srv  *Server
 	ctx  context.Context
@@ -56,6 +57,11 @@ type half struct {
 	q       queue  // what waits for dst's window
 	done    bool   // src ended its side (END_STREAM received)
 	sentEnd bool   // that end went out to dst
+	// listed says the stream is on dst's waiting list (listLocked); moved is when bytes of
+	// q last left, or began to wait: an answer whose client's window stays shut past
+	// Limits.WindowTimeout is reset.
+	listed bool
+	moved  time.Time
 }
 
 // item is a frame waiting for dst's window: data, or a header block.
@@ -125,6 +131,7 @@ func (e connError) Error() string { return fmt.Sprintf("HTTP/2 %v: %s", e.code, 
 // readClient reads the client's frames until its connection ends.
 func (ss *session) readClient() error {
 	for {
+		ss.down.throttle()
 		f, err := ss.down.fr.ReadFrame()
 		ss.frames.Add(1)
 		var se http2.StreamError
@@ -201,22 +208,21 @@ func (ss *session) endpoints(eps []*endpoint) []*endpoint {
 	return eps
 }
 
-// flush writes e's queued WINDOW_UPDATEs and everything buffered.
+// flush encodes e's queued WINDOW_UPDATEs and wakes e's writer.
 func (ss *session) flush(e *endpoint) {
 	ss.mu.Lock()
-	updates := e.updates
-	e.updates = nil
-	e.wmu.Lock()
-	ss.mu.Unlock()
-	defer e.wmu.Unlock()
-	for _, u := range updates {
-		if e.fr.WriteWindowUpdate(u.id, u.inc) != nil {
-			return
+	if len(e.updates) > 0 {
+		e.wmu.Lock()
+		for _, u := range e.updates {
+			if e.dead || e.fr.WriteWindowUpdate(u.id, u.inc) != nil {
+				break
+			}
 		}
+		e.wmu.Unlock()
+		e.updates = e.updates[:0]
 	}
-	if e.bw.Buffered() > 0 {
-		_ = e.bw.Flush() // a broken connection shows in its reader
-	}
+	ss.mu.Unlock()
+	e.flush()
 }
 
 func (ss *session) clientFrame(f http2.Frame) error {
@@ -322,7 +328,7 @@ func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderFiel
 	s.toUp.sentEnd = s.toUp.done
 	ss.streams[s.downID] = s
 	up.streams[s.upID] = s
-	return todo{up: up}.frame(up.ep, s.upID, item{headers: fields, end: s.toUp.done}), nil
+	return todo{}.frame(up.ep, s.upID, item{headers: fields, end: s.toUp.done}), nil
 }
 
 // answerLocal answers a call with a gRPC status and no message; what the client still sends
@@ -353,7 +359,7 @@ func (ss *session) drain() {
 	last, long, started := ss.beginDrain()
 	if !started {
 		// Not past the preface yet: there is nothing to tell it.
-		_ = ss.down.conn.Close()
+		ss.down.close()
 		return
 	}
 	ss.down.goAway(last, http2.ErrCodeNo)
@@ -391,21 +397,14 @@ func (ss *session) closeIfDrained() {
 	done := ss.draining && len(ss.streams) == 0
 	ss.mu.Unlock()
 	if done {
-		// What the last call's writer buffered (its trailers) leaves before the connection
-		// closes, even when that writer has not flushed yet.
-		e := ss.down
-		e.wmu.Lock()
-		if e.bw.Buffered() > 0 {
-			_ = e.bw.Flush()
-		}
-		_ = e.conn.Close()
-		e.wmu.Unlock()
+		// What the last calls' answers left in out goes first.
+		ss.down.closeAfterFlush()
 	}
 }
 
 // close ends the session: every upstream connection closes, and the calls still open end.
 func (ss *session) close() {
-	_ = ss.down.conn.Close()
+	ss.down.shutdown() // a GOAWAY the reader wrote last leaves first, within closeGrace
 	ss.mu.Lock()
 	ss.closed = true
 	if ss.watch.timer != nil {

@@ -48,11 +48,11 @@ func (ss *session) lockUpstream(t *Target) (*upstream, error) {
 		switch {
 		case ss.closed:
 			ss.mu.Unlock()
-			_ = u.ep.conn.Close()
+			u.ep.closeAfterFlush()
 			return nil, errors.New("client connection ended")
 		case ss.ups[t] != nil:
 			// Another call connected meanwhile: this one goes there too.
-			_ = u.ep.conn.Close()
+			u.ep.closeAfterFlush()
 			continue
 		}
 		ss.ups[t] = u
@@ -93,11 +93,13 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 		return nil, err
 	}
 	br := bufio.NewReaderSize(c, readBuffer)
-	u := &upstream{target: t, ep: newEndpoint(c, br), nextID: 1, streams: map[uint32]*stream{}}
+	// No write timeout: the runtime's gRPC server reads whatever its handlers do, and what
+	// podgate sends it is bounded by its windows; its connection ends with the client's.
+	u := &upstream{target: t, ep: newEndpoint(c, br, endpointHooks{hold: ss.hold, drained: ss.sendPending}), nextID: 1, streams: map[uint32]*stream{}}
 	u.ep.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	u.ep.fr.MaxHeaderListSize = maxHeaderList
 	u.ep.wmu.Lock()
-	_, err = u.ep.bw.WriteString(http2.ClientPreface)
+	_, err = u.ep.out.Write([]byte(http2.ClientPreface))
 	if err == nil {
 		err = u.ep.writeSettingsLocked(
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
@@ -107,9 +109,10 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 	}
 	u.ep.wmu.Unlock()
 	if err != nil {
-		_ = c.Close()
+		u.ep.close()
 		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
 	}
+	u.ep.flush()
 	return u, nil
 }
 
@@ -123,6 +126,7 @@ func (ss *session) streamByUp(u *upstream, id uint32) *stream {
 func (ss *session) readUpstream(u *upstream) {
 	defer ss.upReaders.Done()
 	for {
+		u.ep.throttle()
 		f, err := u.ep.fr.ReadFrame()
 		var se http2.StreamError
 		switch {
@@ -291,7 +295,7 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 		delete(ss.ups, u.target)
 	}
 	delete(ss.upConns, u)
-	_ = u.ep.conn.Close()
+	u.ep.closeAfterFlush() // the resets and GOAWAY written last go first
 }
 
 // stopUpLocked stops passing the client's data to the server, which has answered and wants no

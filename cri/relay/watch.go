@@ -23,7 +23,7 @@ type watchState struct {
 // watchPeriod is how often the watch looks at the connection: often enough that each limit
 // holds within a quarter of itself.
 func (l *Limits) watchPeriod() time.Duration {
-	return max(min(l.IdleTimeout, l.KeepaliveTime, l.KeepaliveTimeout)/4, 5*time.Millisecond)
+	return max(min(l.IdleTimeout, l.KeepaliveTime, l.KeepaliveTimeout, l.WindowTimeout)/4, 5*time.Millisecond)
 }
 
 // startWatch starts the session's watch once its SETTINGS went out.
@@ -47,7 +47,7 @@ func (ss *session) look() {
 	switch {
 	case !w.pinged.IsZero() && now.Sub(w.pinged) >= lim.KeepaliveTimeout:
 		ss.report(refusal{ReasonKeepalive, fmt.Sprintf("sent nothing for %s and did not answer a PING", now.Sub(w.seen).Round(time.Millisecond)), "closed the connection"})
-		_ = ss.down.conn.Close()
+		ss.down.close() // at once: the writer may be stuck on a client that does not read
 		return
 	case w.pinged.IsZero() && now.Sub(w.seen) >= lim.KeepaliveTime:
 		ss.down.ping()
@@ -59,13 +59,21 @@ func (ss *session) look() {
 		ss.draining = true // a call that comes now is refused: the GOAWAY says so
 	}
 	last, closed := ss.lastID, ss.closed
+	stuck := ss.stuckLocked(now)
 	ss.mu.Unlock()
+	for _, s := range stuck {
+		ss.report(refusal{ReasonWindowTimeout, fmt.Sprintf("left the answer of %s waiting on a shut flow-control window for %s", s.path, lim.WindowTimeout), "RST_STREAM CANCEL"})
+		ss.resetStream(s, http2.ErrCodeCancel, true, true, http2.ErrCodeCancel)
+	}
+	if len(stuck) > 0 {
+		ss.flushAll()
+	}
 	switch {
 	case closed:
 	case idle:
 		ss.report(refusal{ReasonIdle, fmt.Sprintf("had no call open for %s", lim.IdleTimeout), "GOAWAY, closed the connection"})
 		ss.down.goAway(last, http2.ErrCodeNo)
-		_ = ss.down.conn.Close()
+		ss.down.closeAfterFlush()
 	default:
 		ss.mu.Lock()
 		if !ss.closed {
@@ -77,11 +85,22 @@ func (ss *session) look() {
 
 // ping sends a PING the client must answer.
 func (e *endpoint) ping() {
-	e.wmu.Lock()
-	defer e.wmu.Unlock()
-	if e.fr.WritePing(false, [8]byte{'p', 'o', 'd', 'g', 'a', 't', 'e'}) == nil {
-		_ = e.bw.Flush()
+	e.control(func() error { return e.fr.WritePing(false, [8]byte{'p', 'o', 'd', 'g', 'a', 't', 'e'}) })
+}
+
+// stuckLocked lists the calls whose answer has waited on the client's shut window, without a
+// byte leaving, for WindowTimeout. Only the streams with bytes waiting are looked at. mu is
+// held.
+func (ss *session) stuckLocked(now time.Time) []*stream {
+	var stuck []*stream
+	for _, s := range ss.down.waiting {
+		h := &s.toDown
+		shut := h.send.size() <= 0 || ss.down.send.size() <= 0
+		if !s.removed && h.listed && shut && now.Sub(h.moved) >= ss.srv.lim.WindowTimeout {
+			stuck = append(stuck, s)
+		}
 	}
+	return stuck
 }
 
 // clock is a call's time limit, from when its headers arrived: its grpc-timeout when it has
