@@ -89,7 +89,7 @@ type todo struct {
 	hasOne bool
 	out    []item
 	done   []*[]byte
-	ended  *stream   // the stream the step forgot: the observer's End
+	ended  *stream // the stream the step forgot: the observer's End
 	// handler is a Unary target's call, run in a goroutine of its own after the End.
 	handler func()
 	// reset is reset on both sides, last, with code: an error in what a side sent.
