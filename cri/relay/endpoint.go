@@ -44,7 +44,11 @@ type endpoint struct {
 	// peerMaxHeaderList is the peer's SETTINGS_MAX_HEADER_LIST_SIZE, 0 while it set none.
 	peerMaxHeaderList uint32
 	recv              window // what the peer may still send on the connection
-	updates           []windowUpdate
+	// sendMost bounds from above how far a stream's window toward the peer went past the
+	// SETTINGS_INITIAL_WINDOW_SIZE it began with (half.updateSend): a SETTINGS frame looks
+	// for a window over 2^31-1 only when this says there may be one.
+	sendMost int64
+	updates  []windowUpdate
 	// waiting lists the streams with bytes queued toward this peer (see listLocked): what a
 	// WINDOW_UPDATE of the connection, a larger window in SETTINGS or room in out may let go.
 	waiting []*stream

@@ -73,7 +73,7 @@ func (ss *session) sendLocked(d dir, s *stream, it item) todo {
 	h := d.half(s)
 	if h.q.empty() {
 		n := int64(len(it.data))
-		if it.headers != nil || (n <= h.send.size() && n <= d.dst.send.size() && n <= d.dst.room()) {
+		if it.headers != nil || (n <= h.sendSize(d.dst) && n <= d.dst.send.size() && n <= d.dst.room()) {
 			// The usual case: all of it goes now, from the framer's buffer.
 			if it.headers == nil {
 				ss.spendLocked(d, s, n)
@@ -105,7 +105,7 @@ func (ss *session) spendLocked(d dir, s *stream, n int64) {
 func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
 	h := d.half(s)
 	room := d.dst.room()
-	n := max(min(h.send.size(), d.dst.send.size(), room), 0)
+	n := max(min(h.sendSize(d.dst), d.dst.send.size(), room), 0)
 	before := h.q.size
 	out, done := h.q.take(n)
 	sent := before - h.q.size
@@ -344,15 +344,10 @@ func (ss *session) settingLocked(e *endpoint, u *upstream, st http2.Setting) (gr
 		if delta == 0 {
 			return false, nil
 		}
-		streams := ss.streams
-		if u != nil {
-			streams = u.streams
-		}
-		for _, s := range streams {
-			// RFC 9113 §6.9.2: every open stream's window moves by the difference.
-			if code := ss.halfToward(s, u).send.shift(delta); code != http2.ErrCodeNo {
-				return false, connError{code, "window above 2^31-1"}
-			}
+		// RFC 9113 §6.9.2: every open stream's window moves by the difference, which
+		// sendSize reads from e; only a window that might pass 2^31-1 is looked for.
+		if e.sendMost+e.peerInitWindow > maxWindow && ss.windowOverLocked(e, u) {
+			return false, connError{http2.ErrCodeFlowControl, "window above 2^31-1"}
 		}
 		return delta > 0, nil
 	case http2.SettingMaxConcurrentStreams:
@@ -382,13 +377,13 @@ func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateF
 		}
 		return nil
 	}
-	ss.unlock(ss.streamUpdateLocked(u, f))
+	ss.unlock(ss.streamUpdateLocked(e, u, f))
 	return nil
 }
 
 // streamUpdateLocked applies a WINDOW_UPDATE of a stream toward u (the client when nil) and
 // takes what waited for it. mu is held.
-func (ss *session) streamUpdateLocked(u *upstream, f *http2.WindowUpdateFrame) todo {
+func (ss *session) streamUpdateLocked(e *endpoint, u *upstream, f *http2.WindowUpdateFrame) todo {
 	s := ss.streams[f.StreamID]
 	if u != nil {
 		s = u.streams[f.StreamID]
@@ -396,7 +391,7 @@ func (ss *session) streamUpdateLocked(u *upstream, f *http2.WindowUpdateFrame) t
 	if s == nil {
 		return todo{}
 	}
-	if code := ss.halfToward(s, u).send.update(f.Increment); code != http2.ErrCodeNo {
+	if code := ss.halfToward(s, u).updateSend(e, f.Increment); code != http2.ErrCodeNo {
 		return todo{reset: s, code: code}
 	}
 	return ss.pendingLocked(s, u != nil)
@@ -455,6 +450,45 @@ func (ss *session) pendingLocked(s *stream, toUp bool) todo {
 	t := ss.writeLocked(d, s, todo{out: out, done: done})
 	ss.listLocked(d, s)
 	return t
+}
+
+// windowOverLocked says whether a stream's window toward e (u's, or the client's when u is
+// nil) is above 2^31-1. mu is held.
+func (ss *session) windowOverLocked(e *endpoint, u *upstream) bool {
+	streams := ss.streams
+	if u != nil {
+		streams = u.streams
+	}
+	for _, s := range streams {
+		if ss.halfToward(s, u).sendSize(e) > maxWindow {
+			return true
+		}
+	}
+	return false
+}
+
+// openSend opens the half's window toward dst at dst's SETTINGS_INITIAL_WINDOW_SIZE.
+func (h *half) openSend(dst *endpoint) {
+	h.send, h.sendBase = newWindow(dst.peerInitWindow), dst.peerInitWindow
+}
+
+// sendSize is what dst lets the half send now: its window, moved by every change of dst's
+// SETTINGS_INITIAL_WINDOW_SIZE since the stream began (RFC 9113 §6.9.2). SETTINGS records the
+// change once, in dst, rather than in each of up to MaxStreams streams. mu is held.
+func (h *half) sendSize(dst *endpoint) int64 {
+	return h.send.size() + dst.peerInitWindow - h.sendBase
+}
+
+// updateSend applies a WINDOW_UPDATE of the half's stream from dst. mu is held.
+func (h *half) updateSend(dst *endpoint, inc uint32) http2.ErrCode {
+	if code := h.send.update(inc); code != http2.ErrCodeNo {
+		return code
+	}
+	if h.sendSize(dst) > maxWindow {
+		return http2.ErrCodeFlowControl
+	}
+	dst.sendMost = max(dst.sendMost, h.send.size()-h.sendBase)
+	return http2.ErrCodeNo
 }
 
 func (ss *session) halfToward(s *stream, u *upstream) *half {

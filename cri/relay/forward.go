@@ -119,7 +119,7 @@ func (ss *session) openForwardLocked(s *stream, up *upstream, headers item) (tod
 	}
 	s.upID = up.nextID
 	up.nextID += 2
-	s.toUp.send = newWindow(up.ep.peerInitWindow)
+	s.toUp.openSend(up.ep)
 	up.streams[s.upID] = s
 	return s.kind.request(ss, s, headers), nil
 }

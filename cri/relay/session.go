@@ -52,11 +52,14 @@ type session struct {
 
 // half is one direction of a stream: what src sends, on its way to dst.
 type half struct {
-	send    window // dst's window for this stream
-	recv    window // what src may still send on this stream
-	q       queue  // what waits for dst's window
-	done    bool   // src ended its side (END_STREAM received)
-	sentEnd bool   // that end went out to dst
+	// send is dst's window for this stream as it was when SETTINGS_INITIAL_WINDOW_SIZE was
+	// sendBase (sendSize).
+	send     window
+	sendBase int64
+	recv     window // what src may still send on this stream
+	q        queue  // what waits for dst's window
+	done     bool   // src ended its side (END_STREAM received)
+	sentEnd  bool   // that end went out to dst
 	// listed says the stream is on dst's waiting list (listLocked); moved is when bytes of
 	// q last left, or began to wait: an answer whose client's window stays shut past
 	// Limits.WindowTimeout is reset.
@@ -323,8 +326,8 @@ func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderFiel
 	s.kind, s.up, s.upID = passthrough{}, up, up.nextID
 	up.nextID += 2
 	s.req.dst, s.ans.src = up.ep, up.ep
-	s.toUp.send = newWindow(up.ep.peerInitWindow)
-	s.toDown.send = newWindow(ss.down.peerInitWindow)
+	s.toUp.openSend(up.ep)
+	s.toDown.openSend(ss.down)
 	s.toUp.sentEnd = s.toUp.done
 	ss.streams[s.downID] = s
 	up.streams[s.upID] = s

@@ -90,7 +90,7 @@ func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 		ss.removeLocked(s)
 		return todo{ended: s}
 	}
-	s.toDown.send = newWindow(ss.down.peerInitWindow)
+	s.toDown.openSend(ss.down)
 	ss.streams[s.downID] = s
 	if s.toUp.done {
 		return ss.dispatchLocked(s, u)

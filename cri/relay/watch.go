@@ -95,7 +95,7 @@ func (ss *session) stuckLocked(now time.Time) []*stream {
 	var stuck []*stream
 	for _, s := range ss.down.waiting {
 		h := &s.toDown
-		shut := h.send.size() <= 0 || ss.down.send.size() <= 0
+		shut := h.sendSize(ss.down) <= 0 || ss.down.send.size() <= 0
 		if !s.removed && h.listed && shut && now.Sub(h.moved) >= ss.srv.lim.WindowTimeout {
 			stuck = append(stuck, s)
 		}

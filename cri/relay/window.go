@@ -50,16 +50,6 @@ func (w *window) update(inc uint32) http2.ErrCode {
 	return http2.ErrCodeNo
 }
 
-// shift applies a change of SETTINGS_INITIAL_WINDOW_SIZE to an open stream's window (§6.9.2):
-// the window may go negative, and past 2^31-1 it is a FLOW_CONTROL_ERROR of the connection.
-func (w *window) shift(delta int64) http2.ErrCode {
-	w.n += delta
-	if w.n > maxWindow {
-		return http2.ErrCodeFlowControl
-	}
-	return http2.ErrCodeNo
-}
-
 // credit gives n received bytes back to the peer once they have been passed on. They are
 // batched: once at least batch bytes wait, credit opens the window by them and returns the
 // increment of the WINDOW_UPDATE that tells the peer; it returns 0 until then.

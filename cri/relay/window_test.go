@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -11,7 +12,7 @@ import (
 // size after it.
 func TestWindow(t *testing.T) {
 	type step struct {
-		op   string // receive, spend, update, shift, credit
+		op   string // receive, spend, update, credit
 		n    int64  // bytes, increment or delta
 		want http2.ErrCode
 		size int64 // after the step
@@ -62,18 +63,6 @@ func TestWindow(t *testing.T) {
 			{op: "update", n: 50, want: ok, size: -50},
 			{op: "update", n: 51, want: ok, size: 1},
 		}},
-		{"a larger SETTINGS_INITIAL_WINDOW_SIZE grows the window (§6.9.2)", initialWindow, []step{
-			{op: "shift", n: streamWindow - initialWindow, want: ok, size: streamWindow},
-		}},
-		{"a smaller one may make it negative (§6.9.2)", 1000, []step{
-			{op: "spend", n: 900, size: 100},
-			{op: "shift", n: -500, want: ok, size: -400},
-			{op: "update", n: 400, want: ok, size: 0},
-		}},
-		{"a SETTINGS change past 2^31-1 is a FLOW_CONTROL_ERROR (§6.9.2)", maxWindow - 10, []step{
-			{op: "shift", n: 10, want: ok, size: maxWindow},
-			{op: "shift", n: 1, want: http2.ErrCodeFlowControl, size: maxWindow + 1},
-		}},
 		{"credit waits for a batch", 1000, []step{
 			{op: "receive", n: 300, want: ok, size: 700},
 			{op: "credit", n: 100, size: 700},
@@ -100,8 +89,6 @@ func TestWindow(t *testing.T) {
 					w.spend(st.n)
 				case "update":
 					code = w.update(uint32(st.n))
-				case "shift":
-					code = w.shift(st.n)
 				case "credit":
 					inc = w.credit(st.n, batch)
 				default:
@@ -112,5 +99,57 @@ func TestWindow(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStreamWindowFollowsSettings: a stream's window toward a peer follows every change of
+// the peer's SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.9.2), up or down, below zero too, and a
+// change or a WINDOW_UPDATE that takes one past 2^31-1 is a FLOW_CONTROL_ERROR.
+func TestStreamWindowFollowsSettings(t *testing.T) {
+	e := &endpoint{peerInitWindow: initialWindow}
+	s := &stream{}
+	s.toDown.openSend(e)
+	ss := &session{streams: map[uint32]*stream{1: s}}
+	set := func(v uint32) error {
+		_, err := ss.settingLocked(e, nil, http2.Setting{ID: http2.SettingInitialWindowSize, Val: v})
+		return err
+	}
+	h := &s.toDown
+	want := func(step string, size int64) {
+		t.Helper()
+		if got := h.sendSize(e); got != size {
+			t.Errorf("%s: window %d, want %d", step, got, size)
+		}
+	}
+	want("opened", initialWindow)
+	if err := set(streamWindow); err != nil {
+		t.Fatal(err)
+	}
+	want("a larger SETTINGS_INITIAL_WINDOW_SIZE", streamWindow)
+	h.send.spend(streamWindow - 100)
+	if err := set(1000); err != nil {
+		t.Fatal(err)
+	}
+	want("spent, then a smaller one", 100-(streamWindow-1000))
+	if code := h.updateSend(e, 1<<20); code != http2.ErrCodeNo {
+		t.Fatal(code)
+	}
+	want("a WINDOW_UPDATE on a negative window", 100-(streamWindow-1000)+1<<20)
+	if code := h.updateSend(e, uint32(maxWindow-h.sendSize(e)+1)); code != http2.ErrCodeFlowControl {
+		t.Errorf("a WINDOW_UPDATE past 2^31-1: %v, want FLOW_CONTROL_ERROR", code)
+	}
+	e.peerInitWindow = 0
+	s2 := &stream{}
+	s2.toDown.openSend(e)
+	ss.streams[3] = s2
+	if code := s2.toDown.updateSend(e, maxWindow-10); code != http2.ErrCodeNo {
+		t.Fatal(code)
+	}
+	if err := set(10); err != nil {
+		t.Errorf("a SETTINGS change to exactly 2^31-1: %v", err)
+	}
+	var ce connError
+	if err := set(11); !errors.As(err, &ce) || ce.code != http2.ErrCodeFlowControl {
+		t.Errorf("a SETTINGS change past 2^31-1: %v, want FLOW_CONTROL_ERROR", err)
 	}
 }
