@@ -36,6 +36,8 @@ func TestConfigDefaultsMatchFeatures(t *testing.T) {
 		{"criSocketLimits.keepaliveTime", config.DefaultCRIKeepaliveTime, relay.DefaultLimits.KeepaliveTime},
 		{"criSocketLimits.keepaliveTimeout", config.DefaultCRIKeepaliveTimeout, relay.DefaultLimits.KeepaliveTimeout},
 		{"criSocketLimits.requestTimeout", config.DefaultCRIRequestTimeout, relay.DefaultLimits.RequestTimeout},
+		{"criSocketLimits.writeTimeout", config.DefaultCRIWriteTimeout, relay.DefaultLimits.WriteTimeout},
+		{"criSocketLimits.windowTimeout", config.DefaultCRIWindowTimeout, relay.DefaultLimits.WindowTimeout},
 	} {
 		if c.config != c.feature {
 			t.Errorf("%s: config's default %v, the feature's %v", c.name, c.config, c.feature)

@@ -120,6 +120,8 @@ func criLimits(l config.CRISocketLimits) relay.Limits {
 		KeepaliveTime:    l.KeepaliveTime.Duration,
 		KeepaliveTimeout: l.KeepaliveTimeout.Duration,
 		RequestTimeout:   l.RequestTimeout.Duration,
+		WriteTimeout:     l.WriteTimeout.Duration,
+		WindowTimeout:    l.WindowTimeout.Duration,
 	}
 }
 

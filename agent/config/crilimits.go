@@ -21,6 +21,8 @@ const (
 	DefaultCRIKeepaliveTime      = 2 * time.Minute
 	DefaultCRIKeepaliveTimeout   = 20 * time.Second
 	DefaultCRIRequestTimeout     = 2 * time.Minute
+	DefaultCRIWriteTimeout       = 20 * time.Second
+	DefaultCRIWindowTimeout      = time.Minute
 )
 
 // CRISocketLimits is the criSocketLimits section: what one local client of the CRI socket can
@@ -51,6 +53,12 @@ type CRISocketLimits struct {
 	// RequestTimeout bounds how long a call without a grpc-timeout may take to send its whole
 	// request. Default 2m.
 	RequestTimeout Duration `json:"requestTimeout,omitzero"`
+	// WriteTimeout closes a connection whose client took no byte of what podgate wrote to it
+	// for so long (it stopped reading its socket). Default 20s.
+	WriteTimeout Duration `json:"writeTimeout,omitzero"`
+	// WindowTimeout resets a call whose answer waited so long on the client's shut
+	// flow-control window, no byte leaving. Default 1m.
+	WindowTimeout Duration `json:"windowTimeout,omitzero"`
 }
 
 // effective is l with each unset (zero) key at its default, as the CRI socket applies them;
@@ -64,6 +72,8 @@ func (l CRISocketLimits) effective() CRISocketLimits {
 	l.KeepaliveTime.Duration = cmp.Or(l.KeepaliveTime.Duration, DefaultCRIKeepaliveTime)
 	l.KeepaliveTimeout.Duration = cmp.Or(l.KeepaliveTimeout.Duration, DefaultCRIKeepaliveTimeout)
 	l.RequestTimeout.Duration = cmp.Or(l.RequestTimeout.Duration, DefaultCRIRequestTimeout)
+	l.WriteTimeout.Duration = cmp.Or(l.WriteTimeout.Duration, DefaultCRIWriteTimeout)
+	l.WindowTimeout.Duration = cmp.Or(l.WindowTimeout.Duration, DefaultCRIWindowTimeout)
 	return l
 }
 
@@ -96,7 +106,8 @@ func (l *CRISocketLimits) validate() error {
 	for _, d := range []struct {
 		name string
 		v    Duration
-	}{{"idleTimeout", l.IdleTimeout}, {"keepaliveTime", l.KeepaliveTime}, {"keepaliveTimeout", l.KeepaliveTimeout}, {"requestTimeout", l.RequestTimeout}} {
+	}{{"idleTimeout", l.IdleTimeout}, {"keepaliveTime", l.KeepaliveTime}, {"keepaliveTimeout", l.KeepaliveTimeout}, {"requestTimeout", l.RequestTimeout},
+		{"writeTimeout", l.WriteTimeout}, {"windowTimeout", l.WindowTimeout}} {
 		if d.v.Duration < minCRITimeout {
 			errs = append(errs, fmt.Errorf("criSocketLimits.%s: %s: must be at least 1s", d.name, d.v))
 		}

@@ -17,6 +17,7 @@ func TestCRISocketLimits(t *testing.T) {
 		ConnectionBytes: 64 << 20, TotalBytes: 256 << 20, MaxConnections: 4096, MaxHeaderListBytes: 64 << 10,
 		IdleTimeout: Duration{5 * time.Minute}, KeepaliveTime: Duration{2 * time.Minute},
 		KeepaliveTimeout: Duration{20 * time.Second}, RequestTimeout: Duration{2 * time.Minute},
+		WriteTimeout: Duration{20 * time.Second}, WindowTimeout: Duration{time.Minute},
 	}
 	if c.CRISocketLimits != (CRISocketLimits{}) {
 		t.Errorf("unset limits were filled in the file's configuration: %+v", c.CRISocketLimits)
@@ -47,6 +48,8 @@ func TestCRISocketLimits(t *testing.T) {
 		{"idleTimeout: 10ms", "criSocketLimits.idleTimeout: 10ms: must be at least 1s"},
 		{"keepaliveTimeout: -1s", "criSocketLimits.keepaliveTimeout: -1s: must be at least 1s"},
 		{"requestTimeout: 500ms", "criSocketLimits.requestTimeout: 500ms: must be at least 1s"},
+		{"writeTimeout: 100ms", "criSocketLimits.writeTimeout: 100ms: must be at least 1s"},
+		{"windowTimeout: -1m", "criSocketLimits.windowTimeout: -1m0s: must be at least 1s"},
 	} {
 		c, err := Parse([]byte(header + "criSocketLimits:\n  " + tc.doc + "\n"))
 		if err != nil {

@@ -29,17 +29,26 @@
 // handlers because each is already a type with state of its own (the request's bytes, the
 // handler's wait), and an interface value of an empty struct costs the passthrough nothing.
 //
-// No client can take the relay down (Limits): what it holds for a client's requests not yet
-// handed on counts against a budget per connection and one per process (chargeLocked), a
-// call's grpc-timeout applies from its headers and a request without one must arrive within
-// RequestTimeout, a connection without calls closes after IdleTimeout and one that answers no
-// PING after KeepaliveTimeout, and the connections are capped. A client that goes over a limit
-// is refused, logged once per connection (its pid and uid from SO_PEERCRED, at most a line a
-// second per reason) and counted (Server.Refused).
+// No client can take the relay down (Limits): what it holds for a client, requests not yet
+// handed on and answers the client has not taken, counts against a budget per connection and
+// one per process (chargeLocked, forceChargeLocked), a call's grpc-timeout applies from its
+// headers and a request without one must arrive within RequestTimeout, a connection without
+// calls closes after IdleTimeout, one that answers no PING after KeepaliveTimeout, one that takes
+// nothing written to it after WriteTimeout, an answer left on a shut window is reset after
+// WindowTimeout, and the connections are capped. A client that goes over a limit is refused,
+// logged once per connection (its pid and uid from SO_PEERCRED, at most a line a second per
+// reason) and counted (Server.Refused).
+//
+// Each connection has one writer goroutine (endpoint.writeLoop), as grpc-go's transports do:
+// frames are encoded into memory (endpoint.out) under the endpoint's wmu, which is never held
+// across a write, and the writer writes them. A client that stops reading blocks its writer
+// alone: keepalive, timeouts, resets, sheds and closes only encode or close, and DATA beyond a
+// few writes' worth (outRoom) waits in its stream's queue, counted.
 //
 // Flow control keeps its arithmetic in one type (window, RFC 9113 §6.9). The steps that move
 // windows and frames run under the session's mu and return what is left to do (a todo: frames
-// to write, a stream's end to tell); session.unlock lets mu go and does it, taking the
-// frames' endpoint's write lock first so that frames leave in the order their windows were
-// counted: mu is held while that lock is taken, never across a write.
+// to encode, a stream's end to tell); session.unlock encodes the frames under mu, so that they
+// leave in the order their windows were counted, lets mu go and does the rest. A
+// WINDOW_UPDATE or SETTINGS touches only the streams with bytes waiting (endpoint.waiting), and
+// a change of SETTINGS_INITIAL_WINDOW_SIZE none (half.sendSize).
 package relay
