@@ -15,7 +15,8 @@ import (
 )
 
 // session is one client connection and the upstream connections its calls go to. Lock order:
-// mu, then an endpoint's wmu; never mu while holding a wmu. Neither is held across a write to a
+// mu, then the Server's mu (a charge over the process's budget), then an endpoint's wmu; never
+// mu while holding either. Neither is held across a write to a
 // connection: only an endpoint's writer writes.
 type session struct {
 	srv  *Server

@@ -225,8 +225,12 @@ func TestHeaderOnlyStreamsChargedWhatTheyHold(t *testing.T) {
 			}
 			waitUntil(t, "every call is open", func() bool {
 				b.srv.mu.Lock()
-				defer b.srv.mu.Unlock()
+				var sessions []*session
 				for ss := range b.srv.sessions {
+					sessions = append(sessions, ss)
+				}
+				b.srv.mu.Unlock() // the lock order is a session's mu, then the server's
+				for _, ss := range sessions {
 					ss.mu.Lock()
 					open := len(ss.streams)
 					ss.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,19 +30,29 @@ type attack struct {
 	name string
 	// podResources: the attack is on podgate's PodResources socket (no grpc-go anchor).
 	podResources bool
-	run          func(ctx context.Context, sock string) (string, func())
+	// fake holds more arguments of the fake runtime (a larger one).
+	fake []string
+	// frames, when set, is how many frames the attack sends: the table gives the server's CPU
+	// per frame.
+	frames int
+	run    func(ctx context.Context, sock string) (string, func())
+	// check, when set, says what podgate did that it must not have, beside what every attack
+	// checks (TestAttacks); nil when it held.
+	check func(o outcome) error
+	// offends: podgate refuses the attacker, and its log must name the attacking process.
+	offends bool
 }
 
 func attacks(silence time.Duration) []attack {
-	return []attack{
-		{name: "40 UpdateContainerResources requests of 16 MiB, never ended", run: func(ctx context.Context, sock string) (string, func()) {
+	return append([]attack{
+		{name: "40 UpdateContainerResources requests of 16 MiB, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return bodies(ctx, sock, 40, 16<<20, 16<<20, nil)
 		}},
-		{name: "8 streams, prefix 0xFFFFFFFF, 16 MiB sent each, never ended", run: func(ctx context.Context, sock string) (string, func()) {
+		{name: "8 streams, prefix 0xFFFFFFFF, 16 MiB sent each, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return bodies(ctx, sock, 8, 0xFFFFFFFF, 16<<20, nil)
 		}},
-		{name: "grpc-timeout 1S, request never ended", run: timeout},
-		{name: "HPACK: 4,000-byte -bin entry × 255 per stream, 1,000 streams (UpdateContainerResources)", run: func(ctx context.Context, sock string) (string, func()) {
+		{name: "grpc-timeout 1S, request never ended", offends: true, run: timeout},
+		{name: "HPACK: 4,000-byte -bin entry × 255 per stream, 1,000 streams (UpdateContainerResources)", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return hpackBomb(ctx, sock, updatePath)
 		}},
 		{name: "HPACK: the same on PodResources (List)", podResources: true, run: func(ctx context.Context, sock string) (string, func()) {
@@ -54,14 +65,63 @@ func attacks(silence time.Duration) []attack {
 			return silent(ctx, sock, 500, silence)
 		}},
 		{name: "PodResources: one process calls List 3,000 times, then another 20 times", podResources: true, run: floodFairness},
+	}, writeAttacks()...)
+}
+
+// writeAttacks are issue 38's attacks on the CRI socket's write path, with default limits.
+func writeAttacks() []attack {
+	deaf := new(deafStats)
+	// writeTimeout's default, and room for the close to be seen.
+	deafWait := 30 * time.Second
+	return []attack{
+		{
+			name:    "8 connections: 60 MiB of unfinished intercepted bodies each, then ListContainers (21 MB) with huge windows, then never read",
+			fake:    []string{"-containers", bigRuntime},
+			offends: true,
+			run: func(ctx context.Context, sock string) (string, func()) {
+				return deafAfterBodies(ctx, sock, 8, deafWait, deaf)
+			},
+			check: func(outcome) error {
+				if deaf.closed < deaf.conns {
+					return fmt.Errorf("%d of %d connections that stopped reading still open after %s", deaf.conns-deaf.closed, deaf.conns, deafWait)
+				}
+				return nil
+			},
+		},
+		{
+			name:    "10 connections × 16 ListContainers (21 MB), reading but never sending WINDOW_UPDATE",
+			fake:    []string{"-containers", bigRuntime},
+			offends: true,
+			run: func(ctx context.Context, sock string) (string, func()) {
+				return noWindow(ctx, sock, 10, 16, 10*time.Second)
+			},
+		},
+		{
+			name: "one connection, 999 calls open, 20,000 WINDOW_UPDATE frames", frames: 20000,
+			run: func(ctx context.Context, sock string) (string, func()) {
+				return controlFrames(ctx, sock, "window_update", 20000)
+			},
+		},
+		{
+			name: "one connection, 999 calls open, 20,000 SETTINGS frames", frames: 20000,
+			run: func(ctx context.Context, sock string) (string, func()) {
+				return controlFrames(ctx, sock, "settings", 20000)
+			},
+		},
+		{
+			name: "8 connections × 999 UpdateContainerResources calls whose request never comes",
+			run: func(ctx context.Context, sock string) (string, func()) {
+				return headerOnly(ctx, sock, 8, 999)
+			},
+		},
 	}
 }
 
 // runAttacks runs every attack against podgate and against the grpc-go server, each on fresh
 // processes, and prints the table.
 func runAttacks(ctx context.Context, r *rig, silence time.Duration, only string) {
-	fmt.Println("| what one local client does | server | RSS MB before → after (peak) | goroutines after | kubelet's Version answered | what the server did | podgate's refusal log lines |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| what one local client does | server | RSS MB before → after (peak) | goroutines after | kubelet's Version answered | what the server did | podgate's refusal log lines | CPU | held MB |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, a := range attacks(silence) {
 		if !strings.Contains(a.name, only) {
 			continue
@@ -70,56 +130,93 @@ func runAttacks(ctx context.Context, r *rig, silence time.Duration, only string)
 			if a.podResources && server == "grpc-go" {
 				continue
 			}
-			row, err := runOne(ctx, r, a, server)
+			row := "error"
+			o, err := measure(ctx, r, a, server)
 			if err != nil {
-				row = "error: " + err.Error()
+				row += ": " + err.Error()
+			} else {
+				row = o.row(a)
 			}
 			fmt.Printf("| %s | %s | %s |\n", a.name, server, row)
 		}
 	}
 }
 
-func runOne(ctx context.Context, r *rig, a attack, server string) (string, error) {
-	f, err := r.startFake()
+// outcome is what one attack did to one server.
+type outcome struct {
+	before, after    memory
+	goroutines       string
+	answered, calls  int64
+	did              string
+	log              string // podgate's
+	cpu              time.Duration
+	held             string // podgate_cri_held_bytes at the attack's end
+	podgate          bool
+	pid, attackerPID int
+}
+
+// refusalLines are podgate's log lines for a client it refused or cut off, on either socket.
+func (o outcome) refusalLines() int {
+	return strings.Count(o.log, "Refused a PodResources client") + strings.Count(o.log, "A CRI client misbehaved")
+}
+
+func (o outcome) row(a attack) string {
+	logLines, cpu := "—", o.cpu.Round(time.Millisecond).String()
+	if o.podgate {
+		logLines = fmt.Sprint(o.refusalLines())
+	}
+	if a.frames > 0 {
+		cpu = fmt.Sprintf("%.1f µs/frame", float64(o.cpu.Microseconds())/float64(a.frames))
+	}
+	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.answered, o.calls, o.did, logLines, cpu, o.held)
+}
+
+func measure(ctx context.Context, r *rig, a attack, server string) (outcome, error) {
+	f, err := r.startFake(a.fake...)
 	if err != nil {
-		return "", err
+		return outcome{}, err
 	}
 	defer f.stop()
+	o := outcome{goroutines: "—", held: "—", attackerPID: os.Getpid()}
 	pid, sock, criSock := f.cmd.Process.Pid, f.sock, f.sock
 	var pg *harness.Podgate
 	if server == "podgate" {
 		if pg, err = r.startPodgate(ctx, f); err != nil {
-			return "", err
+			return outcome{}, err
 		}
 		defer func() { _, _ = pg.Stop(30 * time.Second) }()
 		pid, sock, criSock = pg.PID(), pg.Socket, pg.Socket
 		if a.podResources {
 			sock = pg.PodResourcesSocket
 		}
+		o.podgate = true
 	}
+	o.pid = pid
 	k, err := startKubelet(criSock)
 	if err != nil {
-		return "", err
+		return outcome{}, err
 	}
 	time.Sleep(time.Second) // the processes settle; the kubelet has called a few times
-	before := readMemory(pid)
+	o.before = readMemory(pid)
+	cpuBefore := readCPU(pid)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	did, cleanup := a.run(actx, sock)
 	cancel()
-	after := readMemory(pid)
-	goroutines := "—"
+	o.did = did
+	o.cpu = readCPU(pid) - cpuBefore
+	o.after = readMemory(pid)
 	if pg != nil {
-		goroutines = metricLine(ctx, pg, "go_goroutines")
+		o.goroutines = metricLine(ctx, pg, "go_goroutines")
+		if held, err := strconv.ParseFloat(metricLine(ctx, pg, "podgate_cri_held_bytes"), 64); err == nil {
+			o.held = fmt.Sprintf("%.1f", held/1e6)
+		}
 	}
 	cleanup()
-	answered := k.finish()
-	logLines := "—"
+	o.answered, o.calls = k.finish()
 	if pg != nil {
-		// Each socket's line for a client it refused or cut off.
-		log := pg.Log.String()
-		logLines = fmt.Sprint(strings.Count(log, "Refused a PodResources client") + strings.Count(log, "A CRI client misbehaved"))
+		o.log = pg.Log.String()
 	}
-	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %s | %s | %s", before.rss, after.rss, after.hwm, goroutines, answered, did, logLines), nil
+	return o, nil
 }
 
 func metricLine(ctx context.Context, pg *harness.Podgate, name string) string {

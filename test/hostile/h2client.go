@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -31,6 +32,8 @@ type h2conn struct {
 	endedAt   map[uint32]time.Time
 	closed    error
 	goAway    bool
+	// deaf, while set, holds the reader: the client stops reading its socket (deafen).
+	deaf atomic.Pointer[chan struct{}]
 }
 
 func dialH2(ctx context.Context, sock string) (*h2conn, error) {
@@ -69,6 +72,9 @@ func (h *h2conn) write(f func() error) error {
 
 func (h *h2conn) read() {
 	for {
+		if d := h.deaf.Load(); d != nil {
+			<-*d
+		}
 		f, err := h.fr.ReadFrame()
 		if err != nil {
 			h.mu.Lock()
@@ -228,6 +234,23 @@ func (h *h2conn) waitEnd(id uint32, d time.Duration) (string, time.Time) {
 	return h.ended[id], h.endedAt[id]
 }
 
+// waitClosed waits at most d for the connection to end, and says whether it did.
+func (h *h2conn) waitClosed(d time.Duration) bool {
+	timer := time.AfterFunc(d, func() {
+		h.mu.Lock()
+		h.cond.Broadcast()
+		h.mu.Unlock()
+	})
+	defer timer.Stop()
+	deadline := time.Now().Add(d)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.closed == nil && time.Now().Before(deadline) {
+		h.cond.Wait()
+	}
+	return h.closed != nil
+}
+
 // isClosed says whether the server ended the connection.
 func (h *h2conn) isClosed() bool {
 	h.mu.Lock()
@@ -247,6 +270,35 @@ func (h *h2conn) endings() map[string]int {
 }
 
 func (h *h2conn) close() { _ = h.c.Close() }
+
+// deafen stops reading the socket after the frame being read; hear reads on.
+func (h *h2conn) deafen() (hear func()) {
+	d := make(chan struct{})
+	h.deaf.Store(&d)
+	return func() {
+		h.deaf.Store(nil)
+		close(d)
+	}
+}
+
+// openWindows opens the connection's window and every stream's as wide as HTTP/2 allows: the
+// server may send all it has.
+func (h *h2conn) openWindows() error {
+	return h.write(func() error {
+		if err := h.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}); err != nil {
+			return err
+		}
+		return h.fr.WriteWindowUpdate(0, 1<<31-1-65535)
+	})
+}
+
+// call opens stream id with a gRPC request for path whose message is empty, ended.
+func (h *h2conn) call(id uint32, path string) error {
+	if err := h.open(id, grpcBlock(path), false); err != nil {
+		return err
+	}
+	return h.write(func() error { return h.fr.WriteData(id, true, make([]byte, 5)) })
+}
 
 // Header blocks, encoded by hand so that no field but the attack's enters HPACK's dynamic
 // table.
