@@ -82,6 +82,9 @@ func (ss *session) sendLocked(d dir, s *stream, it item) todo {
 		}
 	}
 	ss.forceChargeLocked(s, int64(len(it.data)))
+	if h.q.empty() {
+		h.moved = time.Now() // it begins to wait
+	}
 	h.q.push(it)
 	out, done := ss.takeLocked(d, s)
 	t := ss.writeLocked(d, s, todo{out: out, done: done})
@@ -127,9 +130,6 @@ func (ss *session) listLocked(d dir, s *stream) {
 		return
 	}
 	h.listed = true
-	if h.moved.IsZero() {
-		h.moved = time.Now()
-	}
 	d.dst.waiting = append(d.dst.waiting, s)
 }
 

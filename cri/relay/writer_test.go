@@ -156,6 +156,43 @@ func TestAnswerOnAShutWindowIsReset(t *testing.T) {
 	waitUntil(t, "the bytes are given back", func() bool { return b.srv.Held() == 0 })
 }
 
+// TestSlowReaderIsNotReset: a client that opens its window a little at a time keeps its call:
+// WindowTimeout counts from the last byte that left, not from when the answer began to wait.
+func TestSlowReaderIsNotReset(t *testing.T) {
+	lim := Limits{WindowTimeout: 300 * time.Millisecond}
+	b := newAttackBed(t, lim, 16<<20)
+	a := dialAttacker(t, b.sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+	a.headers(1, true, grpcRequest("/svc/Raw")...)
+	srv := b.up.accept()
+	id := srv.readUntil(isHeaders).Header().StreamID
+	answerBig(t, srv, id, 1<<20)
+	a.next(t, 1) // the answer's headers: it has begun
+	tick := time.NewTicker(lim.WindowTimeout / 3)
+	defer tick.Stop()
+	for range 12 { // four window timeouts
+		<-tick.C
+		a.write(func(fr *http2.Framer) error {
+			if err := fr.WriteWindowUpdate(1, 4096); err != nil {
+				return err
+			}
+			return fr.WriteWindowUpdate(0, 4096)
+		})
+	}
+	b.mu.Lock()
+	stalls := b.reasons[ReasonWindowTimeout]
+	b.mu.Unlock()
+	if stalls > 0 {
+		t.Errorf("a call whose client opened its window every %s was reset as stuck", lim.WindowTimeout/3)
+	}
+	select {
+	case f := <-a.frames:
+		if f.typ == http2.FrameRSTStream {
+			t.Errorf("the slow reader's call was reset: %v", f.code)
+		}
+	default:
+	}
+}
+
 // TestAnswersCountAgainstTheProcessBudget: clients that open no window hold answers in the
 // relay; over the process's budget the connection that holds the most is closed (GOAWAY
 // ENHANCE_YOUR_CALM), so what the relay holds stays within the budget and one stream's window,
