@@ -221,9 +221,9 @@ func (e *endpoint) close() {
 	})
 }
 
-// closeAfterFlush closes the connection once what is encoded has left, or after closeGrace,
-// whichever comes first; it does not wait.
-func (e *endpoint) closeAfterFlush() {
+// closeAfterFlush closes the connection once what is encoded has left, or after grace (at
+// most), whichever comes first; it does not wait.
+func (e *endpoint) closeAfterFlush(grace time.Duration) {
 	if e.w == nil {
 		return
 	}
@@ -232,7 +232,7 @@ func (e *endpoint) closeAfterFlush() {
 		e.closing = true
 		e.wmu.Unlock()
 		e.flush()
-		t := time.AfterFunc(closeGrace, e.close)
+		t := time.AfterFunc(grace, e.close)
 		go func() {
 			<-e.w.done
 			t.Stop()
@@ -245,7 +245,7 @@ func (e *endpoint) shutdown() {
 	if e.w == nil {
 		return
 	}
-	e.closeAfterFlush()
+	e.closeAfterFlush(closeGrace)
 	<-e.w.done
 }
 

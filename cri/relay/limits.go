@@ -247,23 +247,27 @@ func (s *Server) makeRoom(ss *session, n int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	over := s.held.Load() + n - s.lim.TotalBytes
-	s.shedLocked(over, ss)
-	reserve := s.lim.TotalBytes / reserveShare
-	return ss.held.Load()+n <= reserve && over <= reserve
+	paying := s.shedLocked(over, ss)
+	return ss.held.Load()+n <= s.lim.TotalBytes/smallShare && (paying || over <= s.lim.TotalBytes/reserveShare)
 }
 
-// reserveShare: a connection that holds at most 1/reserveShare of the process's budget may go
-// over it by as much while the connections that hold the most are shed.
-const reserveShare = 16
+// A connection that holds at most 1/smallShare of the process's budget (a kubelet's) gets its
+// calls over the budget while connections that hold more are being shed, and otherwise within
+// 1/reserveShare of it.
+const (
+	smallShare   = 256
+	reserveShare = 16
+)
 
 // shedLocked closes the connections that hold the most until those being closed hold at least
-// over bytes. With caller set, only connections that hold more than the caller are shed.
-// s.mu is held.
-func (s *Server) shedLocked(over int64, caller *session) {
+// over bytes. With caller set, only connections that hold more than the caller are shed. It
+// says whether connections that hold more than the caller are being shed. s.mu is held.
+func (s *Server) shedLocked(over int64, caller *session) (paying bool) {
 	var leaving int64 // what the connections being shed still hold
 	for o := range s.sessions {
 		if o.shedding.Load() {
 			leaving += o.held.Load()
+			paying = paying || caller == nil || o.held.Load() > caller.held.Load()
 		}
 	}
 	for leaving < over {
@@ -276,11 +280,13 @@ func (s *Server) shedLocked(over int64, caller *session) {
 		switch {
 		case top == nil, top == caller, caller != nil && top.held.Load() <= caller.held.Load(),
 			top.held.Load() == 0, !top.shedding.CompareAndSwap(false, true):
-			return
+			return paying
 		}
 		leaving += top.held.Load()
+		paying = true
 		go top.shed()
 	}
+	return paying
 }
 
 // shed closes the connection, the one that held the most when the process's budget ran out:
@@ -289,8 +295,12 @@ func (s *Server) shedLocked(over int64, caller *session) {
 func (ss *session) shed() {
 	ss.report(refusal{ReasonTotalBudget, fmt.Sprintf("held %d bytes, the most of any connection, when all of them together reached %d", ss.held.Load(), ss.srv.lim.TotalBytes), "closed the connection"})
 	ss.down.goAway(ss.lastIDLocked(), http2.ErrCodeEnhanceYourCalm)
-	ss.down.closeAfterFlush()
+	ss.down.closeAfterFlush(shedGrace)
 }
+
+// shedGrace bounds how long a shed connection's GOAWAY may take to leave: what it holds counts
+// until it is closed.
+const shedGrace = 100 * time.Millisecond
 
 // stalled reports a client that took nothing podgate wrote for WriteTimeout; its connection
 // closes.

@@ -402,7 +402,7 @@ func (ss *session) closeIfDrained() {
 	ss.mu.Unlock()
 	if done {
 		// What the last calls' answers left in out goes first.
-		ss.down.closeAfterFlush()
+		ss.down.closeAfterFlush(closeGrace)
 	}
 }
 

@@ -48,11 +48,11 @@ func (ss *session) lockUpstream(t *Target) (*upstream, error) {
 		switch {
 		case ss.closed:
 			ss.mu.Unlock()
-			u.ep.closeAfterFlush()
+			u.ep.closeAfterFlush(closeGrace)
 			return nil, errors.New("client connection ended")
 		case ss.ups[t] != nil:
 			// Another call connected meanwhile: this one goes there too.
-			u.ep.closeAfterFlush()
+			u.ep.closeAfterFlush(closeGrace)
 			continue
 		}
 		ss.ups[t] = u
@@ -295,7 +295,7 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 		delete(ss.ups, u.target)
 	}
 	delete(ss.upConns, u)
-	u.ep.closeAfterFlush() // the resets and GOAWAY written last go first
+	u.ep.closeAfterFlush(closeGrace) // the resets and GOAWAY written last go first
 }
 
 // stopUpLocked stops passing the client's data to the server, which has answered and wants no

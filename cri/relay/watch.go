@@ -73,7 +73,7 @@ func (ss *session) look() {
 	case idle:
 		ss.report(refusal{ReasonIdle, fmt.Sprintf("had no call open for %s", lim.IdleTimeout), "GOAWAY, closed the connection"})
 		ss.down.goAway(last, http2.ErrCodeNo)
-		ss.down.closeAfterFlush()
+		ss.down.closeAfterFlush(closeGrace)
 	default:
 		ss.mu.Lock()
 		if !ss.closed {
