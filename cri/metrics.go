@@ -2,7 +2,6 @@ package cri
 
 import (
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/podgate/podgate/cri/relay"
@@ -25,9 +24,6 @@ type Metrics struct {
 	// come from clients and must not grow the label set.
 	methods map[string]*methodMetrics
 	other   *methodMetrics
-	// relay is the CRI socket's relay whose budget the held and budget gauges read, once a
-	// Server is made with these metrics.
-	relay atomic.Pointer[relay.Server]
 }
 
 type methodMetrics struct {
@@ -66,15 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range relay.Reasons {
 		m.refusals[r] = refusals.WithLabelValues(r)
 	}
-	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "podgate", Subsystem: "cri", Name: "held_bytes",
-		Help: "Bytes the CRI socket holds for its clients now: requests not handed on to the runtime, answers the clients have not taken (criSocketLimits.totalBytes bounds it).",
-	}, func() float64 { return m.budget(func(r *relay.Server) int64 { return r.Held() }) })
-	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "podgate", Subsystem: "cri", Name: "budget_bytes",
-		Help: "criSocketLimits.totalBytes in force: podgate_cri_held_bytes over it closes the connection that holds the most.",
-	}, func() float64 { return m.budget(func(r *relay.Server) int64 { return r.Budget() }) })
-	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp, refusals, held, budget)
+	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp, refusals)
 	for _, sd := range []struct {
 		name    string
 		methods []string
@@ -128,14 +116,6 @@ func (mm *methodMetrics) done(start time.Time, code codes.Code) {
 	} else {
 		mm.codes[codes.Unknown].Inc()
 	}
-}
-
-// budget reads one of the relay's figures, 0 before a Server uses these metrics.
-func (m *Metrics) budget(read func(*relay.Server) int64) float64 {
-	if r := m.relay.Load(); r != nil {
-		return float64(read(r))
-	}
-	return 0
 }
 
 // refused counts one of the relay's refusals (relay.Server.Refused).

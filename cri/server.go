@@ -128,7 +128,6 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		Logger:          s.logger.WithValues("server", "CRI"),
 		Refused:         s.metrics.refused,
 	}
-	s.metrics.relay.Store(s.relay)
 	return s
 }
 

@@ -308,12 +308,6 @@ func (ss *session) stalled() {
 	ss.report(refusal{ReasonWriteTimeout, fmt.Sprintf("took no byte of what podgate wrote for %s", ss.srv.lim.WriteTimeout), "closed the connection"})
 }
 
-// Budget is the process's budget in force, Limits.TotalBytes or its default.
-func (s *Server) Budget() int64 {
-	s.init()
-	return s.lim.TotalBytes
-}
-
-// Held is how many bytes the relay holds now for its clients, over every connection: requests
-// it has not handed on, answers they have not taken; what Limits.TotalBytes bounds.
+// Held is how many bytes the relay holds now for requests it has not handed on, over every
+// connection: what Limits.TotalBytes bounds.
 func (s *Server) Held() int64 { return s.held.Load() }
