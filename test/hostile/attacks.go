@@ -150,7 +150,7 @@ type outcome struct {
 	did              string
 	log              string // podgate's
 	cpu              time.Duration
-	held             string // podgate_cri_held_bytes at the attack's end
+	held             string // podgate_cri_budget_held_bytes at the attack's end
 	podgate          bool
 	pid, attackerPID int
 }
@@ -207,7 +207,7 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 	o.after = readMemory(pid)
 	if pg != nil {
 		o.goroutines = metricLine(ctx, pg, "go_goroutines")
-		if held, err := strconv.ParseFloat(metricLine(ctx, pg, "podgate_cri_held_bytes"), 64); err == nil {
+		if held, err := strconv.ParseFloat(metricLine(ctx, pg, "podgate_cri_budget_held_bytes"), 64); err == nil {
 			o.held = fmt.Sprintf("%.1f", held/1e6)
 		}
 	}
