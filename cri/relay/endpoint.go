@@ -115,9 +115,9 @@ type writer struct {
 	gone      atomic.Bool // the writer ended: nothing more is written
 }
 
-// writeSettingsLocked encodes podgate's SETTINGS and opens the connection window to
-// connWindow; the caller holds wmu and flushes.
-func (e *endpoint) writeSettingsLocked(settings ...http2.Setting) error {
+// writeSettings encodes podgate's SETTINGS and opens the connection window to connWindow; the
+// caller holds wmu (encode) and flushes.
+func (e *endpoint) writeSettings(settings ...http2.Setting) error {
 	if err := e.fr.WriteSettings(settings...); err != nil {
 		return err
 	}
@@ -163,13 +163,20 @@ func (e *endpoint) flush() {
 	}
 }
 
-// control encodes one frame with write, under wmu, and flushes it.
-func (e *endpoint) control(write func() error) {
+// encode runs write, which encodes frames for the peer, under wmu; nothing once the writer has
+// ended. Encoding is into memory: only a frame the framer finds malformed fails.
+func (e *endpoint) encode(write func() error) error {
 	e.wmu.Lock()
-	if !e.dead {
-		_ = write() // into memory: only a frame the framer finds malformed fails
+	defer e.wmu.Unlock()
+	if e.dead {
+		return nil
 	}
-	e.wmu.Unlock()
+	return write()
+}
+
+// control encodes one frame with write and flushes it.
+func (e *endpoint) control(write func() error) {
+	_ = e.encode(write)
 	e.flush()
 }
 
@@ -195,13 +202,8 @@ func (e *endpoint) frameBuffered() bool {
 
 // pong answers a PING; it leaves with the reader's next flush.
 func (e *endpoint) pong(f *http2.PingFrame) {
-	if f.IsAck() {
-		return
-	}
-	e.wmu.Lock()
-	defer e.wmu.Unlock()
-	if !e.dead {
-		_ = e.fr.WritePing(true, f.Data)
+	if !f.IsAck() {
+		_ = e.encode(func() error { return e.fr.WritePing(true, f.Data) })
 	}
 }
 
@@ -228,9 +230,7 @@ func (e *endpoint) closeAfterFlush(grace time.Duration) {
 		return
 	}
 	e.w.closeSoon.Do(func() {
-		e.wmu.Lock()
-		e.closing = true
-		e.wmu.Unlock()
+		e.setClosing()
 		e.flush()
 		t := time.AfterFunc(grace, e.close)
 		go func() {
@@ -238,6 +238,12 @@ func (e *endpoint) closeAfterFlush(grace time.Duration) {
 			t.Stop()
 		}()
 	})
+}
+
+func (e *endpoint) setClosing() {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.closing = true
 }
 
 // shutdown is closeAfterFlush, waiting for the close.
@@ -285,19 +291,28 @@ const outMost = outRoom + 64<<10
 // throttle waits, before the reader reads its next frame, while out holds more than outMost:
 // until the writer has written, or has ended.
 func (e *endpoint) throttle() {
-	for {
-		e.wmu.Lock()
-		n := e.out.size
-		e.wmu.Unlock()
-		if n <= outMost {
-			return
-		}
+	for e.outSize() > outMost {
 		select {
 		case <-e.w.progress:
 		case <-e.w.done:
 			return
 		}
 	}
+}
+
+func (e *endpoint) outSize() int64 {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	return e.out.size
+}
+
+// takeOut hands what is encoded to the writer: the buffers, their DATA bytes, and whether the
+// connection is to close once they are written.
+func (e *endpoint) takeOut() (bufs [][]byte, data int64, closing bool) {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	bufs, data = e.out.take()
+	return bufs, data, e.closing
 }
 
 // writeLoop writes what is encoded for the peer, in one write (writev) per flush, until the
@@ -312,10 +327,7 @@ func (e *endpoint) writeLoop() {
 			return
 		}
 		for {
-			e.wmu.Lock()
-			bufs, data := e.out.take()
-			closing := e.closing
-			e.wmu.Unlock()
+			bufs, data, closing := e.takeOut()
 			if len(bufs) == 0 {
 				if closing {
 					return
@@ -371,15 +383,20 @@ func (e *endpoint) write(bufs [][]byte) error {
 // closes.
 func (e *endpoint) endWriter() {
 	w := e.w
-	e.wmu.Lock()
-	e.dead = true
-	bufs, _ := e.out.take()
-	e.wmu.Unlock()
-	releaseOut(bufs)
+	releaseOut(e.kill())
 	w.gone.Store(true)
 	w.drop()
 	e.close()
 	close(w.done)
+}
+
+// kill marks the endpoint dead, so that nothing more is encoded, and returns what was.
+func (e *endpoint) kill() [][]byte {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	e.dead = true
+	bufs, _ := e.out.take()
+	return bufs
 }
 
 // outBuffer is what an endpoint has encoded for its peer, in buffers borrowed from a pool at

@@ -320,12 +320,7 @@ func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) er
 	if err != nil {
 		return err
 	}
-	e.wmu.Lock()
-	if !e.dead {
-		err = e.fr.WriteSettingsAck() // leaves with the reader's next flush
-	}
-	e.wmu.Unlock()
-	if err != nil {
+	if err := e.encode(e.fr.WriteSettingsAck); err != nil { // leaves with the reader's next flush
 		return err
 	}
 	if grow {

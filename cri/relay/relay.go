@@ -398,14 +398,14 @@ func (ss *session) serve() error {
 	}
 	ss.started = true
 	ss.idleSince = time.Now()
-	ss.down.wmu.Lock()
+	err := ss.down.encode(func() error {
+		return ss.down.writeSettings(
+			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
+			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
+		)
+	})
 	ss.mu.Unlock()
-	err := ss.down.writeSettingsLocked(
-		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
-		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
-	)
-	ss.down.wmu.Unlock()
 	if err != nil {
 		return err
 	}

@@ -216,13 +216,14 @@ func (ss *session) endpoints(eps []*endpoint) []*endpoint {
 func (ss *session) flush(e *endpoint) {
 	ss.mu.Lock()
 	if len(e.updates) > 0 {
-		e.wmu.Lock()
-		for _, u := range e.updates {
-			if e.dead || e.fr.WriteWindowUpdate(u.id, u.inc) != nil {
-				break
+		_ = e.encode(func() error {
+			for _, u := range e.updates {
+				if err := e.fr.WriteWindowUpdate(u.id, u.inc); err != nil {
+					return err
+				}
 			}
-		}
-		e.wmu.Unlock()
+			return nil
+		})
 		e.updates = e.updates[:0]
 	}
 	ss.mu.Unlock()

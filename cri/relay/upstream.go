@@ -98,16 +98,16 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 	u := &upstream{target: t, ep: newEndpoint(c, br, endpointHooks{hold: ss.hold, drained: ss.sendPending}), nextID: 1, streams: map[uint32]*stream{}}
 	u.ep.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	u.ep.fr.MaxHeaderListSize = maxHeaderList
-	u.ep.wmu.Lock()
-	_, err = u.ep.out.Write([]byte(http2.ClientPreface))
-	if err == nil {
-		err = u.ep.writeSettingsLocked(
+	err = u.ep.encode(func() error {
+		if _, err := u.ep.out.Write([]byte(http2.ClientPreface)); err != nil {
+			return err
+		}
+		return u.ep.writeSettings(
 			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
 			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
 		)
-	}
-	u.ep.wmu.Unlock()
+	})
 	if err != nil {
 		u.ep.close()
 		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
