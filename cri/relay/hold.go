@@ -31,8 +31,8 @@ func (c *UnaryCall) Hold(n int64) (release func(), err error) {
 	reason := ss.chargeLocked(h, n)
 	ss.mu.Unlock()
 	if reason != "" {
-		ss.report(refusal{reason, fmt.Sprintf("sent a request of %s that takes %d bytes decoded while its connection held %d bytes", c.Path, n, held), "answered ResourceExhausted"})
-		return nil, status.Errorf(codes.ResourceExhausted, "podgate holds too much for its clients' requests (%s): the request takes %d bytes decoded", reason, n)
+		ss.report(refusal{reason, fmt.Sprintf("sent a request of %s for which podgate would hold %d bytes more while its connection held %d bytes", c.Path, n, held), "answered ResourceExhausted"})
+		return nil, status.Errorf(codes.ResourceExhausted, "podgate holds too much for its clients' requests (%s): this one would take %d bytes more", reason, n)
 	}
 	var once sync.Once
 	return func() {
