@@ -78,11 +78,14 @@ type fieldPlan struct {
 	path  string // from the request, e.g. "config.envs"
 	kind  protoreflect.Kind
 	list  bool
-	id    int      // a list's or map's index in decodePlan.counted
-	limit int64    // a list's or map's bound on entries
-	elem  int64    // the bytes of one element in a list's slice, or one entry in a map's table
-	grow  int64    // what adding one costs, in elem: growth or mapGrowth
-	msg   *msgPlan // a message field's type; a map's entry (key 1, value 2)
+	id    int   // a list's or map's index in decodePlan.counted
+	limit int64 // a list's or map's bound on entries
+	elem  int64 // the bytes of one element in a list's slice, or one entry in a map's table
+	grow  int64 // what adding one costs, in elem: growth or mapGrowth
+	// box is what a field of a oneof (or a proto3 optional scalar) costs besides its value: the
+	// wrapper struct (or pointer) Go holds it in.
+	box int64
+	msg *msgPlan // a message field's type; a map's entry (key 1, value 2)
 }
 
 // newDecodePlan walks md's fields, and theirs, once.
@@ -133,6 +136,9 @@ func (p *decodePlan) message(md protoreflect.MessageDescriptor, path string, ins
 // single plans fd, a field that is not a list, at path.
 func (p *decodePlan) single(fd protoreflect.FieldDescriptor, path string, inside map[protoreflect.FullName]*msgPlan) *fieldPlan {
 	f := &fieldPlan{path: path, kind: fd.Kind(), id: -1}
+	if fd.ContainingOneof() != nil {
+		f.box = 32
+	}
 	if fd.Message() != nil {
 		f.msg = p.message(fd.Message(), path, inside)
 	}
@@ -260,6 +266,7 @@ func (sc *decodeScan) field(f *fieldPlan, typ protowire.Type, v []byte) bool {
 		sc.counts[f.id]++
 		sc.cost += f.grow * f.elem
 	}
+	sc.cost += f.box
 	switch {
 	case f.msg != nil:
 		sc.cost += f.msg.size
