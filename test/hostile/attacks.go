@@ -54,6 +54,12 @@ func attacks(silence time.Duration) []attack {
 			return silent(ctx, sock, 500, silence)
 		}},
 		{name: "PodResources: one process calls List 3,000 times, then another 20 times", podResources: true, run: floodFairness},
+		{name: "4 CreateContainer requests of 15 MiB (7.8 M empty config.envs) on one connection", run: func(ctx context.Context, sock string) (string, func()) {
+			return emptyEnvs(ctx, sock, 4, 15<<20)
+		}},
+		{name: "8 connections × 4 UpdateContainerResources requests of 15 MiB, never ended", run: func(ctx context.Context, sock string) (string, func()) {
+			return budgets(ctx, sock, 8, 4, 15<<20)
+		}},
 	}
 }
 
