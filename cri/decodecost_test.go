@@ -301,3 +301,33 @@ func TestDecodeIsChargedAgainstTheBudget(t *testing.T) {
 		t.Errorf("%d bytes still held after the calls ended", n)
 	}
 }
+
+// FuzzDecodeCost walks arbitrary bytes as the request of every intercepted method: the walk
+// never panics, and it refuses nothing that proto.Unmarshal decodes (no fuzzed input is large
+// enough to reach a bound on entries).
+//
+//	go test -run '^$' -fuzz FuzzDecodeCost -fuzztime 60s ./cri
+func FuzzDecodeCost(f *testing.F) {
+	for _, seed := range [][]byte{
+		nil,
+		{0xff},
+		{0x0a, 0x05, 'a'},
+		kubeletCreate(f),
+		createMap(f, "config.annotations", 3, 2, 2),
+		createWith(f, "config.envs", 3, keyValue("K", "v")),
+	} {
+		f.Add(seed)
+	}
+	plans := make([]*decodePlan, len(interceptedMethods))
+	for i, m := range interceptedMethods {
+		plans[i] = newDecodePlan(m.newReq().ProtoReflect().Descriptor())
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for i, m := range interceptedMethods {
+			_, err := plans[i].decodeCost(m.name, body)
+			if err != nil && proto.Unmarshal(body, m.newReq()) == nil {
+				t.Fatalf("%s(%x): the walk refused what proto.Unmarshal decodes: %v", m.name, body, err)
+			}
+		}
+	})
+}
