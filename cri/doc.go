@@ -12,8 +12,11 @@
 // backend (the one its passed-through calls take), so an intercepted call costs a
 // passed-through one's hop plus its hooks. If the hooks leave the request (or the response)
 // unchanged, or only observe, the original bytes are forwarded, so the backend still sees
-// exactly what the kubelet sent. Calls of services that are not CRI are refused. Stats
-// handlers (tracing) see every call as a gRPC server's and client's would.
+// exactly what the kubelet sent. Before an intercepted request is decoded, its bytes are walked
+// (decodecost.go): a list or map with more entries than any kubelet could send is refused
+// InvalidArgument naming it, and what decoding will allocate counts against the relay's memory
+// budget (relay.UnaryCall.Hold) until the call is done. Calls of services that are not CRI are
+// refused. Stats handlers (tracing) see every call as a gRPC server's and client's would.
 //
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
 // through [Intercept] and [Observe]. Errors are mapped to gRPC codes once, in the instrumented

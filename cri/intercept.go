@@ -123,7 +123,8 @@ func addHook[Req, Resp proto.Message](s *Server, m Method[Req, Resp], fn Interce
 		h.changes = h.changes || changes
 		return
 	}
-	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}, changes: changes}
+	h := &interceptedMethod[Req, Resp]{s: s, m: m, chain: []Interceptor[Req, Resp]{fn}, changes: changes,
+		plan: newDecodePlan(m.newReq().ProtoReflect().Descriptor())}
 	s.chains[m.FullName()] = h
 	s.unaryHandlers[m.FullName()] = h.serveUnary
 }
@@ -137,6 +138,8 @@ type interceptedMethod[Req, Resp proto.Message] struct {
 	// changes: a hook was added by Intercept and may change the messages, so they are
 	// compared with copies of what came; with observers only, what came goes on.
 	changes bool
+	// plan is what the pre-scan of a request (decodeCost) knows of the request type.
+	plan *decodePlan
 }
 
 // serveUnary serves the method as the relay's Unary target: the request message as it came,
@@ -163,10 +166,11 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.Unar
 	ctx = klog.NewContext(ctx, h.s.logger)
 	err := h.s.instrument(ctx, name, func() error {
 		c := &interceptedCall[Req, Resp]{h: h, call: uc}
-		req := h.m.newReq()
-		if err := proto.Unmarshal(uc.Message, req); err != nil {
-			return status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
+		req, release, err := h.decode(uc)
+		if err != nil {
+			return err
 		}
+		defer release()
 		c.req = req
 		if h.changes {
 			c.pristineReq = proto.Clone(req)
@@ -184,6 +188,33 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.Unar
 		return nil
 	})
 	return out, err
+}
+
+// decode decodes the call's request once what it will hold decoded is counted against the
+// relay's budget, and returns the function that gives that back, for when the call is done
+// with the request. A request no kubelet could send (a list of millions of entries) is refused
+// InvalidArgument naming its field, one that does not fit the budget ResourceExhausted: before
+// anything is decoded, and nothing is forwarded.
+func (h *interceptedMethod[Req, Resp]) decode(uc *relay.UnaryCall) (Req, func(), error) {
+	var zero Req
+	cost, err := h.plan.decodeCost(h.m.name, uc.Message)
+	if err != nil {
+		return zero, nil, err
+	}
+	if h.changes {
+		// The pristine copy costs as much again, and a changed request is encoded anew.
+		cost = 2*cost + int64(len(uc.Message))
+	}
+	release, err := uc.Hold(cost)
+	if err != nil {
+		return zero, nil, err
+	}
+	req := h.m.newReq()
+	if err := proto.Unmarshal(uc.Message, req); err != nil {
+		release()
+		return zero, nil, status.Errorf(codes.InvalidArgument, "decode %s request: %v", h.m.name, err)
+	}
+	return req, release, nil
 }
 
 // interceptedCall is the state of one intercepted call. next may be called again (a retry),

@@ -94,6 +94,7 @@ func serve(cfg *config.Configuration, stderr io.Writer) error {
 	if percent, ok := gcPercent(os.LookupEnv); ok {
 		debug.SetGCPercent(percent)
 	}
+	setMemoryLimit(cfg, os.LookupEnv)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

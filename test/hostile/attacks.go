@@ -65,6 +65,12 @@ func attacks(silence time.Duration) []attack {
 			return silent(ctx, sock, 500, silence)
 		}},
 		{name: "PodResources: one process calls List 3,000 times, then another 20 times", podResources: true, run: floodFairness},
+		{name: "4 CreateContainer requests of 15 MiB (7.8 M empty config.envs) on one connection", run: func(ctx context.Context, sock string) (string, func()) {
+			return emptyEnvs(ctx, sock, 4, 15<<20)
+		}},
+		{name: "8 connections × 4 UpdateContainerResources requests of 15 MiB, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
+			return budgets(ctx, sock, 8, 4, 15<<20)
+		}},
 	}, writeAttacks()...)
 }
 
@@ -196,12 +202,18 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 	if err != nil {
 		return outcome{}, err
 	}
-	time.Sleep(time.Second) // the processes settle; the kubelet has called a few times
+	// The kubelet-shaped client is answered before the attack, and again while the attack's
+	// connections are still held.
+	if err := k.waitCalls(3); err != nil {
+		k.finish()
+		return outcome{}, err
+	}
 	o.before = readMemory(pid)
 	cpuBefore := readCPU(pid)
 	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	did, cleanup := a.run(actx, sock)
 	cancel()
+	err = k.waitCalls(k.calls.Load() + 3)
 	o.did = did
 	o.cpu = readCPU(pid) - cpuBefore
 	o.after = readMemory(pid)
@@ -216,7 +228,20 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 	if pg != nil {
 		o.log = pg.Log.String()
 	}
-	return o, nil
+	return o, err
+}
+
+// waitCalls waits until the client has made n calls, at most 30 s (it calls every 100 ms, each
+// with a 1 s deadline).
+func (k *kubelet) waitCalls(n int64) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for k.calls.Load() < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the kubelet-shaped client made %d calls in 30 s, not %d", k.calls.Load(), n)
+		}
+		time.Sleep(20 * time.Millisecond) // polls a counter the client's ticker advances
+	}
+	return nil
 }
 
 func metricLine(ctx context.Context, pg *harness.Podgate, name string) string {
