@@ -52,7 +52,10 @@ type unaryCall struct {
 	deadline    time.Time
 	contentType string
 	buf         []byte
-	cancel      context.CancelFunc
+	// charged is what the request is charged for: its bytes as they come, and once its length
+	// prefix has come, the whole message it announces, for which buf is made at once.
+	charged int64
+	cancel  context.CancelFunc
 }
 
 // startUnary begins a call that t answers in the process; called from clientHeaders for a new
@@ -101,29 +104,44 @@ func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 // unaryRequestLocked takes the request's bytes of a call answered in the process: they are
 // consumed as they come (their window goes back at once). mu is held.
 //
-// What it holds counts against the budget: a request over the budget, or whose length prefix
-// says more than the message limit, is answered ResourceExhausted at once, not at its end.
+// What it holds counts against the budget: once the length prefix has come, the whole message
+// it announces, for which the buffer is made at once (a buffer grown by appending would hold
+// up to twice its bytes, and leave its old arrays to the collector). A request over the budget,
+// or whose length prefix says more than the message limit, is answered ResourceExhausted at
+// once, not at its end.
 func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, it item) todo {
 	ss.credit(s.req, s, int64(len(it.data)))
 	limit := u.target.maxMessage()
-	if reason := ss.chargeLocked(s, int64(len(it.data))); reason != "" {
-		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("podgate holds too much for its clients' requests (%s)", reason),
-			refusal{reason, fmt.Sprintf("sent %d bytes of a request of %s while its connection held %d bytes", len(u.buf)+len(it.data), s.path, ss.held.Load()), "answered ResourceExhausted"})
-	}
 	had := len(u.buf)
-	u.buf = append(u.buf, it.data...)
 	var n uint32
-	if len(u.buf) >= 5 {
-		n = binary.BigEndian.Uint32(u.buf[1:5])
+	if had < 5 && had+len(it.data) >= 5 {
+		var prefix [5]byte
+		copy(prefix[copy(prefix[:], u.buf):], it.data)
+		if n = binary.BigEndian.Uint32(prefix[1:5]); int64(n) > int64(limit) {
+			return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d vs. %d)", n, limit),
+				refusal{ReasonMessageTooLarge, fmt.Sprintf("announced a message of %d bytes for %s", n, s.path), "answered ResourceExhausted"})
+		}
 	}
-	switch {
-	case had < 5 && int64(n) > int64(limit):
-		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d vs. %d)", n, limit),
-			refusal{ReasonMessageTooLarge, fmt.Sprintf("announced a message of %d bytes for %s", n, s.path), "answered ResourceExhausted"})
-	case len(u.buf) > 5+limit:
+	want := int64(had + len(it.data))
+	if n > 0 {
+		want = max(want, 5+int64(n))
+	}
+	if more := want - u.charged; more > 0 {
+		if reason := ss.chargeLocked(s, more); reason != "" {
+			return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("podgate holds too much for its clients' requests (%s)", reason),
+				refusal{reason, fmt.Sprintf("sent %d bytes of a request of %s announcing %d while its connection held %d bytes", had+len(it.data), s.path, want, ss.held.Load()), "answered ResourceExhausted"})
+		}
+		u.charged = want
+	}
+	if len(u.buf)+len(it.data) > 5+limit {
 		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d)", limit),
 			refusal{ReasonMessageTooLarge, fmt.Sprintf("sent more than %d bytes for %s", limit, s.path), "answered ResourceExhausted"})
-	case it.end:
+	}
+	if n > 0 && cap(u.buf) < int(want) {
+		u.buf = append(make([]byte, 0, want), u.buf...)
+	}
+	u.buf = append(u.buf, it.data...)
+	if it.end {
 		return ss.dispatchLocked(s, u)
 	}
 	return todo{}
