@@ -32,6 +32,9 @@ type attack struct {
 	podResources bool
 	// fake holds more arguments of the fake runtime (a larger one).
 	fake []string
+	// config holds keys of podgate's configuration file the attack runs with, when it does
+	// not run with the defaults.
+	config string
 	// frames, when set, is how many frames the attack sends: the table gives the server's CPU
 	// per frame.
 	frames int
@@ -77,12 +80,15 @@ func attacks(silence time.Duration) []attack {
 // writeAttacks are issue 38's attacks on the CRI socket's write path, with default limits.
 func writeAttacks() []attack {
 	deaf := new(deafStats)
-	// writeTimeout's default, and room for the close to be seen.
+	// The keepalive closes a connection whose calls podgate has nothing to write for (its
+	// ListContainers refused over the budget) and writeTimeout (20 s) one podgate cannot write
+	// to; and room for the close to be seen.
 	deafWait := 30 * time.Second
 	return []attack{
 		{
-			name:    "8 connections: 60 MiB of unfinished intercepted bodies each, then ListContainers (21 MB) with huge windows, then never read",
+			name:    "8 connections: 60 MiB of unfinished intercepted bodies each, then ListContainers (21 MB) with huge windows, then never read (keepalive 5 s + 5 s)",
 			fake:    []string{"-containers", bigRuntime},
+			config:  "criSocketLimits:\n  keepaliveTime: 5s\n  keepaliveTimeout: 5s\n",
 			offends: true,
 			run: func(ctx context.Context, sock string) (string, func()) {
 				return deafAfterBodies(ctx, sock, 8, deafWait, deaf)
@@ -187,7 +193,7 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 	pid, sock, criSock := f.cmd.Process.Pid, f.sock, f.sock
 	var pg *harness.Podgate
 	if server == "podgate" {
-		if pg, err = r.startPodgate(ctx, f); err != nil {
+		if pg, err = r.startPodgate(ctx, f, a.config); err != nil {
 			return outcome{}, err
 		}
 		defer func() { _, _ = pg.Stop(30 * time.Second) }()

@@ -33,7 +33,7 @@ func runH2spec(ctx context.Context, r *rig, bin, path string, tests []string) er
 		return err
 	}
 	defer limited.stop()
-	pg, err := r.startPodgate(ctx, f)
+	pg, err := r.startPodgate(ctx, f, "")
 	if err != nil {
 		return err
 	}

@@ -96,12 +96,22 @@ func (f *fakeRuntime) stop() {
 	_ = f.cmd.Wait()
 }
 
-func (r *rig) startPodgate(ctx context.Context, f *fakeRuntime) (*harness.Podgate, error) {
+// startPodgate starts podgate in front of f, with config (YAML keys of podgate's
+// configuration file) when set.
+func (r *rig) startPodgate(ctx context.Context, f *fakeRuntime, config string) (*harness.Podgate, error) {
 	d := filepath.Join(r.dir, strconv.Itoa(r.n), "pg")
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return nil, err
 	}
-	return harness.Start(ctx, r.podgate, harness.Options{Dir: d, RuntimeEndpoint: "unix://" + f.sock, Args: []string{"-v", "2"}})
+	args := []string{"-v", "2"}
+	if config != "" {
+		file := filepath.Join(d, "config.yaml")
+		if err := os.WriteFile(file, []byte("apiVersion: podgate.dev/v1alpha1\nkind: AgentConfiguration\n"+config), 0o600); err != nil {
+			return nil, err
+		}
+		args = append(args, "--config", file)
+	}
+	return harness.Start(ctx, r.podgate, harness.Options{Dir: d, RuntimeEndpoint: "unix://" + f.sock, Args: args})
 }
 
 // memory is a process's VmRSS and VmHWM in MB.
