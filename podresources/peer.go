@@ -27,9 +27,9 @@ type peerID struct {
 type peerConn struct {
 	net.Conn
 	peer    peerID
-	release func() // gives the slot back
+	release func()                     // gives the slot back
 	header  atomic.Pointer[time.Timer] // set once the connection is accepted
-	state   atomic.Int32 // connWaiting, then connCalled or connTimedOut
+	state   atomic.Int32               // connWaiting, then connCalled or connTimedOut
 	once    sync.Once
 }
 
