@@ -94,7 +94,9 @@ func (e *extension) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[
 
 // sender is stream's Send, which ends the watch when a send waits sendTimeout for a client
 // that does not read: grpc-go's Send blocks once 64 KiB wait for the client's flow-control
-// window, until the stream's context ends, which the tap made cancelable for that.
+// window, until the stream's context ends, which the tap made cancelable for that. The client
+// is told Canceled (grpc-go answers so for a stream whose context ended in a send); the log
+// line and the metric say why.
 func (e *extension) sender(stream grpc.ServerStreamingServer[pb.WatchEvent]) func(*pb.WatchEvent) error {
 	ctx := stream.Context()
 	cancel := watchCancel(ctx)
