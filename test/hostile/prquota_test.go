@@ -6,14 +6,31 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/podgate/podgate/test/harness"
 )
 
-// podgateRig builds podgate and the fake runtime and starts both with podgate's default
-// limits; it skips the test when not root or when they cannot be built.
+// built holds podgate and the fake runtime, built once for the package's tests.
+var built struct {
+	once sync.Once
+	bins map[string]string
+	err  error
+}
+
+// TestMain removes the binaries built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.bins != nil {
+		_ = os.RemoveAll(filepath.Dir(built.bins["podgate"]))
+	}
+	os.Exit(code)
+}
+
+// podgateRig starts podgate and the fake runtime, built once, with podgate's default limits;
+// it skips the test when not root or when they cannot be built.
 func podgateRig(t *testing.T) *harness.Podgate {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -21,16 +38,26 @@ func podgateRig(t *testing.T) *harness.Podgate {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "hostile-bin")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.bins, built.err = harness.BuildPrograms(ctx, dir, "./test/e2e/fakeruntime")
+		if built.err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	if built.err != nil {
+		t.Skipf("podgate and the fake runtime cannot be built here: %v", built.err)
+	}
 	dir, err := os.MkdirTemp("", "hostile")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	bins, err := harness.BuildPrograms(ctx, filepath.Join(dir, "bin"), "./test/e2e/fakeruntime")
-	if err != nil {
-		t.Skipf("podgate and the fake runtime cannot be built here: %v", err)
-	}
-	r := &rig{dir: dir, podgate: bins["podgate"], fake: bins["fakeruntime"]}
+	r := &rig{dir: dir, podgate: built.bins["podgate"], fake: built.bins["fakeruntime"]}
 	f, err := r.startFake()
 	if err != nil {
 		t.Fatal(err)
