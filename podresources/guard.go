@@ -1,7 +1,9 @@
 package podresources
 
-// What one client may take of the socket: connections (a cap), calls (a token bucket each,
-// counted as a call's stream opens), and what it is told, once, in the log when it is refused.
+// What one client may take of the socket: connections, open calls and watches (slots per
+// process and per user inside the socket's totals, slots.go), calls (a token bucket per
+// process and one per user, counted as a call's stream opens), a connection's first call
+// within the header timeout, and what it is told, once, in the log when it is refused.
 
 import (
 	"context"
@@ -32,9 +34,9 @@ const (
 	logBurst = 10
 )
 
-// Refusal reasons, the label of podgate_podresources_refusals_total.
-// Besides these, a slot refused over a quota is its kind, with _per_process or _per_user
-// when the process's or the user's quota refused it (holder.reason).
+// Refusal reasons, the label of podgate_podresources_refusals_total. Besides these, a slot
+// refused over a quota is its kind, with _per_process or _per_user when the process's or the
+// user's quota refused it (holder.reason).
 const (
 	reasonRateLimit     = "rate_limit"
 	reasonRateLimitUser = "rate_limit_per_user"
