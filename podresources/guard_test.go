@@ -236,3 +236,36 @@ func (c *clients) has(p peerID) bool {
 	_, ok := c.procs.m[p]
 	return ok
 }
+
+// TestUserBucket: the processes of one user take from their user's bucket beside their own,
+// so that together they get the user's burst; a call the user's bucket refuses gives the
+// process's token back; another user's processes have a bucket of their own.
+func TestUserBucket(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newClients(1, 2, 1, 3, 16, func() time.Time { return now })
+	var got []bool
+	for pid := int32(1); pid <= 3; pid++ {
+		for range 2 {
+			got = append(got, c.ok(peerID{pid: pid, uid: 10}))
+		}
+	}
+	if want := []bool{true, true, true, false, false, false}; !slices.Equal(got, want) {
+		t.Errorf("three processes of one user, two calls each: allowed %v, want %v (the user's burst of 3)", got, want)
+	}
+	if by, ok := c.allow(peerID{pid: 3, uid: 10}); ok || by != scopeUser {
+		t.Errorf("a call over the user's bucket: allowed %v by %v, want refused by the user's", ok, by)
+	}
+	if !c.ok(peerID{pid: 4, uid: 20}) || !c.ok(peerID{pid: 4, uid: 20}) {
+		t.Error("another user's process was refused its burst")
+	}
+	// 1 s later the user's bucket holds 1 token: process 3, refused by it three times, is
+	// served, as its own bucket got its tokens back (it would be 1 in debt otherwise); its
+	// next call is the user's again to refuse.
+	now = now.Add(time.Second)
+	if !c.ok(peerID{pid: 3, uid: 10}) {
+		t.Error("process 3 was refused once its user's bucket refilled: the user's refusals took its own tokens")
+	}
+	if by, ok := c.allow(peerID{pid: 3, uid: 10}); ok || by != scopeUser {
+		t.Errorf("process 3's next call: allowed %v by %v, want refused by the user's bucket", ok, by)
+	}
+}
