@@ -23,7 +23,7 @@ type peerID struct {
 }
 
 // peerConn is an accepted connection with its client's credentials, holding a connection
-// slot until it closes, and closed by header unless it opens a call in time.
+// slot until it closes, and closed by the header timeout unless it opens a call in time.
 type peerConn struct {
 	net.Conn
 	peer    peerID
