@@ -368,3 +368,39 @@ func TestForkedProcessesShareTheirUsersRate(t *testing.T) {
 		t.Errorf("no line tells of the user's rate limit:\n%s", logs)
 	}
 }
+
+// TestWatchQuotaPerProcess: a process runs at most maxWatchesPerProcess watches, far below the
+// socket's 64: one over is ResourceExhausted with a line saying what the process holds; the
+// watch ending gives the slot back.
+func TestWatchQuotaPerProcess(t *testing.T) {
+	ctx := testContext(t)
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	r := newRig(t, Options{Source: webSource(), MaxWatchesPerProcess: 1, Logger: logger})
+	firstCtx, endFirst := context.WithCancel(ctx)
+	defer endFirst()
+	first, err := r.ext().Watch(firstCtx, &pb.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvUntilSynced(t, first)
+	second, err := r.ext().Watch(ctx, &pb.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "podResources.maxWatchesPerProcess 1") {
+		t.Fatalf("a second watch of the process: %v, want ResourceExhausted naming podResources.maxWatchesPerProcess", err)
+	}
+	if logs := logger.GetSink().(ktesting.Underlier).GetBuffer().String(); !strings.Contains(logs, `reason="watches_per_process"`) ||
+		!strings.Contains(logs, `holds="1 watches"`) {
+		t.Errorf("the log does not tell of the process's watches:\n%s", logs)
+	}
+	endFirst()
+	eventually(t, "a watch after the first ended is served", func() bool {
+		w, err := r.ext().Watch(ctx, &pb.WatchRequest{})
+		if err != nil {
+			return false
+		}
+		_, err = w.Recv()
+		return err == nil
+	})
+}
