@@ -203,6 +203,11 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		QPS:           cfg.QPS, Burst: cfg.Burst,
 		KubeletQPS: cfg.KubeletQPS, KubeletBurst: cfg.KubeletBurst,
 		MaxConnections: cfg.MaxConnections, MaxStreams: cfg.MaxStreams, IdleTimeout: cfg.IdleTimeout.Duration,
+		MaxConnectionsPerProcess: cfg.MaxConnectionsPerProcess, MaxConnectionsPerUser: cfg.MaxConnectionsPerUser,
+		MaxStreamsPerProcess: cfg.MaxStreamsPerProcess, MaxStreamsPerUser: cfg.MaxStreamsPerUser,
+		MaxWatchesPerProcess: cfg.MaxWatchesPerProcess, MaxWatchesPerUser: cfg.MaxWatchesPerUser,
+		QPSPerUser: cfg.QPSPerUser, BurstPerUser: cfg.BurstPerUser,
+		HeaderTimeout: cfg.HeaderTimeout.Duration, WatchSendTimeout: cfg.WatchSendTimeout.Duration,
 		Registerer: a.registry,
 		Logger:     klog.FromContext(ctx),
 	})
@@ -216,7 +221,10 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	publishChanges(a.sandboxes, b)
 	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
-		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout)
+		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout,
+		"perProcess", fmt.Sprintf("%d connections, %d calls, %d watches", cfg.MaxConnectionsPerProcess, cfg.MaxStreamsPerProcess, cfg.MaxWatchesPerProcess),
+		"perUser", fmt.Sprintf("%d connections, %d calls, %d watches, qps %v, burst %d", cfg.MaxConnectionsPerUser, cfg.MaxStreamsPerUser, cfg.MaxWatchesPerUser, cfg.QPSPerUser, cfg.BurstPerUser),
+		"headerTimeout", cfg.HeaderTimeout, "watchSendTimeout", cfg.WatchSendTimeout)
 	return service{
 		name:  "PodResources",
 		serve: func() error { return s.Serve(l) },

@@ -63,7 +63,9 @@ func burstRig(t *testing.T, k *fakeKubelet) (*rig, []v1.PodResourcesListerClient
 	dir := testfs.ShortDir(t)
 	ksock := filepath.Join(dir, "kubelet.sock")
 	serveKubelet(t, ksock, k, false)
-	r := newRigIn(t, dir, Options{Source: &fakeSource{}, KubeletSocket: ksock})
+	// The callers stand for a process each, but are one: the socket's connections are theirs.
+	r := newRigIn(t, dir, Options{Source: &fakeSource{}, KubeletSocket: ksock,
+		MaxConnectionsPerProcess: DefaultMaxConnections, MaxConnectionsPerUser: DefaultMaxConnections, MaxStreamsPerProcess: burstSize})
 	clients := make([]v1.PodResourcesListerClient, burstSize)
 	for i := range clients {
 		clients[i] = v1.NewPodResourcesListerClient(dial(t, r.path))

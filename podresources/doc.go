@@ -36,14 +36,22 @@
 // by the socket's peer credentials (uid and pid, read as a connection is accepted and carried
 // as its gRPC AuthInfo), taken as the call's stream opens (a tap, before the request is read);
 // a call over the limit is ResourceExhausted, and one client's flood leaves the others served.
-// At most 64 connections are open (podResources.maxConnections: one over it is closed as it is
-// accepted), 16 calls on each (podResources.maxStreams); a connection idle for 2 minutes is
-// closed (podResources.idleTimeout). Header blocks are at most 64 KiB, requests at most 64 KiB
+// Each user (uid) has a bucket too, twice a process's, which all its processes take from, so
+// that forking does not multiply the rate. At most 64 connections are open
+// (podResources.maxConnections: one over it is closed as it is accepted), 16 calls on each
+// (podResources.maxStreams); a connection idle for 2 minutes is closed
+// (podResources.idleTimeout), and one that opened no call within 10 s of being accepted
+// (podResources.headerTimeout: half-open) too. Inside those totals each process holds at most
+// a quarter of the connections and of the watches, and 32 open calls, and each user three
+// quarters (the per-process quotas bite first: a CNI plugin and a process that misbehaves
+// beside it are often both root); a refusal's log line names the process that holds the slots,
+// and podgate_podresources_slots the processes that hold the most. Header blocks are at most 64 KiB, requests at most 64 KiB
 // and answers at most 16 MiB (multus's limit); names are checked before use
 // (InvalidArgument). Every refusal is counted by reason (podgate_podresources_refusals_total)
 // and logged with the client's pid and uid, at most once a minute per client and reason and a
-// few lines a second in all, so that no client can flood the log. At most 64 watches run at once, and a
-// watcher that falls 256 events behind is ended with ResourceExhausted, so a slow client never
+// few lines a second in all, so that no client can flood the log. At most 64 watches run at once; a
+// watcher that falls 256 events behind is ended with ResourceExhausted, and one whose client
+// reads nothing for 30 s (podResources.watchSendTimeout) is ended, so a slow client never
 // makes podgate hold more. Server reflection and the standard gRPC health service are served on
 // the same socket.
 package podresources

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,6 +21,10 @@ type extension struct {
 	broadcaster *Broadcaster
 	// pulls is nil when podgate shows no pulls.
 	pulls PullLister
+	// sendTimeout ends a watch whose event could not be sent for that long; onStall tells
+	// of it.
+	sendTimeout time.Duration
+	onStall     func(context.Context)
 }
 
 var _ pb.PodResourcesServer = (*extension)(nil)
@@ -54,13 +60,14 @@ func (e *extension) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[
 		return status.Errorf(codes.ResourceExhausted, "podgate serves %d watches at most and they are all taken (or podgate is stopping)", e.broadcaster.max)
 	}
 	defer e.broadcaster.unsubscribe(w)
+	send := e.sender(stream)
 	pods, rev := e.source.Pods()
 	for _, p := range pods {
-		if err := stream.Send(&pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: p, Revision: rev}); err != nil {
+		if err := send(&pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: p, Revision: rev}); err != nil {
 			return err
 		}
 	}
-	if err := stream.Send(&pb.WatchEvent{Type: pb.WatchEvent_SYNCED, Revision: rev}); err != nil {
+	if err := send(&pb.WatchEvent{Type: pb.WatchEvent_SYNCED, Revision: rev}); err != nil {
 		return err
 	}
 	ctx := stream.Context()
@@ -76,12 +83,41 @@ func (e *extension) Watch(_ *pb.WatchRequest, stream grpc.ServerStreamingServer[
 			if ev.GetRevision() <= rev {
 				continue
 			}
-			if err := stream.Send(ev); err != nil {
+			if err := send(ev); err != nil {
 				return err
 			}
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
+	}
+}
+
+// sender is stream's Send, which ends the watch when a send waits sendTimeout for a client
+// that does not read: grpc-go's Send blocks once 64 KiB wait for the client's flow-control
+// window, until the stream's context ends, which the tap made cancelable for that. The client
+// is told Canceled (grpc-go answers so for a stream whose context ended in a send); the log
+// line and the metric say why.
+func (e *extension) sender(stream grpc.ServerStreamingServer[pb.WatchEvent]) func(*pb.WatchEvent) error {
+	ctx := stream.Context()
+	cancel := watchCancel(ctx)
+	if cancel == nil || e.sendTimeout <= 0 {
+		return stream.Send
+	}
+	return func(ev *pb.WatchEvent) error {
+		var stalled atomic.Bool
+		t := time.AfterFunc(e.sendTimeout, func() {
+			stalled.Store(true)
+			cancel()
+		})
+		err := stream.Send(ev)
+		t.Stop()
+		if stalled.Load() {
+			if e.onStall != nil {
+				e.onStall(ctx)
+			}
+			return status.Errorf(codes.ResourceExhausted, "watch ended: the client read nothing for %s", e.sendTimeout)
+		}
+		return err
 	}
 }
 

@@ -142,7 +142,8 @@ func TestHeaderListLimit(t *testing.T) {
 func TestConnectionCap(t *testing.T) {
 	ctx := testContext(t)
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
-	r := newRig(t, Options{Source: webSource(), MaxConnections: 2, Logger: logger})
+	// One process holds them all: its quota is above the total, which refuses the third.
+	r := newRig(t, Options{Source: webSource(), MaxConnections: 2, MaxConnectionsPerProcess: 3, Logger: logger})
 	if _, err := r.v1().List(ctx, &v1.ListPodResourcesRequest{}); err != nil { // r.conn: the first
 		t.Fatal(err)
 	}
@@ -190,14 +191,14 @@ func TestConnectionCap(t *testing.T) {
 // refilled is forgotten to make room, and while none has, the newcomers share one bucket.
 func TestClientTable(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newClients(1, 2, 3, func() time.Time { return now })
+	c := newClients(1, 2, 1000, 1000, 3, func() time.Time { return now })
 	for pid := int32(1); pid <= 3; pid++ {
-		if !c.allow(peerID{pid: pid}) {
+		if !c.ok(peerID{pid: pid}) {
 			t.Fatalf("client %d's first call refused", pid)
 		}
 	}
 	// Full, nobody idle: the fourth and fifth share the overflow bucket (burst 2).
-	if !c.allow(peerID{pid: 4}) || !c.allow(peerID{pid: 5}) || c.allow(peerID{pid: 6}) {
+	if !c.ok(peerID{pid: 4}) || !c.ok(peerID{pid: 5}) || c.ok(peerID{pid: 6}) {
 		t.Error("newcomers to a full table did not share one bucket of 2")
 	}
 	if n := c.size(); n != 3 || c.has(peerID{pid: 4}) {
@@ -207,7 +208,7 @@ func TestClientTable(t *testing.T) {
 	now = now.Add(2 * time.Second)
 	var allowed []bool
 	for range 3 {
-		allowed = append(allowed, c.allow(peerID{pid: 7}))
+		allowed = append(allowed, c.ok(peerID{pid: 7}))
 	}
 	if !slices.Equal(allowed, []bool{true, true, false}) || !c.has(peerID{pid: 7}) {
 		t.Errorf("client 7's calls allowed %v (in the table: %v), want a bucket of 2 of its own", allowed, c.has(peerID{pid: 7}))
@@ -217,15 +218,54 @@ func TestClientTable(t *testing.T) {
 	}
 }
 
+// ok is allow's answer alone.
+func (c *clients) ok(p peerID) bool {
+	_, ok := c.allow(p)
+	return ok
+}
+
 func (c *clients) size() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.m)
+	return len(c.procs.m)
 }
 
 func (c *clients) has(p peerID) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.m[p]
+	_, ok := c.procs.m[p]
 	return ok
+}
+
+// TestUserBucket: the processes of one user take from their user's bucket beside their own,
+// so that together they get the user's burst; a call the user's bucket refuses gives the
+// process's token back; another user's processes have a bucket of their own.
+func TestUserBucket(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newClients(1, 2, 1, 3, 16, func() time.Time { return now })
+	var got []bool
+	for pid := int32(1); pid <= 3; pid++ {
+		for range 2 {
+			got = append(got, c.ok(peerID{pid: pid, uid: 10}))
+		}
+	}
+	if want := []bool{true, true, true, false, false, false}; !slices.Equal(got, want) {
+		t.Errorf("three processes of one user, two calls each: allowed %v, want %v (the user's burst of 3)", got, want)
+	}
+	if by, ok := c.allow(peerID{pid: 3, uid: 10}); ok || by != scopeUser {
+		t.Errorf("a call over the user's bucket: allowed %v by %v, want refused by the user's", ok, by)
+	}
+	if !c.ok(peerID{pid: 4, uid: 20}) || !c.ok(peerID{pid: 4, uid: 20}) {
+		t.Error("another user's process was refused its burst")
+	}
+	// 1 s later the user's bucket holds 1 token: process 3, refused by it three times, is
+	// served, as its own bucket got its tokens back (it would be 1 in debt otherwise); its
+	// next call is the user's again to refuse.
+	now = now.Add(time.Second)
+	if !c.ok(peerID{pid: 3, uid: 10}) {
+		t.Error("process 3 was refused once its user's bucket refilled: the user's refusals took its own tokens")
+	}
+	if by, ok := c.allow(peerID{pid: 3, uid: 10}); ok || by != scopeUser {
+		t.Errorf("process 3's next call: allowed %v by %v, want refused by the user's bucket", ok, by)
+	}
 }

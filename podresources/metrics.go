@@ -57,11 +57,11 @@ func newMetrics(r prometheus.Registerer) *metrics {
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "refusals_total",
-			Help: "What podgate refused a client of its PodResources socket, by reason (rate_limit: a call over the client's rate limit, answered ResourceExhausted; connections: a connection over podResources.maxConnections, closed at once).",
+			Help: "What podgate refused a client of its PodResources socket, by reason (rate_limit, rate_limit_per_user: a call over its process's or its user's rate limit, answered ResourceExhausted; connections, connections_per_process, connections_per_user: a connection over the socket's, the process's or the user's quota, closed at once; streams_per_process, streams_per_user, watches, watches_per_process, watches_per_user: a call over a quota of open calls or watches, answered ResourceExhausted; header_timeout: a connection that opened no call within podResources.headerTimeout, closed; watch_stalled: a watch whose client read nothing for podResources.watchSendTimeout, ended).",
 		}, []string{"reason"}),
 		watchersDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "podresources", Name: "watchers_dropped_total",
-			Help: "Watches ended because the client fell too far behind.",
+			Help: "Watches ended because the client fell too far behind, or read nothing for podResources.watchSendTimeout.",
 		}),
 	}
 	if r != nil {

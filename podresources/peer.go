@@ -7,6 +7,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -19,16 +22,52 @@ type peerID struct {
 	uid uint32
 }
 
-// peerConn is an accepted connection with its client's credentials.
+// peerConn is an accepted connection with its client's credentials, holding a connection
+// slot until it closes, and closed by the header timeout unless it opens a call in time.
 type peerConn struct {
 	net.Conn
-	peer peerID
+	peer    peerID
+	release func()                     // gives the slot back
+	header  atomic.Pointer[time.Timer] // set once the connection is accepted
+	state   atomic.Int32               // connWaiting, then connCalled or connTimedOut
+	once    sync.Once
 }
 
-// peerInfo carries a connection's peerID to the tap and the handlers.
+// The states of a peerConn: waiting for its first call, then called or timed out.
+const (
+	connWaiting int32 = iota
+	connCalled
+	connTimedOut
+)
+
+// called records that c opened a call: the header timeout no longer applies.
+func (c *peerConn) called() {
+	if c.state.CompareAndSwap(connWaiting, connCalled) {
+		c.stopHeader()
+	}
+}
+
+func (c *peerConn) stopHeader() {
+	if t := c.header.Load(); t != nil {
+		t.Stop()
+	}
+}
+
+// Close closes the connection and gives its slot back.
+func (c *peerConn) Close() error {
+	c.once.Do(func() {
+		c.stopHeader()
+		c.release()
+	})
+	return c.Conn.Close()
+}
+
+// peerInfo carries a connection's peerID to the tap and the handlers, and the connection to
+// the tap.
 type peerInfo struct {
 	credentials.CommonAuthInfo
 	peer peerID
+	conn *peerConn
 }
 
 // AuthType names the credentials in gRPC's peer information.
@@ -48,7 +87,7 @@ func (peerCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, c
 func (peerCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	info := peerInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}}
 	if pc, ok := c.(*peerConn); ok {
-		info.peer = pc.peer
+		info.peer, info.conn = pc.peer, pc
 	}
 	return c, info, nil
 }
@@ -62,11 +101,28 @@ func (peerCreds) Clone() credentials.TransportCredentials { return peerCreds{} }
 func (peerCreds) OverrideServerName(string) error { return nil }
 
 // peerOf is the client of a call's context.
-func peerOf(ctx context.Context) peerID {
+func peerOf(ctx context.Context) peerID { return peerInfoOf(ctx).peer }
+
+// peerInfoOf is the client and connection of a call's context.
+func peerInfoOf(ctx context.Context) peerInfo {
 	if p, ok := peer.FromContext(ctx); ok {
 		if info, ok := p.AuthInfo.(peerInfo); ok {
-			return info.peer
+			return info
 		}
 	}
-	return peerID{}
+	return peerInfo{}
+}
+
+// watchCancelKey is the context key of a watch's cancel.
+type watchCancelKey struct{}
+
+// withWatchCancel gives a Watch's handler the cancel of its stream's context.
+func withWatchCancel(ctx context.Context, cancel context.CancelFunc) context.Context {
+	return context.WithValue(ctx, watchCancelKey{}, cancel)
+}
+
+// watchCancel is the cancel of a Watch's stream, or nil outside the socket's server.
+func watchCancel(ctx context.Context) context.CancelFunc {
+	cancel, _ := ctx.Value(watchCancelKey{}).(context.CancelFunc)
+	return cancel
 }

@@ -39,6 +39,24 @@ const (
 	DefaultIdleTimeout    = 2 * time.Minute
 )
 
+// Defaults of what one process and the processes of one user may hold of the socket, inside
+// its totals. A process gets a quarter of the socket's connections and watches, so that three
+// others that take as much still leave room; a user three quarters, so that the processes of
+// other users always have a quarter. The per-process quotas are the ones that bite first:
+// a meta-CNI plugin and the process that misbehaves beside it are often both root, and the
+// user's quota must still leave the plugin room beside one process at its own. The processes
+// of one user that fork to take more are held to the user's quota, which does not protect a
+// process of that same user; one of another user keeps its quarter.
+const (
+	DefaultMaxStreamsPerProcess = 2 * DefaultMaxStreams
+	DefaultHeaderTimeout        = 10 * time.Second
+	DefaultWatchSendTimeout     = 30 * time.Second
+)
+
+// perProcess and perUser are the default process's and user's quotas of a total.
+func perProcess(total int) int { return max(1, total/4) }
+func perUser(total int) int    { return max(1, total*3/4) }
+
 // maxHeaderList bounds a call's header block (SETTINGS_MAX_HEADER_LIST_SIZE): a client sends a
 // few hundred bytes; grpc-go's default, 16 MiB, lets one connection's HPACK references to a
 // large -bin entry cost a gigabyte.
@@ -74,6 +92,30 @@ type Options struct {
 	// MaxStreams bounds the calls open at once on one connection
 	// (SETTINGS_MAX_CONCURRENT_STREAMS). Zero means DefaultMaxStreams.
 	MaxStreams int
+	// MaxConnectionsPerProcess and MaxConnectionsPerUser bound the connections one process,
+	// and the processes of one user together, hold (a client told by the socket's peer
+	// credentials); one over them is closed as it is accepted. Zero means a quarter and three
+	// quarters of MaxConnections.
+	MaxConnectionsPerProcess, MaxConnectionsPerUser int
+	// MaxStreamsPerProcess and MaxStreamsPerUser bound the calls one process, and the
+	// processes of one user, have open at once over all their connections; one over them is
+	// ResourceExhausted. Zero means DefaultMaxStreamsPerProcess and three times the process's.
+	MaxStreamsPerProcess, MaxStreamsPerUser int
+	// MaxWatchesPerProcess and MaxWatchesPerUser bound the watches one process, and the
+	// processes of one user, run at once, inside the Broadcaster's total. Zero means a quarter
+	// and three quarters of that total.
+	MaxWatchesPerProcess, MaxWatchesPerUser int
+	// QPSPerUser and BurstPerUser are each user's token bucket, which the calls of all its
+	// processes take from beside their own, so that forking does not multiply the rate. Zero
+	// means twice QPS and Burst: one process can take at most half its user's rate.
+	QPSPerUser   float64
+	BurstPerUser int
+	// HeaderTimeout closes a connection that has not opened a call (HTTP/2's preface, then a
+	// call's headers) that long after it was accepted. Zero means DefaultHeaderTimeout.
+	HeaderTimeout time.Duration
+	// WatchSendTimeout ends a watch whose event could not be sent for that long, because its
+	// client does not read. Zero means DefaultWatchSendTimeout.
+	WatchSendTimeout time.Duration
 	// IdleTimeout closes a connection that has had no call open for that long. Zero means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
@@ -112,11 +154,14 @@ func NewServer(o Options) (*Server, error) {
 	o.MaxConnections = cmp.Or(o.MaxConnections, DefaultMaxConnections)
 	o.MaxStreams = cmp.Or(o.MaxStreams, DefaultMaxStreams)
 	o.IdleTimeout = cmp.Or(o.IdleTimeout, DefaultIdleTimeout)
-	if o.KubeletQPS < 0 || o.KubeletBurst < 0 {
-		return nil, fmt.Errorf("podresources: kubelet qps %v and burst %d must be positive", o.KubeletQPS, o.KubeletBurst)
-	}
 	if o.Broadcaster == nil {
 		o.Broadcaster = NewBroadcaster(DefaultMaxWatchers, DefaultWatcherBuffer)
+	}
+	if err := o.setQuotas(); err != nil {
+		return nil, err
+	}
+	if o.KubeletQPS < 0 || o.KubeletBurst < 0 {
+		return nil, fmt.Errorf("podresources: kubelet qps %v and burst %d must be positive", o.KubeletQPS, o.KubeletBurst)
 	}
 	m := newMetrics(o.Registerer)
 	m.registerWatchers(o.Registerer, o.Broadcaster)
@@ -130,9 +175,13 @@ func NewServer(o Options) (*Server, error) {
 		s.kubelet = newKubeletClient(o.KubeletSocket, m, o.KubeletQPS, o.KubeletBurst)
 	}
 	s.guard = newGuard(o, m)
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(newSlotsCollector(s.guard.slots))
+	}
 	s.grpc = grpc.NewServer(serverOptions(o, s.guard, m)...)
 	v1.RegisterPodResourcesListerServer(s.grpc, &lister{source: o.Source, kubelet: s.kubelet})
-	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls})
+	pb.RegisterPodResourcesServer(s.grpc, &extension{source: o.Source, broadcaster: o.Broadcaster, pulls: o.Pulls,
+		sendTimeout: o.WatchSendTimeout, onStall: s.guard.stalled})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	for _, name := range []string{"", "v1.PodResourcesLister", pb.PodResources_ServiceDesc.ServiceName} {
@@ -148,18 +197,61 @@ func newGuard(o Options, m *metrics) *guard {
 		logger = klog.Background()
 	}
 	return &guard{
-		clients:  newClients(o.QPS, o.Burst, maxClients, time.Now),
-		refusals: newRefusals(logger.WithValues("server", "PodResources"), m.refusals),
-		requests: m.requests,
-		maxConns: o.MaxConnections,
+		clients: newClients(o.QPS, o.Burst, o.QPSPerUser, o.BurstPerUser, maxClients, time.Now),
+		slots: newSlots([numKinds]quota{
+			kindConnections: {total: o.MaxConnections, perUser: o.MaxConnectionsPerUser, perProcess: o.MaxConnectionsPerProcess,
+				totalKey: "podResources.maxConnections", perUserKey: "podResources.maxConnectionsPerUser", perProcessKey: "podResources.maxConnectionsPerProcess"},
+			// The streams' total is the connections' times maxStreams, which grpc-go holds.
+			kindStreams: {perUser: o.MaxStreamsPerUser, perProcess: o.MaxStreamsPerProcess,
+				perUserKey: "podResources.maxStreamsPerUser", perProcessKey: "podResources.maxStreamsPerProcess"},
+			kindWatches: {total: o.Broadcaster.max, perUser: o.MaxWatchesPerUser, perProcess: o.MaxWatchesPerProcess,
+				totalKey: "the socket's watches", perUserKey: "podResources.maxWatchesPerUser", perProcessKey: "podResources.maxWatchesPerProcess"},
+		}),
+		refusals:         newRefusals(logger.WithValues("server", "PodResources"), m.refusals),
+		requests:         m.requests,
+		watchersDropped:  m.watchersDropped,
+		headerTimeout:    o.HeaderTimeout,
+		watchSendTimeout: o.WatchSendTimeout,
 	}
+}
+
+// setQuotas checks the per-process and per-user quotas and fills in their defaults; the
+// totals and the Broadcaster are set.
+func (o *Options) setQuotas() error {
+	if o.MaxConnectionsPerProcess < 0 || o.MaxConnectionsPerUser < 0 || o.MaxStreamsPerProcess < 0 || o.MaxStreamsPerUser < 0 ||
+		o.MaxWatchesPerProcess < 0 || o.MaxWatchesPerUser < 0 || o.QPSPerUser < 0 || o.BurstPerUser < 0 || o.HeaderTimeout < 0 || o.WatchSendTimeout < 0 {
+		return errors.New("podresources: the per-process and per-user quotas, headerTimeout and watchSendTimeout must be positive")
+	}
+	o.MaxConnectionsPerProcess = cmp.Or(o.MaxConnectionsPerProcess, perProcess(o.MaxConnections))
+	o.MaxConnectionsPerUser = cmp.Or(o.MaxConnectionsPerUser, max(o.MaxConnectionsPerProcess, perUser(o.MaxConnections)))
+	o.MaxStreamsPerProcess = cmp.Or(o.MaxStreamsPerProcess, DefaultMaxStreamsPerProcess)
+	o.MaxStreamsPerUser = cmp.Or(o.MaxStreamsPerUser, 3*o.MaxStreamsPerProcess)
+	o.MaxWatchesPerProcess = cmp.Or(o.MaxWatchesPerProcess, perProcess(o.Broadcaster.max))
+	o.MaxWatchesPerUser = cmp.Or(o.MaxWatchesPerUser, max(o.MaxWatchesPerProcess, perUser(o.Broadcaster.max)))
+	o.QPSPerUser = cmp.Or(o.QPSPerUser, 2*o.QPS)
+	o.BurstPerUser = cmp.Or(o.BurstPerUser, 2*o.Burst)
+	o.HeaderTimeout = cmp.Or(o.HeaderTimeout, DefaultHeaderTimeout)
+	o.WatchSendTimeout = cmp.Or(o.WatchSendTimeout, DefaultWatchSendTimeout)
+	for _, q := range []struct {
+		name          string
+		process, user int
+	}{
+		{"maxConnections", o.MaxConnectionsPerProcess, o.MaxConnectionsPerUser},
+		{"maxStreams", o.MaxStreamsPerProcess, o.MaxStreamsPerUser},
+		{"maxWatches", o.MaxWatchesPerProcess, o.MaxWatchesPerUser},
+	} {
+		if q.process > q.user {
+			return fmt.Errorf("podresources: %sPerProcess %d is over %sPerUser %d", q.name, q.process, q.name, q.user)
+		}
+	}
+	return nil
 }
 
 // serverOptions are the gRPC server's limits and interceptors.
 func serverOptions(o Options, g *guard, m *metrics) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.Creds(peerCreds{}), // the client's uid and pid, for its rate limit and the log
-		grpc.InTapHandle(g.tapLimit),
+		grpc.InTapHandle(g.tap),
 		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxSendMsgSize(MaxMessageSize),
 		grpc.MaxHeaderListSize(maxHeaderList),

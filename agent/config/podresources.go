@@ -25,6 +25,15 @@ const (
 	DefaultPodResourcesMaxConnections = 64
 	DefaultPodResourcesMaxStreams     = 16
 	DefaultPodResourcesIdleTimeout    = 2 * time.Minute
+	// DefaultPodResourcesMaxStreamsPerProcess, DefaultPodResourcesMaxWatches,
+	// DefaultPodResourcesHeaderTimeout and DefaultPodResourcesWatchSendTimeout are
+	// podresources' DefaultMaxStreamsPerProcess, DefaultMaxWatchers, DefaultHeaderTimeout and
+	// DefaultWatchSendTimeout. The other per-process and per-user quotas default to shares of
+	// the totals (PodResources.setDefaults).
+	DefaultPodResourcesMaxStreamsPerProcess = 32
+	DefaultPodResourcesMaxWatches           = 64
+	DefaultPodResourcesHeaderTimeout        = 10 * time.Second
+	DefaultPodResourcesWatchSendTimeout     = 30 * time.Second
 )
 
 // PodResources is the podResources section: podgate's PodResources gRPC socket (the kubelet's
@@ -59,6 +68,31 @@ type PodResources struct {
 	MaxStreams int `json:"maxStreams,omitempty"`
 	// IdleTimeout closes a connection that has had no call open for that long.
 	IdleTimeout Duration `json:"idleTimeout,omitzero"`
+	// MaxConnectionsPerProcess and MaxConnectionsPerUser bound the connections one process,
+	// and the processes of one user together, hold of maxConnections: a quarter and three
+	// quarters of it by default, so that a process at its quota leaves three quarters to the
+	// others, and a user at its quota a quarter to other users.
+	MaxConnectionsPerProcess int `json:"maxConnectionsPerProcess,omitempty"`
+	MaxConnectionsPerUser    int `json:"maxConnectionsPerUser,omitempty"`
+	// MaxStreamsPerProcess and MaxStreamsPerUser bound the calls one process, and one user's
+	// processes, have open at once over all their connections: 32 and three times the
+	// process's by default.
+	MaxStreamsPerProcess int `json:"maxStreamsPerProcess,omitempty"`
+	MaxStreamsPerUser    int `json:"maxStreamsPerUser,omitempty"`
+	// MaxWatchesPerProcess and MaxWatchesPerUser bound the watches one process, and one user's
+	// processes, run of the socket's 64: 16 and 48 by default.
+	MaxWatchesPerProcess int `json:"maxWatchesPerProcess,omitempty"`
+	MaxWatchesPerUser    int `json:"maxWatchesPerUser,omitempty"`
+	// QPSPerUser and BurstPerUser are each user's token bucket, which the calls of all its
+	// processes take from beside their own, so that forking does not multiply the rate:
+	// twice qps and burst by default, so that one process takes at most half of it.
+	QPSPerUser   float64 `json:"qpsPerUser,omitempty"`
+	BurstPerUser int     `json:"burstPerUser,omitempty"`
+	// HeaderTimeout closes a connection that has not opened a call that long after it was
+	// accepted (half-open).
+	HeaderTimeout Duration `json:"headerTimeout,omitzero"`
+	// WatchSendTimeout ends a watch whose client read nothing for that long.
+	WatchSendTimeout Duration `json:"watchSendTimeout,omitzero"`
 }
 
 func (p *PodResources) setDefaults() {
@@ -77,6 +111,16 @@ func (p *PodResources) setDefaults() {
 	p.MaxConnections = cmp.Or(p.MaxConnections, DefaultPodResourcesMaxConnections)
 	p.MaxStreams = cmp.Or(p.MaxStreams, DefaultPodResourcesMaxStreams)
 	p.IdleTimeout.Duration = cmp.Or(p.IdleTimeout.Duration, DefaultPodResourcesIdleTimeout)
+	p.MaxConnectionsPerProcess = cmp.Or(p.MaxConnectionsPerProcess, max(1, p.MaxConnections/4))
+	p.MaxConnectionsPerUser = cmp.Or(p.MaxConnectionsPerUser, max(p.MaxConnectionsPerProcess, p.MaxConnections*3/4))
+	p.MaxStreamsPerProcess = cmp.Or(p.MaxStreamsPerProcess, DefaultPodResourcesMaxStreamsPerProcess)
+	p.MaxStreamsPerUser = cmp.Or(p.MaxStreamsPerUser, 3*p.MaxStreamsPerProcess)
+	p.MaxWatchesPerProcess = cmp.Or(p.MaxWatchesPerProcess, DefaultPodResourcesMaxWatches/4)
+	p.MaxWatchesPerUser = cmp.Or(p.MaxWatchesPerUser, max(p.MaxWatchesPerProcess, DefaultPodResourcesMaxWatches*3/4))
+	p.QPSPerUser = cmp.Or(p.QPSPerUser, 2*p.QPS)
+	p.BurstPerUser = cmp.Or(p.BurstPerUser, 2*p.Burst)
+	p.HeaderTimeout.Duration = cmp.Or(p.HeaderTimeout.Duration, DefaultPodResourcesHeaderTimeout)
+	p.WatchSendTimeout.Duration = cmp.Or(p.WatchSendTimeout.Duration, DefaultPodResourcesWatchSendTimeout)
 }
 
 // Enabled reports whether podgate serves PodResources.
@@ -119,5 +163,43 @@ func (p *PodResources) validate(criSocket string) error {
 	if p.IdleTimeout.Duration < time.Second {
 		errs = append(errs, fmt.Errorf("podResources.idleTimeout: %v: must be at least 1s", p.IdleTimeout.Duration))
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, p.validateQuotas()...)...)
+}
+
+// validateQuotas checks the per-process and per-user quotas: positive, a process's within its
+// user's, a user's within the socket's total.
+func (p *PodResources) validateQuotas() []error {
+	var errs []error
+	for _, q := range []struct {
+		name                 string
+		process, user, total int
+	}{
+		{"maxConnections", p.MaxConnectionsPerProcess, p.MaxConnectionsPerUser, p.MaxConnections},
+		{"maxStreams", p.MaxStreamsPerProcess, p.MaxStreamsPerUser, 0},
+		{"maxWatches", p.MaxWatchesPerProcess, p.MaxWatchesPerUser, DefaultPodResourcesMaxWatches},
+	} {
+		switch {
+		case q.process < 0:
+			errs = append(errs, fmt.Errorf("podResources.%sPerProcess: %d: must be positive", q.name, q.process))
+		case q.user < 0:
+			errs = append(errs, fmt.Errorf("podResources.%sPerUser: %d: must be positive", q.name, q.user))
+		case q.process > q.user:
+			errs = append(errs, fmt.Errorf("podResources.%sPerProcess: %d: must be at most %sPerUser (%d)", q.name, q.process, q.name, q.user))
+		case q.total > 0 && q.user > q.total:
+			errs = append(errs, fmt.Errorf("podResources.%sPerUser: %d: must be at most the socket's %d", q.name, q.user, q.total))
+		}
+	}
+	if p.QPSPerUser < p.QPS {
+		errs = append(errs, fmt.Errorf("podResources.qpsPerUser: %v: must be at least qps (%v)", p.QPSPerUser, p.QPS))
+	}
+	if p.BurstPerUser < p.Burst {
+		errs = append(errs, fmt.Errorf("podResources.burstPerUser: %d: must be at least burst (%d)", p.BurstPerUser, p.Burst))
+	}
+	if p.HeaderTimeout.Duration < time.Second {
+		errs = append(errs, fmt.Errorf("podResources.headerTimeout: %v: must be at least 1s", p.HeaderTimeout.Duration))
+	}
+	if p.WatchSendTimeout.Duration < time.Second {
+		errs = append(errs, fmt.Errorf("podResources.watchSendTimeout: %v: must be at least 1s", p.WatchSendTimeout.Duration))
+	}
+	return errs
 }

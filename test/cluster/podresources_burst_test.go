@@ -141,7 +141,9 @@ func TestPodResourcesBurst(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	c := n.cluster
 	proxy := startCountingProxy(t, c.PodResourcesSocket())
-	restartPodgateWith(t, n, fmt.Sprintf("podResources:\n  kubeletSocket: %s\n", proxy.socket))
+	// The burst's callers stand for 50 CNI plugin processes but are this one: the socket's
+	// connections and calls are theirs, not one process's quarter.
+	restartPodgateWith(t, n, fmt.Sprintf("podResources:\n  kubeletSocket: %s\n  maxConnectionsPerProcess: 64\n  maxConnectionsPerUser: 64\n  maxStreamsPerProcess: 64\n", proxy.socket))
 
 	plugin := startDevicePlugin(t, c.PluginRegistryDir(), vfResource, []string{"vf0", "vf1", "vf2", "vf3", "vf4", "vf5", "vf6", "vf7"})
 	regCtx, cancel := context.WithTimeout(ctx, time.Minute)

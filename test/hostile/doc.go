@@ -4,7 +4,9 @@
 // after (VmRSS, VmHWM of the process attacked), what the attacked server did, whether a
 // kubelet-shaped client calling Version every 100 ms was answered throughout, and podgate's
 // refusal log lines. Every attack is bounded in streams, bytes and time; each runs against
-// fresh processes.
+// fresh processes. Issue 38's PodResources rows (prquota.go) attack from other processes, this
+// program run again: one holds 64 connections beside another's calls, 30 flood List; the same
+// rows run as tests with podgate's default limits (go test ./test/hostile, as root).
 //
 //	go run ./test/hostile            # make attacks
 //

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,12 +18,55 @@ import (
 // program.
 var flood = flag.String("flood", "", "internal: flood this PodResources socket with List calls")
 
+// TestMain also removes the programs built.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if *flood != "" {
 		os.Exit(floodPodResources(*flood))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if built.bins != nil {
+		_ = os.RemoveAll(filepath.Dir(built.bins["podgate"]))
+	}
+	os.Exit(code)
+}
+
+// built holds podgate and the fake runtime, built once for the package's tests.
+var built struct {
+	once sync.Once
+	bins map[string]string
+	err  error
+}
+
+// programs is a rig of the programs built once, in a directory of the test's own; it skips
+// the test when not root or when they cannot be built.
+func programs(t *testing.T) *rig {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("test/hostile runs podgate as root, as on a node: run as root (make test does in CI)")
+	}
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "hostile-bin")
+		if err != nil {
+			built.err = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		built.bins, built.err = harness.BuildPrograms(ctx, dir, "./test/e2e/fakeruntime")
+		if built.err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	})
+	if built.err != nil {
+		t.Skipf("podgate and the fake runtime cannot be built here: %v", built.err)
+	}
+	dir, err := os.MkdirTemp("", "hostile") // short: the sockets' paths live under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return &rig{dir: dir, podgate: built.bins["podgate"], fake: built.bins["fakeruntime"]}
 }
 
 // peakRSS bounds podgate's resident memory in every attack, with default limits: the
@@ -34,23 +78,11 @@ const peakRSS = 384 << 20
 // podgate's peak RSS within peakRSS, the kubelet-like client's Version answered throughout, a
 // log line naming the attacking process where podgate refused it, and the attack's own check.
 func TestAttacks(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("test/hostile runs podgate as root, as on a node: run as root (make test does in CI)")
-	}
 	if testing.Short() {
 		t.Skip("the attacks take minutes: not with -short")
 	}
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "hostile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	bins, err := harness.BuildPrograms(ctx, filepath.Join(dir, "bin"), "./test/e2e/fakeruntime")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{dir: dir, podgate: bins["podgate"], fake: bins["fakeruntime"]}
+	r := programs(t)
 	for _, a := range attacks(5 * time.Second) {
 		t.Run(a.name, func(t *testing.T) {
 			o, err := measure(ctx, r, a, "podgate")
