@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -27,6 +28,7 @@ func main() {
 	silence := flag.Duration("silence", 30*time.Second, "how long the silent connections stay silent")
 	only := flag.String("only", "", "run only the attacks whose name contains this")
 	flood := flag.String("flood", "", "internal: flood this PodResources socket with List calls")
+	podgate := flag.String("podgate", "", "attack this podgate binary (an older build, say) instead of one built from ./cmd/podgate")
 	flag.Parse()
 	if *flood != "" {
 		os.Exit(floodPodResources(*flood))
@@ -41,7 +43,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	env := &rig{dir: dir, podgate: bins["podgate"], fake: bins["fakeruntime"]}
+	env := &rig{dir: dir, podgate: cmp.Or(*podgate, bins["podgate"]), fake: bins["fakeruntime"]}
 	if *h2spec != "" {
 		if err := runH2spec(ctx, env, *h2spec, *path, flag.Args()); err != nil {
 			fail(err)
