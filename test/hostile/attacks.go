@@ -89,7 +89,7 @@ func writeAttacks() []attack {
 	return []attack{
 		{
 			name:    "8 connections: 60 MiB of unfinished intercepted bodies each, then ListContainers (21 MB) with huge windows, then never read (keepalive 5 s + 5 s)",
-			fake:    []string{"-containers", bigRuntime},
+			fake:    []string{"-containers", bigRuntime, "-lists-once"},
 			config:  "criSocketLimits:\n  keepaliveTime: 5s\n  keepaliveTimeout: 5s\n",
 			offends: true,
 			run: func(ctx context.Context, sock string) (string, func()) {
@@ -104,7 +104,7 @@ func writeAttacks() []attack {
 		},
 		{
 			name:    "10 connections × 16 ListContainers (21 MB), reading but never sending WINDOW_UPDATE",
-			fake:    []string{"-containers", bigRuntime},
+			fake:    []string{"-containers", bigRuntime, "-lists-once"},
 			offends: true,
 			run: func(ctx context.Context, sock string) (string, func()) {
 				return noWindow(ctx, sock, 10, 16, 10*time.Second)

@@ -17,7 +17,8 @@ const (
 	listPath    = "/runtime.v1.RuntimeService/ListContainers"
 	versionPath = "/runtime.v1.RuntimeService/Version"
 	// bigRuntime is the fake runtime of the attacks that need large answers: 30,000
-	// containers, a ListContainers answer of about 21 MB.
+	// containers, a ListContainers answer of about 21 MB (encoded once: -lists-once, so that
+	// the fake's own work does not starve the kubelet's Version).
 	bigRuntime = "30000"
 )
 

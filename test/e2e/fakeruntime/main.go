@@ -6,9 +6,15 @@
 // "ready" once it serves.
 //
 //	fakeruntime -listen /tmp/x/fake.sock -containers 1000 -sandboxes 1000
+//
+// With -lists-once it answers ListContainers with one message, built and encoded once at start
+// (filters are not applied): for attacks that ask it for a large list many times, whose cost
+// should be the proxy's, not the fake's (cri-api's fake copies its list under one lock per
+// call, and grpc-go encodes it again each time, which starves every other call).
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"net"
@@ -18,6 +24,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	encproto "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
@@ -28,11 +38,18 @@ func main() {
 	containers := flag.Int("containers", 1000, "containers the runtime holds")
 	sandboxes := flag.Int("sandboxes", 1000, "sandboxes the runtime holds")
 	maxStreams := flag.Uint("max-streams", 0, "advertise and enforce this SETTINGS_MAX_CONCURRENT_STREAMS (0: grpc-go's default, none)")
+	listsOnce := flag.Bool("lists-once", false, "answer ListContainers with one message encoded once at start, filters not applied")
 	flag.Parse()
 	f := fake.NewFakeRemoteRuntime()
 	f.RuntimeService.SetFakeSandboxes(fakeSandboxes(*sandboxes))
 	f.RuntimeService.SetFakeContainers(fakeContainers(*containers, *sandboxes))
-	stop, err := serve(f, *listen, uint32(*maxStreams))
+	var stop func()
+	var err error
+	if *listsOnce {
+		stop, err = serveListsOnce(f, *listen)
+	} else {
+		stop, err = serve(f, *listen, uint32(*maxStreams))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeruntime:", err)
 		os.Exit(1)
@@ -124,4 +141,51 @@ func fakeContainers(n, pods int) []*apitest.FakeContainer {
 		out = append(out, c)
 	}
 	return out
+}
+
+// onceLists is the fake runtime with a ListContainers answer made once.
+type onceLists struct {
+	*fake.RemoteRuntime
+	containers *runtimeapi.ListContainersResponse
+}
+
+func (o onceLists) ListContainers(context.Context, *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	return o.containers, nil
+}
+
+// onceCodec is grpc-go's proto codec, but for the one message it encodes once.
+type onceCodec struct {
+	encoding.CodecV2
+	once    proto.Message
+	encoded []byte
+}
+
+func (c onceCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if v == c.once {
+		return mem.BufferSlice{mem.SliceBuffer(c.encoded)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
+// serveListsOnce serves f on the unix socket with its ListContainers answer made and encoded
+// once.
+func serveListsOnce(f *fake.RemoteRuntime, sock string) (stop func(), err error) {
+	list, err := f.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	encoded, err := proto.Marshal(list)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	codec := onceCodec{CodecV2: encoding.GetCodecV2(encproto.Name), once: list, encoded: encoded}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(codec))
+	runtimeapi.RegisterRuntimeServiceServer(srv, onceLists{RemoteRuntime: f, containers: list})
+	runtimeapi.RegisterImageServiceServer(srv, f)
+	go func() { _ = srv.Serve(l) }()
+	return srv.Stop, nil
 }
