@@ -126,10 +126,12 @@ soak: rig
 	$(GO) run ./test/soak -n $(SOAK_N) -mode $(SOAK_MODE) -out _output/soak
 
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
-# otherwise they skip with a message saying so. verify-generate checks the committed generated
+# otherwise they skip with a message saying so. test/promql is a module of its own (Prometheus'
+# PromQL parser, kept out of podgate's go.mod): it checks deploy/monitoring's queries. verify-generate checks the committed generated
 # code is what the pinned generators make of the .proto files.
 test: lint verify-generate $(if $(IS_ROOT),rig)
 	$(GO) test -race -count=1 -shuffle=on -timeout 30m ./...
+	cd test/promql && $(GO) test -race -count=1 -shuffle=on ./...
 ifeq ($(IS_ROOT),yes)
 	bash test/matrix/run.sh skew
 endif
@@ -162,6 +164,7 @@ lint: $(BIN)/golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	cd test/promql && $(GO) vet ./...
 	GOOS=darwin $(GO) build ./...
 	GOOS=darwin $(GO) vet $$(GOOS=darwin $(GO) list ./... | grep -v '^github.com/podgate/podgate/test/')
 	$(BIN)/golangci-lint run ./...
