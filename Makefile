@@ -83,6 +83,7 @@ package: $(BIN)/nfpm
 		cp $(RELEASE_DIR)/podgate-linux-$$arch $$stage/podgate; \
 		sed 's|^ExecStart=/usr/local/bin/podgate |ExecStart=/usr/bin/podgate |' deploy/podgate.service > $$stage/podgate.service; \
 		cp -R deploy/config.yaml deploy/kubelet-podgate.conf README.md docs deploy/package/deb deploy/package/rpm $$stage/; \
+		mkdir -p $$stage/monitoring; cp deploy/monitoring/podgate-*.yaml deploy/monitoring/podgate-*.json $$stage/monitoring/; \
 		for p in deb rpm; do \
 			(cd $$stage && GOARCH=$$arch PKG_VERSION='$(PKG_VERSION)' \
 				$(BIN)/nfpm package --config $(CURDIR)/deploy/package/nfpm.yaml --packager $$p --target $(abspath $(RELEASE_DIR))/); \

@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/registry"
+	"github.com/podgate/podgate/test/rig"
+)
+
+// alertLimit bounds each wait for an alert to fire or resolve: the rules' windows are seconds
+// (promConfig), Prometheus scrapes and evaluates every second.
+const alertLimit = 90 * time.Second
+
+// TestMonitoringAlerts: Debian's Prometheus on loopback scrapes podgate and containerd on a real
+// node every second, with deploy/monitoring's rules (windows of seconds). On the healthy node
+// no alert is even pending; a pull from a trickling registry stalls and PodgateImagePullStalled
+// fires, then resolves once its window has seen no stall; containerd stops and
+// PodgateBackendDown fires, then resolves once containerd is back. Every series the rules and
+// the dashboard read is in the scrape, but DRA's and those made at a first event this node has
+// no cause for.
+func TestMonitoringAlerts(t *testing.T) {
+	ctrdMetrics := freeAddr(t)
+	r := rig.StartWith(t, rig.Options{MetricsAddress: ctrdMetrics})
+	p := startPodgate(t, r.Endpoint, "--config", stallConfig(t, stallMin))
+	through := rig.Connect(t, p.Endpoint)
+	prom := startPrometheus(t, promConfig(), map[string]string{"podgate": hostPort(p.MetricsURL), "containerd": ctrdMetrics})
+	prom.waitScraped(t, "podgate")
+	prom.waitScraped(t, "containerd")
+	prom.checkNoAlerts(t)
+
+	// A pull stalls: its callers get Unavailable, the alert names the registry.
+	reg := registry.New(4 << 20)
+	reg.Serve(t)
+	ref, _, layers := pushTwoLayers(t, reg, "monitoring/img:v1", stallLayer)
+	reg.Trickle(layers[1], trickleRate)
+	ctx, cancel := context.WithTimeout(t.Context(), stallTimeout)
+	defer cancel()
+	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Namespace: "e2e", Name: "monitoring", Uid: "uid-monitoring"}}
+	if _, err := through.Images.PullImage(ctx, &runtimeapi.ImageSpec{Image: ref}, nil, sandbox); status.Code(err) != codes.Unavailable {
+		t.Fatalf("pull from the trickling registry: %v, want a stall (Unavailable)", err)
+	}
+	prom.waitFiring(t, alertLimit, "PodgateImagePullStalled", map[string]string{"registry": "other"})
+	reg.Trickle(layers[1], 0)
+	prom.waitResolved(t, alertLimit, "PodgateImagePullStalled", nil)
+
+	// containerd stops, then comes back.
+	prom.checkQuiet(t, "PodgateBackendDown")
+	if err := r.StopContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prom.waitFiring(t, alertLimit, "PodgateBackendDown", map[string]string{"backend": "runtime", "endpoint": r.Endpoint})
+	if err := r.RestartContainerd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	prom.waitResolved(t, alertLimit, "PodgateBackendDown", nil)
+
+	prom.checkLiveSeries(t, map[string]string{
+		"podgate_dra_drivers":                            "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_operations_total":                   "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_claims_prepared":                    "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_sandbox_stage_failures_total":           "made at a sandbox's first failure: TestMonitoringDRADriverDown",
+		"podgate_sysctl_verifications_total":             "made at the first sandbox with sysctls",
+		"podgate_resources_verifications_total":          "made at the first container checked",
+		"podgate_resources_pod_verifications_total":      "made at the first pod-level resources checked",
+		"podgate_podresources_refusals_total":            "made at the first PodResources client refused",
+		"podgate_sandbox_stage_duration_seconds_bucket":  "made at the first sandbox",
+		"podgate_image_pull_throughput_bytes_per_second": "only while a pull runs",
+	})
+}
+
+// TestMonitoringDRADriverDown: on a real single-node cluster with the test DRA driver, Prometheus
+// scrapes podgate and containerd with deploy/monitoring's rules; a sandbox prepared through
+// podgate raises nothing; the driver stops, the next sandbox is refused and
+// PodgateSandboxesRefusedDRA fires; the driver is back and the alert resolves once its window
+// has seen no refusal. Every series the rules and the dashboard read is in the scrape but those
+// made at a first event this node has no cause for.
+func TestMonitoringDRADriverDown(t *testing.T) {
+	ctrdMetrics := freeAddr(t)
+	n := startDRANodeWith(t, draNodeOptions{attach: []string{draDriverName}, containerdMetrics: ctrdMetrics})
+	ctx := t.Context()
+	prom := startPrometheus(t, promConfig(), map[string]string{"podgate": hostPort(n.podgate.MetricsURL), "containerd": ctrdMetrics})
+	if err := n.cluster.StartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cluster.StopKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n.waitSlice(t)
+	prom.waitScraped(t, "podgate")
+
+	ok := n.draPod(t, "mon-ok", 1)
+	id, err := n.runSandbox(t, ok)
+	if err != nil {
+		t.Fatalf("RunPodSandbox through podgate: %v", err)
+	}
+	prom.checkQuiet(t, "PodgateSandboxesRefusedDRA")
+	prom.checkQuiet(t, "PodgateDRAPrepareFailing")
+
+	n.stopDriver(t)
+	waitWithin(t, time.Minute, "podgate seeing the driver go", func() bool {
+		m, err := n.podgate.Scrape(ctx)
+		if err != nil {
+			return false
+		}
+		v, _ := m.Value("podgate_dra_drivers", "driver", draDriverName)
+		return v != 1
+	})
+	refused := n.draPod(t, "mon-refused", 2)
+	if _, err := n.runSandbox(t, refused); status.Code(err) != codes.Unavailable {
+		t.Fatalf("RunPodSandbox with the driver down: %v, want Unavailable", err)
+	}
+	prom.waitFiring(t, alertLimit, "PodgateSandboxesRefusedDRA", nil)
+	n.startDriver(t)
+	waitMetric(t, n.podgate, "podgate_dra_drivers{driver=\""+draDriverName+"\"} 1")
+	prom.waitResolved(t, alertLimit, "PodgateSandboxesRefusedDRA", nil)
+
+	prom.checkLiveSeries(t, map[string]string{
+		"podgate_image_pull_stalls_total":                "made at the first stall: TestMonitoringAlerts",
+		"podgate_image_pull_throughput_bytes_per_second": "only while a pull runs: TestMonitoringAlerts",
+		"podgate_image_pull_wait_seconds_bucket":         "made at the first pull: TestMonitoringAlerts",
+		"podgate_sysctl_verifications_total":             "made at the first sandbox with sysctls",
+		"podgate_resources_verifications_total":          "made at the first container checked",
+		"podgate_resources_pod_verifications_total":      "made at the first pod-level resources checked",
+		"podgate_podresources_refusals_total":            "made at the first PodResources client refused",
+	})
+	if err := n.through.Runtime.StopPodSandbox(ctx, id); err != nil {
+		t.Error(err)
+	}
+	if err := n.through.Runtime.RemovePodSandbox(ctx, id); err != nil {
+		t.Error(err)
+	}
+}
