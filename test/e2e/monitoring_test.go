@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -30,6 +31,10 @@ func TestMonitoringAlerts(t *testing.T) {
 	p := startPodgate(t, r.Endpoint, "--config", stallConfig(t, stallMin))
 	through := rig.Connect(t, p.Endpoint)
 	prom := startPrometheus(t, promConfig(), map[string]string{"podgate": hostPort(p.MetricsURL), "containerd": ctrdMetrics})
+	startMonitoredPod(t, r, through)
+	if pod := getPod(t, extensionClient(t, p.PodResourcesSocket), "monitored"); pod == nil {
+		t.Error("PodResources Get: podgate does not know the pod it started")
+	}
 	prom.waitScraped(t, "podgate")
 	prom.waitScraped(t, "containerd")
 	prom.checkNoAlerts(t)
@@ -39,6 +44,7 @@ func TestMonitoringAlerts(t *testing.T) {
 	reg.Serve(t)
 	ref, _, layers := pushTwoLayers(t, reg, "monitoring/img:v1", stallLayer)
 	reg.Trickle(layers[1], trickleRate)
+	reg.Count(true) // the registry paces blobs only on its counted path
 	ctx, cancel := context.WithTimeout(t.Context(), stallTimeout)
 	defer cancel()
 	sandbox := &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Namespace: "e2e", Name: "monitoring", Uid: "uid-monitoring"}}
@@ -60,6 +66,7 @@ func TestMonitoringAlerts(t *testing.T) {
 	}
 	prom.waitResolved(t, alertLimit, "PodgateBackendDown", nil)
 
+	prom.checkDashboardQueries(t, promConfig())
 	prom.checkLiveSeries(t, map[string]string{
 		"podgate_dra_drivers":                            "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
 		"podgate_dra_operations_total":                   "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
@@ -120,6 +127,7 @@ func TestMonitoringDRADriverDown(t *testing.T) {
 	waitMetric(t, n.podgate, "podgate_dra_drivers{driver=\""+draDriverName+"\"} 1")
 	prom.waitResolved(t, alertLimit, "PodgateSandboxesRefusedDRA", nil)
 
+	prom.checkDashboardQueries(t, promConfig())
 	prom.checkLiveSeries(t, map[string]string{
 		"podgate_image_pull_stalls_total":                "made at the first stall: TestMonitoringAlerts",
 		"podgate_image_pull_throughput_bytes_per_second": "only while a pull runs: TestMonitoringAlerts",
@@ -134,5 +142,34 @@ func TestMonitoringDRADriverDown(t *testing.T) {
 	}
 	if err := n.through.Runtime.RemovePodSandbox(ctx, id); err != nil {
 		t.Error(err)
+	}
+}
+
+// startMonitoredPod starts a pod "monitored" with a sysctl and a running container through
+// podgate, as the kubelet would: the sandbox pipeline's, the sysctl verification's and the
+// container resources' series appear.
+func startMonitoredPod(t *testing.T, r *rig.Rig, through *rig.Client) {
+	t.Helper()
+	ctx := t.Context()
+	sb := &runtimeapi.PodSandboxConfig{
+		Metadata:     &runtimeapi.PodSandboxMetadata{Name: "monitored", Namespace: "e2e", Uid: "uid-monitored"},
+		LogDirectory: filepath.Join(r.Dir, "pods", "monitored"),
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}},
+	}
+	podID, err := through.Runtime.RunPodSandbox(ctx, sb, "")
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v", err)
+	}
+	ctrID, err := through.Runtime.CreateContainer(ctx, podID, &runtimeapi.ContainerConfig{
+		Metadata: &runtimeapi.ContainerMetadata{Name: "app"},
+		Image:    &runtimeapi.ImageSpec{Image: rig.BusyboxImage},
+		Command:  []string{"sleep", "3600"},
+		Linux:    &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{CpuShares: 256, MemoryLimitInBytes: 64 << 20}},
+	}, sb)
+	if err != nil {
+		t.Fatalf("CreateContainer: %v", err)
+	}
+	if err := through.Runtime.StartContainer(ctx, ctrID); err != nil {
+		t.Fatalf("StartContainer: %v", err)
 	}
 }

@@ -70,6 +70,9 @@ func startPrometheus(t *testing.T, cfg monitoring.Config, targets map[string]str
 	conf := fmt.Sprintf("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nrule_files: [%q, %q]\nscrape_configs:\n", ruleFiles[0], ruleFiles[1])
 	for job, target := range targets {
 		conf += fmt.Sprintf("  - job_name: %s\n    static_configs:\n      - targets: [%q]\n        labels: {node: %s}\n", job, target, promNode)
+		if job == "containerd" {
+			conf += "    metrics_path: /v1/metrics\n" // containerd's
+		}
 	}
 	confPath := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
@@ -302,4 +305,39 @@ func (p *promServer) checkLiveSeries(t *testing.T, absentHere map[string]string)
 		}
 	}
 	t.Logf("series of the rules and dashboard in the live scrape: %d; not here: %s", len(found), strings.Join(absent, "; "))
+}
+
+// checkDashboardQueries runs every panel query of the dashboard cfg makes against Prometheus
+// (Grafana's variables replaced as Grafana would: the rate interval, All nodes): each must be
+// a query Prometheus accepts, and it logs those that found series on this node.
+func (p *promServer) checkDashboardQueries(t *testing.T, cfg monitoring.Config) {
+	t.Helper()
+	files, err := cfg.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(files[monitoring.DashboardFile], &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$__range", "10m", "$node", ".*")
+	var shown []string
+	for _, panel := range d.Panels {
+		for _, tg := range panel.Targets {
+			r, err := p.query(t.Context(), vars.Replace(tg.Expr))
+			if err != nil {
+				t.Errorf("panel %q: %v", panel.Title, err)
+			} else if len(r) > 0 {
+				shown = append(shown, panel.Title)
+			}
+		}
+	}
+	t.Logf("dashboard panels with data on this node: %s", strings.Join(shown, "; "))
 }
