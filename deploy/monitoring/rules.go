@@ -76,10 +76,14 @@ sum %[1]s (
 
 // Alert is one alerting rule as the generator describes it.
 type Alert struct {
-	Name     string
+	// Name is the alert's name, and the heading of its section in docs/runbook.md.
+	Name string
+	// Severity is SeverityCritical, SeverityWarning or SeverityInfo.
 	Severity string
-	Expr     string
-	For      model.Duration
+	// Expr is the PromQL expression; each of its samples is an alert.
+	Expr string
+	// For is how long Expr must hold before the alert fires; 0 fires at once.
+	For model.Duration
 	// Summary names the node; Description says what happens and what to look at first.
 	Summary, Description string
 }
