@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/registry"
 	"github.com/podgate/podgate/test/rig"
 )
@@ -106,6 +107,9 @@ func TestMonitoringDRADriverDown(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RunPodSandbox through podgate: %v", err)
 	}
+	if _, err := extensionClient(t, n.podgate.PodResourcesSocket).Get(ctx, &pb.GetRequest{PodName: "mon-ok", PodNamespace: "default"}); err != nil {
+		t.Errorf("PodResources Get of the pod podgate started: %v", err)
+	}
 	prom.checkQuiet(t, "PodgateSandboxesRefusedDRA")
 	prom.checkQuiet(t, "PodgateDRAPrepareFailing")
 
@@ -132,6 +136,7 @@ func TestMonitoringDRADriverDown(t *testing.T) {
 		"podgate_image_pull_stalls_total":                "made at the first stall: TestMonitoringAlerts",
 		"podgate_image_pull_throughput_bytes_per_second": "only while a pull runs: TestMonitoringAlerts",
 		"podgate_image_pull_wait_seconds_bucket":         "made at the first pull: TestMonitoringAlerts",
+		"podgate_image_pull_registry_in_flight":          "made at the first pull: TestMonitoringAlerts",
 		"podgate_sysctl_verifications_total":             "made at the first sandbox with sysctls",
 		"podgate_resources_verifications_total":          "made at the first container checked",
 		"podgate_resources_pod_verifications_total":      "made at the first pod-level resources checked",
