@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -29,16 +30,33 @@ const alertLimit = 90 * time.Second
 func TestMonitoringAlerts(t *testing.T) {
 	ctrdMetrics := freeAddr(t)
 	r := rig.StartWith(t, rig.Options{MetricsAddress: ctrdMetrics})
-	p := startPodgate(t, r.Endpoint, "--config", stallConfig(t, stallMin))
+	// podgate stalls pulls as the stall tests do; its PodResources socket allows one call a
+	// second per client, burst 2.
+	p := startPodgate(t, r.Endpoint, "--config", writeConfig(t, fmt.Sprintf(
+		"imagePulls:\n  maxParallel: 1\n  stall:\n    minBytesPerSecond: %d\n    window: %s\npodResources:\n  qps: 1\n  burst: 2\n", stallMin, stallWindow)))
 	through := rig.Connect(t, p.Endpoint)
 	prom := startPrometheus(t, promConfig(), map[string]string{"podgate": hostPort(p.MetricsURL), "containerd": ctrdMetrics})
 	startMonitoredPod(t, r, through)
-	if pod := getPod(t, extensionClient(t, p.PodResourcesSocket), "monitored"); pod == nil {
+	ext := extensionClient(t, p.PodResourcesSocket)
+	if pod := getPod(t, ext, "monitored"); pod == nil {
 		t.Error("PodResources Get: podgate does not know the pod it started")
 	}
 	prom.waitScraped(t, "podgate")
 	prom.waitScraped(t, "containerd")
 	prom.checkNoAlerts(t)
+
+	// A PodResources client goes over its rate limit.
+	refused := 0
+	for range 5 {
+		if _, err := ext.Get(t.Context(), &pb.GetRequest{PodName: "monitored", PodNamespace: "e2e"}); status.Code(err) == codes.ResourceExhausted {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Fatal("5 PodResources calls at once, over qps 1 and burst 2: none refused")
+	}
+	prom.waitFiring(t, alertLimit, "PodgatePodResourcesClientRefused", map[string]string{"reason": "rate_limit"})
+	prom.waitResolved(t, alertLimit, "PodgatePodResourcesClientRefused", nil)
 
 	// A pull stalls: its callers get Unavailable, the alert names the registry.
 	reg := registry.New(4 << 20)
@@ -69,16 +87,11 @@ func TestMonitoringAlerts(t *testing.T) {
 
 	prom.checkDashboardQueries(t, promConfig())
 	prom.checkLiveSeries(t, map[string]string{
-		"podgate_dra_drivers":                            "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_dra_operations_total":                   "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_dra_claims_prepared":                    "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_sandbox_stage_failures_total":           "made at a sandbox's first failure: TestMonitoringDRADriverDown",
-		"podgate_sysctl_verifications_total":             "made at the first sandbox with sysctls",
-		"podgate_resources_verifications_total":          "made at the first container checked",
-		"podgate_resources_pod_verifications_total":      "made at the first pod-level resources checked",
-		"podgate_podresources_refusals_total":            "made at the first PodResources client refused",
-		"podgate_sandbox_stage_duration_seconds_bucket":  "made at the first sandbox",
-		"podgate_image_pull_throughput_bytes_per_second": "only while a pull runs",
+		"podgate_dra_drivers":                       "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_operations_total":              "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_claims_prepared":               "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_sandbox_stage_failures_total":      "made at a sandbox's first failure: TestMonitoringDRADriverDown",
+		"podgate_resources_pod_verifications_total": "made at the first check of pod-level resources, which this pod has not",
 	})
 }
 
