@@ -83,6 +83,7 @@ package: $(BIN)/nfpm
 		cp $(RELEASE_DIR)/podgate-linux-$$arch $$stage/podgate; \
 		sed 's|^ExecStart=/usr/local/bin/podgate |ExecStart=/usr/bin/podgate |' deploy/podgate.service > $$stage/podgate.service; \
 		cp -R deploy/config.yaml deploy/kubelet-podgate.conf README.md docs deploy/package/deb deploy/package/rpm $$stage/; \
+		mkdir -p $$stage/monitoring; cp deploy/monitoring/podgate-*.yaml deploy/monitoring/podgate-*.json $$stage/monitoring/; \
 		for p in deb rpm; do \
 			(cd $$stage && GOARCH=$$arch PKG_VERSION='$(PKG_VERSION)' \
 				$(BIN)/nfpm package --config $(CURDIR)/deploy/package/nfpm.yaml --packager $$p --target $(abspath $(RELEASE_DIR))/); \
@@ -126,10 +127,12 @@ soak: rig
 	$(GO) run ./test/soak -n $(SOAK_N) -mode $(SOAK_MODE) -out _output/soak
 
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
-# otherwise they skip with a message saying so. verify-generate checks the committed generated
+# otherwise they skip with a message saying so. test/promql is a module of its own (Prometheus'
+# PromQL parser, kept out of podgate's go.mod): it checks deploy/monitoring's queries. verify-generate checks the committed generated
 # code is what the pinned generators make of the .proto files.
 test: lint verify-generate $(if $(IS_ROOT),rig)
 	$(GO) test -race -count=1 -shuffle=on -timeout 30m ./...
+	cd test/promql && $(GO) test -race -count=1 -shuffle=on ./...
 ifeq ($(IS_ROOT),yes)
 	bash test/matrix/run.sh skew
 endif
@@ -162,6 +165,7 @@ lint: $(BIN)/golangci-lint
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	cd test/promql && $(GO) vet ./...
 	GOOS=darwin $(GO) build ./...
 	GOOS=darwin $(GO) vet $$(GOOS=darwin $(GO) list ./... | grep -v '^github.com/podgate/podgate/test/')
 	$(BIN)/golangci-lint run ./...

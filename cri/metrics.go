@@ -2,6 +2,7 @@ package cri
 
 import (
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/podgate/podgate/cri/relay"
@@ -24,6 +25,15 @@ type Metrics struct {
 	// come from clients and must not grow the label set.
 	methods map[string]*methodMetrics
 	other   *methodMetrics
+	// budget reads the relay's budget for podgate_cri_budget_held_bytes and
+	// podgate_cri_budget_limit_bytes; nil until a Server uses these metrics.
+	budget atomic.Pointer[budget]
+}
+
+// budget is what a relay holds for its clients, and the most it may hold (its TotalBytes).
+type budget struct {
+	held  func() int64
+	limit int64
 }
 
 type methodMetrics struct {
@@ -62,7 +72,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range relay.Reasons {
 		m.refusals[r] = refusals.WithLabelValues(r)
 	}
-	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp, refusals)
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "podgate", Subsystem: "cri", Name: "budget_held_bytes",
+		Help: "Bytes the CRI socket holds now for its clients' requests, counted against criSocketLimits.totalBytes.",
+	}, func() float64 {
+		if b := m.budget.Load(); b != nil {
+			return float64(b.held())
+		}
+		return 0
+	})
+	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "podgate", Subsystem: "cri", Name: "budget_limit_bytes",
+		Help: "criSocketLimits.totalBytes: the most the CRI socket holds for its clients' requests.",
+	}, func() float64 {
+		if b := m.budget.Load(); b != nil {
+			return float64(b.limit)
+		}
+		return 0
+	})
+	reg.MustRegister(m.requests, m.latency, m.inFlight, m.backendUp, refusals, held, limit)
 	for _, sd := range []struct {
 		name    string
 		methods []string
@@ -116,6 +144,11 @@ func (mm *methodMetrics) done(start time.Time, code codes.Code) {
 	} else {
 		mm.codes[codes.Unknown].Inc()
 	}
+}
+
+// watchBudget makes the budget series read the relay's: held now, and limit.
+func (m *Metrics) watchBudget(held func() int64, limit int64) {
+	m.budget.Store(&budget{held: held, limit: limit})
 }
 
 // refused counts one of the relay's refusals (relay.Server.Refused).

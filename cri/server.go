@@ -128,6 +128,11 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		Logger:          s.logger.WithValues("server", "CRI"),
 		Refused:         s.metrics.refused,
 	}
+	limit := s.limits.TotalBytes
+	if limit <= 0 {
+		limit = relay.DefaultLimits.TotalBytes
+	}
+	s.metrics.watchBudget(s.relay.Held, limit)
 	return s
 }
 

@@ -67,6 +67,8 @@ type draNodeOptions struct {
 	// cniChain returns more CNI plugin configurations, chained after the recorder. binDir and
 	// pgDir are set when it is called.
 	cniChain func(n *draNode) []string
+	// containerdMetrics, a loopback host:port, has containerd serve its metrics there.
+	containerdMetrics string
 }
 
 // startDRANode starts a node whose podgate attaches the test driver's devices itself.
@@ -99,7 +101,7 @@ func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 	if o.cniChain != nil {
 		chain = append(chain, o.cniChain(n)...)
 	}
-	n.rig = rig.StartWith(t, rig.Options{CNIBinDir: n.binDir, CNIChain: chain})
+	n.rig = rig.StartWith(t, rig.Options{CNIBinDir: n.binDir, CNIChain: chain, MetricsAddress: o.containerdMetrics})
 	// Registered before the cluster's: cleanups run last first, so podgate and the driver
 	// still serve while the cluster's kubelet stops its pods through them.
 	t.Cleanup(func() {

@@ -64,6 +64,13 @@ func packagedFiles(t testing.TB, unitDir string) map[string][]byte {
 			files["/usr/share/doc/podgate/docs/"+d.Name()] = read(filepath.Join("docs", d.Name()))
 		}
 	}
+	monitoring, err := filepath.Glob(filepath.Join(root, "deploy", "monitoring", "podgate-*"))
+	if err != nil || len(monitoring) < 3 {
+		t.Fatalf("deploy/monitoring: %d rule files and dashboards (%v), want the alerts, the recording rules and the dashboard", len(monitoring), err)
+	}
+	for _, m := range monitoring {
+		files["/usr/share/podgate/monitoring/"+filepath.Base(m)] = read(filepath.Join("deploy", "monitoring", filepath.Base(m)))
+	}
 	return files
 }
 

@@ -12,6 +12,7 @@
 #   tools          crictl v1.36.x                                      (built; README "Debugging", test/e2e)
 #                  grpcurl v1.9.x                                      (built; docs/podresources.md, test/e2e)
 #                  rpm, systemd, init-system-helpers                   (Debian; test/packaging)
+#                  prometheus: promtool and the server                 (Debian; deploy/monitoring, test/e2e)
 #   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
 #                  matrix (test/matrix/versions.env)
 #   matrix         every containerd and kubelet of the matrix          (built; make matrix)
@@ -81,6 +82,19 @@ if [ ${#missing[@]} -gt 0 ]; then
 	log "apt-get install ${missing[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# prometheus (tools part): promtool and the Prometheus server for the monitoring tests
+# (deploy/monitoring; test/e2e starts its own server on loopback). Without its recommended node
+# exporter; where systemd runs, the package's own service is stopped and disabled: the tests
+# need the binaries, not a server on :9090.
+if part tools && ! dpkg-query -W -f='${Status}' prometheus 2>/dev/null | grep -q 'install ok installed'; then
+	log "apt-get install prometheus"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+	if [ -d /run/systemd/system ]; then
+		systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+	fi
 fi
 
 # built_at BIN VERSION: true when bin/BIN was built from its module at VERSION. `go install

@@ -115,6 +115,9 @@ type Options struct {
 	// spans (service containerd, the shims' containerd-shim-<id>) go there, children of the
 	// trace context its callers send. Empty: containerd traces nothing.
 	OTLPEndpoint string
+	// MetricsAddress, host:port on loopback, turns containerd's Prometheus metrics on there,
+	// with its gRPC latency histograms. Empty: containerd serves none.
+	MetricsAddress string
 }
 
 // Start starts a rig for the test and stops it, with every pod in it, when the test ends. It
@@ -200,7 +203,7 @@ func UpWith(ctx context.Context, dir string, o Options) (*Rig, error) {
 func up(ctx context.Context, dir string, o Options) (*Rig, error) {
 	var out bytes.Buffer
 	chain := []string{"PODGATE_RIG_CNI_CHAIN=" + strings.Join(o.CNIChain, ","), "PODGATE_RIG_CNI_BIN_DIR=" + o.CNIBinDir,
-		"PODGATE_RIG_OTLP_ENDPOINT=" + o.OTLPEndpoint}
+		"PODGATE_RIG_OTLP_ENDPOINT=" + o.OTLPEndpoint, "PODGATE_RIG_METRICS_ADDRESS=" + o.MetricsAddress}
 	if err := runScript(ctx, "up.sh", upScript, dir, &out, chain...); err != nil {
 		return nil, err
 	}

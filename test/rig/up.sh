@@ -23,6 +23,9 @@ CNI_BIN_DIR=${PODGATE_RIG_CNI_BIN_DIR:-}
 # A test may have containerd trace to its OTLP/gRPC collector (host:port). containerd 2.x takes
 # its tracing from the OpenTelemetry environment, not from config.toml.
 OTLP_ENDPOINT=${PODGATE_RIG_OTLP_ENDPOINT:-}
+# PODGATE_RIG_METRICS_ADDRESS: host:port where containerd serves its Prometheus metrics (its gRPC
+# calls with their latency histograms, grpc_histogram); empty: none.
+METRICS_ADDRESS=${PODGATE_RIG_METRICS_ADDRESS:-}
 # The containerd of a matrix cell (make matrix, make test's skew lane): a release install.sh put
 # in $RIG_DIR/containerd/VERSION. Unset: the default, in $RIG_DIR/bin.
 CONTAINERD_BIN=$RIG_DIR/bin
@@ -201,6 +204,14 @@ state = '$DIR/state'
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
 EOF
+if [ -n "$METRICS_ADDRESS" ]; then
+	cat >>"$DIR/config.toml" <<EOF
+
+[metrics]
+  address = '$METRICS_ADDRESS'
+  grpc_histogram = true
+EOF
+fi
 
 # The host is cgroup v1/v2 hybrid on purpose; ctr would repeat containerd's cgroup v1
 # deprecation warning on every call.
