@@ -74,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "podgate", Subsystem: "cri", Name: "budget_held_bytes",
-		Help: "Bytes the CRI socket holds now for its clients' requests, counted against criSocketLimits.totalBytes.",
+		Help: "Bytes the CRI socket holds now for its clients (requests not handed on yet, decoded intercepted requests, answers the clients have not taken), counted against criSocketLimits.totalBytes.",
 	}, func() float64 {
 		if b := m.budget.Load(); b != nil {
 			return float64(b.held())
@@ -83,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	})
 	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Namespace: "podgate", Subsystem: "cri", Name: "budget_limit_bytes",
-		Help: "criSocketLimits.totalBytes: the most the CRI socket holds for its clients' requests.",
+		Help: "criSocketLimits.totalBytes: the most the CRI socket holds for its clients.",
 	}, func() float64 {
 		if b := m.budget.Load(); b != nil {
 			return float64(b.limit)
