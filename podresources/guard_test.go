@@ -255,7 +255,8 @@ func TestUserBucket(t *testing.T) {
 	if by, ok := c.allow(peerID{pid: 3, uid: 10}); ok || by != scopeUser {
 		t.Errorf("a call over the user's bucket: allowed %v by %v, want refused by the user's", ok, by)
 	}
-	if !c.ok(peerID{pid: 4, uid: 20}) || !c.ok(peerID{pid: 4, uid: 20}) {
+	other := peerID{pid: 4, uid: 20}
+	if first, second := c.ok(other), c.ok(other); !first || !second {
 		t.Error("another user's process was refused its burst")
 	}
 	// 1 s later the user's bucket holds 1 token: process 3, refused by it three times, is

@@ -78,7 +78,9 @@ func TestHold(t *testing.T) {
 	go func() { done <- c.Invoke(ctx, "/svc/HoldUntilCancelled", &in, &out) }()
 	<-holding
 	cancel()
-	<-done
+	if err := <-done; err == nil {
+		t.Error("the cancelled call succeeded")
+	}
 	if h := <-seen; h.during < 2<<20 || h.afterCancel < 2<<20 {
 		t.Errorf("the relay held %d bytes while the handler held 2 MiB, %d after the client cancelled", h.during, h.afterCancel)
 	}
