@@ -39,11 +39,13 @@
 // logged once per connection (its pid and uid from SO_PEERCRED, at most a line a second per
 // reason) and counted (Server.Refused).
 //
-// Each connection has one writer goroutine (endpoint.writeLoop), as grpc-go's transports do:
-// frames are encoded into memory (endpoint.out) under the endpoint's wmu, which is never held
-// across a write, and the writer writes them. A client that stops reading blocks its writer
-// alone: keepalive, timeouts, resets, sheds and closes only encode or close, and DATA beyond a
-// few writes' worth (outRoom) waits in its stream's queue, counted.
+// Frames are encoded into memory (endpoint.out) under the endpoint's wmu, which is never held
+// across a write. A flush writes them at once as far as the socket takes them without waiting
+// (a non-blocking write: no goroutine to wake on the usual path), and hands the rest, with the
+// right to write, to the connection's one writer goroutine (endpoint.writeLoop), the only one
+// that ever waits for a peer, as grpc-go's transports have one. A client that stops reading
+// blocks its writer alone: keepalive, timeouts, resets, sheds and closes only encode or close,
+// and DATA beyond a few writes' worth (outRoom) waits in its stream's queue, counted.
 //
 // Flow control keeps its arithmetic in one type (window, RFC 9113 §6.9). The steps that move
 // windows and frames run under the session's mu and return what is left to do (a todo: frames

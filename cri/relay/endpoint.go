@@ -17,10 +17,11 @@ import (
 
 // endpoint is one HTTP/2 connection: the client's, or an upstream one. Only its reader
 // goroutine reads frames. Frames for the peer are encoded into memory (out) under wmu, by
-// whichever goroutine has them, and only the endpoint's writer goroutine writes them to the
-// connection: wmu is never held across a write, so a peer that stops reading blocks the writer
-// alone, never a reader, a timer, a reset or a close (grpc-go's shape: one writer per
-// connection, fed by a buffer).
+// whichever goroutine has them, and written by whoever holds the writer's busy: the goroutine
+// that flushed, as far as the socket takes them without waiting, then the endpoint's writer
+// goroutine, the only one that waits for the peer. wmu is never held across a write, so a peer
+// that stops reading blocks the writer goroutine alone, never a reader, a timer, a reset or a
+// close (grpc-go's shape: one writer per connection, fed by a buffer).
 type endpoint struct {
 	conn net.Conn
 	br   *bufio.Reader
