@@ -129,17 +129,28 @@ func TestWriteTimeoutClosesAClientThatPingsButDoesNotRead(t *testing.T) {
 	waitUntil(t, "the bytes are given back", func() bool { return b.srv.Held() == 0 })
 }
 
-// TestAnswerOnAShutWindowIsReset: a client that reads its socket but never opens a window
-// leaves an answer waiting; after WindowTimeout without a byte leaving it is reset on both
-// sides, reported, and its bytes are given back.
-func TestAnswerOnAShutWindowIsReset(t *testing.T) {
-	lim := Limits{WindowTimeout: 300 * time.Millisecond}
-	b := newAttackBed(t, lim, 16<<20)
+// shutWindowTimeout is the WindowTimeout of shutWindowCall's relay.
+const shutWindowTimeout = 300 * time.Millisecond
+
+// shutWindowCall is a relay with WindowTimeout shutWindowTimeout, and a client that opens no
+// window whose call the upstream answers with 1 MiB: the relay, the client, the upstream's end
+// of the call's connection and the call's upstream stream id.
+func shutWindowCall(t *testing.T) (*attackBed, *attacker, *rawPeer, uint32) {
+	t.Helper()
+	b := newAttackBed(t, Limits{WindowTimeout: shutWindowTimeout}, 16<<20)
 	a := dialAttacker(t, b.sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
 	a.headers(1, true, grpcRequest("/svc/Raw")...)
 	srv := b.up.accept()
 	id := srv.readUntil(isHeaders).Header().StreamID
 	answerBig(t, srv, id, 1<<20)
+	return b, a, srv, id
+}
+
+// TestAnswerOnAShutWindowIsReset: a client that reads its socket but never opens a window
+// leaves an answer waiting; after WindowTimeout without a byte leaving it is reset on both
+// sides, reported, and its bytes are given back.
+func TestAnswerOnAShutWindowIsReset(t *testing.T) {
+	b, a, srv, id := shutWindowCall(t)
 	waitUntil(t, "the answer is counted", func() bool { return b.srv.Held() >= 1<<20 })
 	if r := srv.readUntil(isRST).(*http2.RSTStreamFrame); r.StreamID != id || r.ErrCode != http2.ErrCodeCancel {
 		t.Errorf("the server got RST_STREAM %d %v, want %d CANCEL", r.StreamID, r.ErrCode, id)
@@ -159,15 +170,9 @@ func TestAnswerOnAShutWindowIsReset(t *testing.T) {
 // TestSlowReaderIsNotReset: a client that opens its window a little at a time keeps its call:
 // WindowTimeout counts from the last byte that left, not from when the answer began to wait.
 func TestSlowReaderIsNotReset(t *testing.T) {
-	lim := Limits{WindowTimeout: 300 * time.Millisecond}
-	b := newAttackBed(t, lim, 16<<20)
-	a := dialAttacker(t, b.sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
-	a.headers(1, true, grpcRequest("/svc/Raw")...)
-	srv := b.up.accept()
-	id := srv.readUntil(isHeaders).Header().StreamID
-	answerBig(t, srv, id, 1<<20)
+	b, a, _, _ := shutWindowCall(t)
 	a.next(t, 1) // the answer's headers: it has begun
-	tick := time.NewTicker(lim.WindowTimeout / 3)
+	tick := time.NewTicker(shutWindowTimeout / 3)
 	defer tick.Stop()
 	for range 12 { // four window timeouts
 		<-tick.C
@@ -182,7 +187,7 @@ func TestSlowReaderIsNotReset(t *testing.T) {
 	stalls := b.reasons[ReasonWindowTimeout]
 	b.mu.Unlock()
 	if stalls > 0 {
-		t.Errorf("a call whose client opened its window every %s was reset as stuck", lim.WindowTimeout/3)
+		t.Errorf("a call whose client opened its window every %s was reset as stuck", shutWindowTimeout/3)
 	}
 	select {
 	case f := <-a.frames:

@@ -216,18 +216,9 @@ func (h *h2conn) window(id uint32, want int, stall time.Duration) (int, error) {
 
 // waitEnd waits at most d for the server to end stream id and says how and when.
 func (h *h2conn) waitEnd(id uint32, d time.Duration) (string, time.Time) {
-	timer := time.AfterFunc(d, func() {
-		h.mu.Lock()
-		h.cond.Broadcast()
-		h.mu.Unlock()
-	})
-	defer timer.Stop()
-	deadline := time.Now().Add(d)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for h.ended[id] == "" && h.closed == nil && time.Now().Before(deadline) {
-		h.cond.Wait()
-	}
+	h.waitLocked(d, func() bool { return h.ended[id] != "" || h.closed != nil })
 	if h.ended[id] == "" && h.closed != nil {
 		return "connection closed", time.Now()
 	}
@@ -236,6 +227,14 @@ func (h *h2conn) waitEnd(id uint32, d time.Duration) (string, time.Time) {
 
 // waitClosed waits at most d for the connection to end, and says whether it did.
 func (h *h2conn) waitClosed(d time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waitLocked(d, func() bool { return h.closed != nil })
+	return h.closed != nil
+}
+
+// waitLocked waits at most d for done, which the reader's frames make true; mu is held.
+func (h *h2conn) waitLocked(d time.Duration, done func() bool) {
 	timer := time.AfterFunc(d, func() {
 		h.mu.Lock()
 		h.cond.Broadcast()
@@ -243,12 +242,9 @@ func (h *h2conn) waitClosed(d time.Duration) bool {
 	})
 	defer timer.Stop()
 	deadline := time.Now().Add(d)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for h.closed == nil && time.Now().Before(deadline) {
+	for !done() && time.Now().Before(deadline) {
 		h.cond.Wait()
 	}
-	return h.closed != nil
 }
 
 // isClosed says whether the server ended the connection.

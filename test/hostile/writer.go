@@ -82,16 +82,13 @@ func noWindow(ctx context.Context, sock string, n, calls int, wait time.Duration
 		}
 	}
 	time.Sleep(wait) // the observation
-	closed, ends := 0, map[string]int{}
+	closed := 0
 	for _, h := range conns {
 		if h.isClosed() {
 			closed++
 		}
-		for how, k := range h.endings() {
-			ends[how] += k
-		}
 	}
-	return fmt.Sprintf("%d of %d connections closed; %s", closed, len(conns), summary(ends)), closeAll(conns)
+	return fmt.Sprintf("%d of %d connections closed; %s", closed, len(conns), summary(endingsOf(conns))), closeAll(conns)
 }
 
 // controlFrames opens 999 UpdateContainerResources calls whose request never comes on one
