@@ -100,8 +100,13 @@ func newEndpoint(c net.Conn, br *bufio.Reader, hooks endpointHooks) *endpoint {
 	if sc, ok := c.(syscall.Conn); ok {
 		e.w.raw, _ = sc.SyscallConn()
 	}
-	go e.writeLoop()
 	return e
+}
+
+// startWriter starts the writer goroutine, once: at the first write the socket did not take at
+// once, or at the close. A connection whose peer takes what it is sent has none.
+func (e *endpoint) startWriter() {
+	e.w.start.Do(func() { go e.writeLoop() })
 }
 
 // batch is what a writer took from out: buffers, the bytes of them already written, and the
@@ -151,6 +156,7 @@ type writer struct {
 	progress  chan struct{} // a write ended: throttle looks again
 	quit      chan struct{} // closed by close
 	done      chan struct{} // closed when the writer has ended and the connection is closed
+	start     sync.Once // startWriter
 	closeOnce sync.Once
 	closeSoon sync.Once // closeAfterFlush
 	// starved says DATA waits in a queue for room in out.
@@ -216,7 +222,7 @@ func (e *endpoint) writeNow() {
 		b, closing := e.takeBatch()
 		switch {
 		case b.empty() && closing:
-			w.handOff(b) // the writer goroutine closes the connection
+			e.handOff(b) // the writer goroutine closes the connection
 			return
 		case b.empty():
 			if !w.release(e) {
@@ -224,11 +230,11 @@ func (e *endpoint) writeNow() {
 			}
 			continue
 		case w.raw == nil:
-			w.handOff(b)
+			e.handOff(b)
 			return
 		}
 		if !e.tryWrite(b) {
-			w.handOff(b)
+			e.handOff(b)
 			return
 		}
 		e.wrote(b)
@@ -243,12 +249,14 @@ func (w *writer) release(e *endpoint) bool {
 
 // handOff gives b and busy to the writer goroutine. The send never waits: only busy's holder
 // sends, and the writer goroutine took the last token before it let busy go (or has ended).
-func (w *writer) handOff(b *batch) {
+func (e *endpoint) handOff(b *batch) {
+	w := e.w
 	w.handed = b
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
+	e.startWriter()
 }
 
 // tryWrite writes what b has left without waiting: it says whether all of it was written. A
@@ -342,6 +350,7 @@ func (e *endpoint) close() {
 	e.w.closeOnce.Do(func() {
 		close(e.w.quit)
 		_ = e.conn.Close()
+		e.startWriter() // it ends the endpoint: what out holds given back, done closed
 	})
 }
 
@@ -355,7 +364,7 @@ func (e *endpoint) closeAfterFlush(grace time.Duration) {
 		e.setClosing()
 		// Not flush: the caller may hold the session's mu, which what a write lets go takes.
 		if e.w.busy.CompareAndSwap(false, true) {
-			e.w.handOff(&batch{})
+			e.handOff(&batch{})
 		}
 		t := time.AfterFunc(grace, e.close)
 		go func() {
