@@ -208,11 +208,25 @@ func (p *decodePlan) decodeCost(method string, msg []byte) (int64, error) {
 	}
 	for _, f := range p.counted {
 		if n := sc.counts[f.id]; n > f.limit {
-			return 0, status.Errorf(codes.InvalidArgument, "decode %s request: %s: %d entries, at most %d", method, f.path, n, f.limit)
+			return 0, listTooLong{method: method, path: f.path, n: n, limit: f.limit}
 		}
 	}
 	return sc.cost, nil
 }
+
+// listTooLong is a request whose list (or map) at path has more entries than any kubelet sends:
+// InvalidArgument naming the field.
+type listTooLong struct {
+	method, path string
+	n, limit     int64
+}
+
+func (e listTooLong) Error() string {
+	return fmt.Sprintf("decode %s request: %s: %d entries, at most %d", e.method, e.path, e.n, e.limit)
+}
+
+// GRPCStatus makes it InvalidArgument (status.FromError).
+func (e listTooLong) GRPCStatus() *status.Status { return status.New(codes.InvalidArgument, e.Error()) }
 
 // maxDepth bounds the nesting the walk follows, as proto.Unmarshal's recursion limit does.
 const maxDepth = 100

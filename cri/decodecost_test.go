@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -203,7 +204,7 @@ func decodeAllocs(t *testing.T, msg []byte) int64 {
 func TestDecodeRefusesListsNoKubeletSends(t *testing.T) {
 	be := newTestRuntime(t, filepath.Join(testfs.ShortDir(t), "rt.sock"))
 	var hooks int
-	_, conn := proxyFor(t, be.path, "", func(s *Server) {
+	srv, conn := proxyFor(t, be.path, "", func(s *Server) {
 		Intercept(s, CreateContainer, func(ctx context.Context, req *runtimeapi.CreateContainerRequest, next createFwd) (*runtimeapi.CreateContainerResponse, error) {
 			hooks++
 			return next(ctx, req)
@@ -250,6 +251,11 @@ func TestDecodeRefusesListsNoKubeletSends(t *testing.T) {
 				t.Errorf("%d hooks ran and %d calls reached the runtime; want none", hooks, be.calls.Load()-calls)
 			}
 		})
+	}
+	// The three lists too long, each refused and counted as a client's misbehaviour (the
+	// truncated request is malformed, not hostile).
+	if n := testutil.ToFloat64(srv.metrics.refusals[relay.ReasonListTooLong]); n != 3 {
+		t.Errorf("refusals counted for %s: %v, want 3", relay.ReasonListTooLong, n)
 	}
 }
 

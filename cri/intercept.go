@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -198,6 +199,10 @@ func (h *interceptedMethod[Req, Resp]) serve(ctx context.Context, uc *relay.Unar
 func (h *interceptedMethod[Req, Resp]) decode(uc *relay.UnaryCall) (Req, func(), error) {
 	var zero Req
 	cost, err := h.plan.decodeCost(h.m.name, uc.Message)
+	var long listTooLong
+	if errors.As(err, &long) {
+		uc.Report(relay.ReasonListTooLong, fmt.Sprintf("sent %s with %d entries in %s", h.m.name, long.n, long.path), "answered InvalidArgument")
+	}
 	if err != nil {
 		return zero, nil, err
 	}

@@ -8,6 +8,16 @@ import (
 	"google.golang.org/grpc/status"
 )
 
+// Report tells of what the call's client did that the Target refused (reason, one of Reasons),
+// as the relay tells of its own refusals: counted (Server.Refused) and logged once per
+// connection with the client's pid and uid, within the log's rate. did says what the client did,
+// action what podgate did about it. A call not made by the relay reports nothing.
+func (c *UnaryCall) Report(reason, did, action string) {
+	if c.ss != nil {
+		c.ss.report(refusal{reason, did, action})
+	}
+}
+
 // Hold counts n more bytes against the budgets of the call's connection and of the process
 // (Limits.ConnectionBytes, Limits.TotalBytes), beside the request's own bytes: what the Target
 // will hold for the call besides them, such as the request decoded. It returns the function

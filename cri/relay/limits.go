@@ -107,12 +107,13 @@ const (
 	ReasonProtocol         = "protocol_error"        // a frame that breaks HTTP/2: GOAWAY
 	ReasonWriteTimeout     = "write_timeout"         // took nothing podgate wrote for WriteTimeout
 	ReasonWindowTimeout    = "window_timeout"        // an answer waited on a shut window for WindowTimeout
+	ReasonListTooLong      = "list_too_long"         // an intercepted request lists more than any kubelet sends (UnaryCall.Report)
 )
 
 // Reasons lists every reason, for a metric's label values made up front.
 var Reasons = []string{ReasonConnectionBudget, ReasonTotalBudget, ReasonMessageTooLarge, ReasonHeaderList,
 	ReasonDeadline, ReasonRequestTimeout, ReasonConnectionCap, ReasonIdle, ReasonKeepalive, ReasonPreface, ReasonProtocol,
-	ReasonWriteTimeout, ReasonWindowTimeout}
+	ReasonWriteTimeout, ReasonWindowTimeout, ReasonListTooLong}
 
 // quietReasons are the reasons that are no misbehaviour (a client that stays away): logged at
 // verbosity 2 rather than always.
