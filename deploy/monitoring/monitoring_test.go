@@ -1,21 +1,20 @@
 package monitoring
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unicode"
 
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // TestShippedFilesAreGenerated: the rule files and the dashboard in deploy/monitoring are
@@ -39,7 +38,7 @@ func TestShippedFilesAreGenerated(t *testing.T) {
 // TestAlertsAreComplete: every alert has a known severity, a summary and a description naming
 // the node, and a runbook_url whose fragment is a heading of docs/runbook.md; names are unique.
 func TestAlertsAreComplete(t *testing.T) {
-	anchors := markdownAnchors(t, filepath.Join("..", "..", "docs", "runbook.md"))
+	anchors := testfs.MarkdownAnchors(t, filepath.Join("..", "..", "docs", "runbook.md"))
 	cfg := Default()
 	seen := map[string]bool{}
 	for _, r := range cfg.AlertRules().Groups[0].Rules {
@@ -172,48 +171,4 @@ func TestParametersReachTheRules(t *testing.T) {
 	if !found {
 		t.Error("the dashboard has no node selector")
 	}
-}
-
-// markdownAnchors are the anchors GitHub gives a Markdown file's headings (as
-// test/packaging's link check computes them).
-func markdownAnchors(t *testing.T, path string) map[string]bool {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	a := map[string]bool{}
-	seen := map[string]int{}
-	fenced := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(strings.TrimSpace(l), "```") {
-			fenced = !fenced
-		}
-		if fenced || !strings.HasPrefix(l, "#") {
-			continue
-		}
-		var s strings.Builder
-		for _, r := range strings.ToLower(strings.TrimSpace(strings.TrimLeft(l, "#"))) {
-			switch {
-			case r == ' ':
-				s.WriteRune('-')
-			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 127 && (unicode.IsLetter(r) || unicode.IsDigit(r)):
-				s.WriteRune(r)
-			}
-		}
-		slug := s.String()
-		if n := seen[slug]; n > 0 {
-			a[slug+"-"+strconv.Itoa(n)] = true
-		} else {
-			a[slug] = true
-		}
-		seen[slug]++
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return a
 }

@@ -1,14 +1,13 @@
 package packaging
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
-	"unicode"
+
+	"github.com/podgate/podgate/test/testfs"
 )
 
 // mdLink is a Markdown link or image target: ](target).
@@ -29,7 +28,7 @@ func TestDocumentLinksResolve(t *testing.T) {
 		if a, ok := anchors[path]; ok {
 			return a
 		}
-		a := markdownAnchors(t, path)
+		a := testfs.MarkdownAnchors(t, path)
 		anchors[path] = a
 		return a
 	}
@@ -87,48 +86,3 @@ func stripCode(md string) string {
 }
 
 var inlineCode = regexp.MustCompile("`[^`]*`")
-
-// markdownAnchors are the anchors GitHub gives a Markdown file's headings: lower case, spaces
-// as hyphens, punctuation but hyphens and underscores dropped, "-1", "-2"... on repeats.
-func markdownAnchors(t *testing.T, path string) map[string]bool {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	a := map[string]bool{}
-	seen := map[string]int{}
-	fenced := false
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(strings.TrimSpace(l), "```") {
-			fenced = !fenced
-		}
-		if fenced || !strings.HasPrefix(l, "#") {
-			continue
-		}
-		h := strings.TrimSpace(strings.TrimLeft(l, "#"))
-		var s strings.Builder
-		for _, r := range strings.ToLower(h) {
-			switch {
-			case r == ' ':
-				s.WriteRune('-')
-			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 127 && (unicode.IsLetter(r) || unicode.IsDigit(r)):
-				s.WriteRune(r)
-			}
-		}
-		slug := s.String()
-		if n := seen[slug]; n > 0 {
-			a[slug+"-"+strconv.Itoa(n)] = true
-		} else {
-			a[slug] = true
-		}
-		seen[slug]++
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
