@@ -7,10 +7,10 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // Validate checks a configuration as start-up needs it, every bad field named by its key: the

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 const checkKubeconfigYAML = `apiVersion: v1

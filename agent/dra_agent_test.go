@@ -17,9 +17,9 @@ import (
 	crifake "k8s.io/cri-client/pkg/fake"
 
 	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/dra/dratest"
 	"github.com/podgate/podgate/test/kubefake"
-	"github.com/podgate/podgate/test/kubetest"
 	"github.com/podgate/podgate/test/otlpfake"
 	"github.com/podgate/podgate/test/testfs"
 )

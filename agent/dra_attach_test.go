@@ -24,11 +24,11 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
-	"github.com/podgate/podgate/pipeline"
 	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testnet"
 )

@@ -22,9 +22,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra/manager"
-	"github.com/podgate/podgate/pipeline"
 )
 
 // TestDRASharedClaimPreparedOnceUnderARace: the sandboxes of N pods sharing one claim start at

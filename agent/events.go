@@ -6,8 +6,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // startEvents creates the pod Event recorder when podgate has the Kubernetes API (Events are

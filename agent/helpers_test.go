@@ -10,7 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/test/kubetest"
+	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/test/testfs"
 )
 

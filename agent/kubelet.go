@@ -7,7 +7,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kubeletinfo"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/sysctl"
 )
 

@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // bufferedLogger logs into a buffer the test reads back.

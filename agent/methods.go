@@ -16,7 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
 )
 
 type (

@@ -14,11 +14,11 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri/imagepull"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/podresources/resources"
 	"github.com/podgate/podgate/sysctl"
 )
 

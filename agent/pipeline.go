@@ -4,10 +4,10 @@ package agent
 // a pod sandbox. Read this file first; how stages run and undo is package pipeline's.
 
 import (
+	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources"
+	"github.com/podgate/podgate/podresources/resources"
 	"github.com/podgate/podgate/sysctl"
 )
 

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/test/kubefake"
 )
 

@@ -19,13 +19,13 @@ import (
 	"k8s.io/cri-client/pkg/fake"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/podresources/resources"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )

@@ -12,14 +12,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/resources"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
+	"github.com/podgate/podgate/podresources/resources"
 )
 
 // podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to

@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/test/testfs"
 )

@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"

@@ -24,9 +24,9 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/cri/imagepull"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
-	"github.com/podgate/podgate/test/kubetest"
 	"github.com/podgate/podgate/test/testfs"
 )
 

@@ -21,7 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )

@@ -9,7 +9,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
 )
 
 // kubeletPolicy has podgate defaults and kubelet defaults that overlap: tcp_keepalive_time with

@@ -12,9 +12,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // VerifyMode is what podgate does when a pod's sysctl does not hold the value asked for once

@@ -11,8 +11,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // verifyTimeout bounds a background verification: a status call and a few file reads, which

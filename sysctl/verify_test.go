@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // TestPauseFromCgroup: the pause process is taken from the sandbox's cgroup when it is the one

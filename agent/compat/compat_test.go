@@ -3,6 +3,10 @@ package compat
 import (
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/podgate/podgate/test/matrix"
 )
 
 func TestCheck(t *testing.T) {
@@ -47,4 +51,39 @@ func TestRuntime(t *testing.T) {
 
 func contains(s, part string) bool {
 	return strings.Contains(s, part)
+}
+
+// The release matrix (test/matrix) is the range podgate logs as tested, oldest first and newest last.
+func TestVersionsMatchCompat(t *testing.T) {
+	v, err := matrix.ReadVersions("../../test/matrix/versions.env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key string
+		r   Range
+	}{{"KUBELET_VERSIONS", Kubelet}, {"CONTAINERD_VERSIONS", Containerd}} {
+		list := v[tc.key]
+		if len(list) < 2 {
+			t.Fatalf("%s = %q: want the oldest and the newest release at least", tc.key, list)
+		}
+		for i, s := range list {
+			if !tc.r.Check(s).Tested {
+				t.Errorf("%s: %s is outside the tested range's %s", tc.key, s, tc.r)
+			}
+			if i > 0 && !version.MustParseSemantic(list[i-1]).LessThan(version.MustParseSemantic(s)) {
+				t.Errorf("%s: %s after %s: want oldest first", tc.key, s, list[i-1])
+			}
+		}
+		minor := func(s string) string {
+			p := version.MustParseSemantic(s)
+			return version.MajorMinor(p.Major(), p.Minor()).String()
+		}
+		if got := minor(list[0]); got != tc.r.Min {
+			t.Errorf("%s starts at %s, the tested range's %s at %s", tc.key, got, tc.r, tc.r.Min)
+		}
+		if got := minor(list[len(list)-1]); got != tc.r.Max {
+			t.Errorf("%s ends at %s, the tested range's %s at %s", tc.key, got, tc.r, tc.r.Max)
+		}
+	}
 }

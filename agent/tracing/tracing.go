@@ -18,7 +18,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/pipeline"
+	"github.com/podgate/podgate/cri/pipeline"
 )
 
 // Tracing is podgate's OpenTelemetry set-up: spans exported over OTLP/gRPC, sampled as the

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // podgate check-config refuses, with exit status 1 and the key named, what would stop podgate at

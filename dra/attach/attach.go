@@ -11,9 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
-	"github.com/podgate/podgate/pipeline"
 )
 
 // Attacher moves the prepared network devices of the drivers named in dra.attach into the

@@ -5,7 +5,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // The claim store's data keys in the registry's checkpoint.

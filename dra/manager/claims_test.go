@@ -9,7 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // checkpointVersionV2 is the format a checkpoint without attach intents is written as.

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // preparer decides who prepares the pod's claims, by dra.prepare: podgate (always), the

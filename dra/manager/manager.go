@@ -17,9 +17,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
-	"github.com/podgate/podgate/pipeline"
 )
 
 // draReconcilePeriod is how often podgate looks for prepared claims whose pod is gone, beside

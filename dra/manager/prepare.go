@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
-	"github.com/podgate/podgate/pipeline"
 )
 
 // observed are the devices of the claims the kubelet prepared and podgate has not recorded as

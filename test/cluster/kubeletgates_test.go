@@ -16,7 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/rig"
 )

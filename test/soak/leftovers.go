@@ -10,7 +10,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"

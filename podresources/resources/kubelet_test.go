@@ -12,9 +12,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/resources/cgroup"
-	"github.com/podgate/podgate/test/kubetest"
+	"github.com/podgate/podgate/agent/kube/kubetest"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // TestOneMemoryQoSWriter: where the kubelet writes memory QoS itself, podgate leaves the

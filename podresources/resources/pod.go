@@ -18,10 +18,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // podLevel is what the feature knows of one sandbox's pod cgroup: the pod-level resources the

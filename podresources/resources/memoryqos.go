@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // applyMemoryQoS adds the container's memory QoS to res.Unified as the kubelet 1.36 computes

@@ -26,9 +26,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/resources/cgroup"
-	"github.com/podgate/podgate/test/kubetest"
+	"github.com/podgate/podgate/agent/kube/kubetest"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // noStatus is a runtime that knows no container: the cgroup check finds nothing to read.

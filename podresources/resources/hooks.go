@@ -15,10 +15,10 @@ import (
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
 	"github.com/podgate/podgate/agent/kube"
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // Config is the feature's part of podgate's configuration (its resources section), as plain

@@ -7,7 +7,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/registry"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // Core is the pipeline's own stages, which every pod sandbox goes through whatever features

@@ -8,8 +8,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
 	"github.com/podgate/podgate/cri"
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // Stage is one step of the pod-sandbox pipeline. Only Run is required.

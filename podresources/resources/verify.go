@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // verifyContainer reads the container's cgroup and compares it with what was asked. It

@@ -16,9 +16,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/registry"
-	"github.com/podgate/podgate/pipeline"
-	"github.com/podgate/podgate/resources/cgroup"
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/podresources/cgroup"
 )
 
 // podCgroup makes a cgroup v1 pod cgroup (cpu, cpuset, memory) for the test, as the kubelet's
