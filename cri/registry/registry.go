@@ -159,6 +159,9 @@ type Registry struct {
 	// Flush, ends the queued write's wait. Guarded by mu.
 	writeDelay time.Duration
 	kick       chan struct{}
+	// lastWrite is when the last background write took its snapshot (WriteInterval). Guarded
+	// by mu.
+	lastWrite time.Time
 	// writes counts the background writes queued or running, guarded by mu; written is
 	// broadcast when one ends. (A WaitGroup would not do: Flush may wait while a change
 	// queues a write.)

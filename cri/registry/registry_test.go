@@ -193,6 +193,15 @@ func TestSandboxWritesWaitAndCoalesce(t *testing.T) {
 	if len(onDisk) != 1 || onDisk[0].IPs[0] != "10.88.0.8" || onDisk[0].Sysctls.Verification != SysctlsRepaired {
 		t.Fatalf("checkpoint after Flush: %+v; want sandbox a with both updates", onDisk)
 	}
+	// The next background write waits WriteInterval from this one.
+	before := time.Now()
+	reg.mu.Lock()
+	reg.writeDelay = WriteDelay
+	next := reg.delayLocked(before)
+	reg.mu.Unlock()
+	if next <= WriteDelay || next > WriteInterval {
+		t.Errorf("next background write after %s, want WriteInterval (%s) from the last one", next, WriteInterval)
+	}
 
 	// A change of the DRA claims, written at once, is package manager's TestClaimChangeIsWrittenAtOnce.
 }
@@ -268,4 +277,31 @@ func TestAttachedRecordIsDurableBeforeItCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.Flush()
+}
+
+// Background writes start WriteDelay after the change that queued them, and WriteInterval at
+// least after the last one began; a delay of 0 writes at once.
+func TestWriteDelayInterval(t *testing.T) {
+	reg := NewRegistry(nil, CheckpointData{})
+	now := time.Now()
+	for _, tc := range []struct {
+		name      string
+		delay     time.Duration
+		lastWrite time.Time
+		want      time.Duration
+	}{
+		{"first write", WriteDelay, time.Time{}, WriteDelay},
+		{"right after a write", WriteDelay, now, WriteInterval},
+		{"halfway", WriteDelay, now.Add(-WriteInterval / 2), WriteInterval / 2},
+		{"long after", WriteDelay, now.Add(-time.Hour), WriteDelay},
+		{"no delay", 0, now, 0},
+	} {
+		reg.mu.Lock()
+		reg.writeDelay, reg.lastWrite = tc.delay, tc.lastWrite
+		got := reg.delayLocked(now)
+		reg.mu.Unlock()
+		if got != tc.want {
+			t.Errorf("%s: delay %s, want %s", tc.name, got, tc.want)
+		}
+	}
 }

@@ -11,6 +11,7 @@
 #                                                                       Kubernetes of test/cluster)
 #   tools          crictl v1.36.x                                      (built; README "Debugging", test/e2e)
 #                  grpcurl v1.9.x                                      (built; docs/podresources.md, test/e2e)
+#                  critest, of crictl's release                        (built; test/e2e BenchmarkCritest)
 #                  rpm, systemd, init-system-helpers                   (Debian; test/packaging)
 #                  prometheus: promtool and the server                 (Debian; deploy/monitoring, test/e2e)
 #   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
@@ -160,6 +161,20 @@ if part tools; then
 		(cd / && go mod download "sigs.k8s.io/cri-tools@$CRICTL_VERSION")
 		GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)" GOBIN="$RIG_DIR/bin" \
 			go install "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+	fi
+
+	# critest is a Go test binary (go test -c), built in a writable copy of the cri-tools module,
+	# which vendors its dependencies; its version is kept beside it, as go version -m cannot say it.
+	if [ ! -x "$RIG_DIR/bin/critest" ] || [ "$(cat "$RIG_DIR/bin/.critest-version" 2>/dev/null)" != "$CRICTL_VERSION" ]; then
+		log "building critest $CRICTL_VERSION"
+		src=$(cd / && go mod download -json "sigs.k8s.io/cri-tools@$CRICTL_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+		[ -d "$src" ] || { log "cri-tools $CRICTL_VERSION: module not downloaded"; exit 1; }
+		work=$(mktemp -d)
+		cp -r "$src" "$work/cri-tools"
+		chmod -R u+w "$work/cri-tools"
+		(cd "$work/cri-tools" && go test -c -o "$RIG_DIR/bin/critest" ./cmd/critest)
+		rm -rf "$work"
+		echo "$CRICTL_VERSION" >"$RIG_DIR/bin/.critest-version"
 	fi
 
 	if ! built_at grpcurl "$GRPCURL_VERSION"; then
