@@ -371,6 +371,8 @@ func resourcesConfig(c config.Resources) resources.Config {
 	}
 }
 
+var _ resources.Pods = (*kube.PodLookup)(nil)
+
 // resourcesOptions wire the resources feature: the pods for memory QoS (none without the
 // Kubernetes API: memory QoS is off), the CRI server's quiet, the kubelet's own memory QoS.
 func resourcesOptions(pods *kube.PodLookup, quiet func(context.Context) error, kubelet *kubeletinfo.View) []resources.Option {
