@@ -157,21 +157,3 @@ func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.C
 	}
 	return st.sandboxes, st.claims, st.intents
 }
-
-// section decodes the checkpoint data's section key into out (left as it is when absent).
-func section(t testing.TB, d registry.CheckpointData, key string, out any) {
-	t.Helper()
-	if raw, ok := d.Sections[key]; ok {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("checkpoint section %s: %v", key, err)
-		}
-	}
-}
-
-// onDiskIntents are the attach intents the checkpoint data d holds.
-func onDiskIntents(t testing.TB, d registry.CheckpointData) []attach.Intent {
-	t.Helper()
-	var out []attach.Intent
-	section(t, d, "attaching", &out)
-	return out
-}

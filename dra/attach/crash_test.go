@@ -573,4 +573,3 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 		})
 	}
 }
-

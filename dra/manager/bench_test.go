@@ -64,4 +64,3 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 		})
 	}
 }
-

@@ -289,4 +289,3 @@ func TestDRAUnprepareRetriedWhileTheDriverFails(t *testing.T) {
 		t.Errorf("claims_released_total{how=unprepared} = %v, want 1", n)
 	}
 }
-

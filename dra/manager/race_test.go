@@ -442,4 +442,3 @@ func (k *kubeletKnowsPods) KubeletKnowsPod(_ context.Context, namespace, name st
 }
 
 func (*kubeletKnowsPods) NotListening(error) bool { return false }
-
