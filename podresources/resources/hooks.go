@@ -107,6 +107,11 @@ func WithKubeletMemoryQoS(writes func() bool) Option {
 	return func(s *Hooks) { s.kubeletQoS = writes }
 }
 
+// withPageSize computes memory QoS with pages of n bytes in place of the machine's (tests).
+func withPageSize(n int64) Option {
+	return func(s *Hooks) { s.pageSize = n }
+}
+
 // New returns the hooks for a node of these cgroups, recording containers in reg and asking
 // rt for a container's cgroups path when its record has none; its metrics are registered
 // with r.

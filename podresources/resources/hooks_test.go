@@ -104,8 +104,7 @@ func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
 func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPolicy, pods ...*corev1.Pod) *Hooks {
 	t.Helper()
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy},
-		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(newFakePods(pods...)))
-	s.pageSize = 4096
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(newFakePods(pods...)), withPageSize(4096))
 	s.allocatable.Store(4 << 30)
 	return s
 }
@@ -169,8 +168,7 @@ func TestMemoryQoSOnResize(t *testing.T) {
 	pod := memoryPod("resize", corev1.PodQOSBurstable)
 	pods := newFakePods(pod)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
-		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(pods))
-	s.pageSize = 4096
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(pods), withPageSize(4096))
 	ok := func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 		return &runtimeapi.CreateContainerResponse{ContainerId: "ctr"}, nil
 	}

@@ -26,8 +26,7 @@ func TestOneMemoryQoSWriter(t *testing.T) {
 	var kubeletWrites atomic.Bool
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: kubeletconfig.NoneMemoryReservationPolicy},
 		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(),
-		WithPods(newFakePods(pod)), WithKubeletMemoryQoS(kubeletWrites.Load))
-	s.pageSize = 4096
+		WithPods(newFakePods(pod)), WithKubeletMemoryQoS(kubeletWrites.Load), withPageSize(4096))
 	s.allocatable.Store(4 << 30)
 	create := func(id string, unified map[string]string) map[string]string {
 		t.Helper()
