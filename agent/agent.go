@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -25,7 +24,6 @@ import (
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
@@ -34,31 +32,33 @@ import (
 	"github.com/podgate/podgate/sysctl"
 )
 
-// Agent is one running podgate.
+// Agent is one running podgate: what New was given, and the metrics it made. What Run builds
+// is Run's: each piece is built from the pieces it needs, in the order their types force
+// (open), and held by the proxy.
 type Agent struct {
 	cfg      *config.Configuration
-	registry *prometheus.Registry
 	version  string
-	// pods is the node's pods from the API server; nil without a kubeconfig.
-	pods *kube.PodLookup
-	// api, when set (tests), is the Kubernetes API in place of the kubeconfig's.
+	registry *prometheus.Registry
+	// api, when set (WithKubernetesAPI), is the Kubernetes API in place of the kubeconfig's.
 	api kube.API
-	// sandboxes is the pod registry, claims and intents the DRA features' sections of its
-	// checkpoint; set by Run.
-	sandboxes *registry.Registry
-	claims    *manager.Claims
-	intents   *attach.Intents
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
 	// peers says the kubelet's and the runtime's versions against the tested range.
 	peers *compat.Peers
-	// events writes pod Events; nil without the Kubernetes API.
-	events *kube.EventRecorder
+	// serving, when set (tests), is told of what Run built once it serves.
+	serving func(*proxy)
 }
 
+// Option configures an Agent.
+type Option func(*Agent)
+
+// WithKubernetesAPI has the agent use api in place of the kubeconfig's client (tests, with
+// test/kubefake): the Kubernetes API is on whatever the configuration's kubeconfig says.
+func WithKubernetesAPI(api kube.API) Option { return func(a *Agent) { a.api = api } }
+
 // New creates an agent from a validated configuration. version is reported in metrics and logs.
-func New(cfg *config.Configuration, version string) *Agent {
+func New(cfg *config.Configuration, version string, opts ...Option) *Agent {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -70,7 +70,11 @@ func New(cfg *config.Configuration, version string) *Agent {
 		Help: "Attempts to rebuild the pod registry from the runtime at start-up, by result (ok, error: the runtime did not answer; podgate retries).",
 	}, []string{"result"})
 	reg.MustRegister(buildInfo, rebuilds)
-	return &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds, peers: compat.NewPeers(reg)}
+	a := &Agent{cfg: cfg, registry: reg, version: version, rebuilt: make(chan struct{}), rebuilds: rebuilds, peers: compat.NewPeers(reg)}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
 // Run serves until ctx ends, then shuts down gracefully: it stops accepting CRI connections,
@@ -85,14 +89,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	p, services, tr, runKube, err := a.open(ctx)
+	p, services, err := a.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeAll(p.backends)
-	list := a.runnables(p, services, tr, runKube)
+	list := a.runnables(p, services)
 	running := start(ctx, cancel, list)
-	a.serving(logger)
+	a.logServing(logger)
+	if a.serving != nil {
+		a.serving(p)
+	}
 
 	<-ctx.Done()
 	cause := context.Cause(ctx)
@@ -111,40 +118,42 @@ func (a *Agent) Run(ctx context.Context) error {
 	return cause
 }
 
-// open does start-up up to serving: the checkpoint, the Kubernetes API, tracing, the CRI
-// server with every feature, and the listeners, in the order Run's doc gives.
-func (a *Agent) open(ctx context.Context) (*proxy, []service, *tracing.Tracing, func(context.Context), error) {
-	if err := a.openRegistry(klog.FromContext(ctx)); err != nil {
-		return nil, nil, nil, nil, err
-	}
-	runKube, err := a.startKube(ctx)
+// open does start-up up to serving, in the order Run's doc gives and the types force: the
+// state on disk and the Kubernetes API (each on its own), the pod Events (from the API), then
+// the CRI server with every feature (from all three and tracing), then the listeners.
+func (a *Agent) open(ctx context.Context) (*proxy, []service, error) {
+	st, err := a.openState(klog.FromContext(ctx))
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
-	a.startEvents(ctx)
+	pods, err := a.newKube(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	events := a.newEvents(ctx, pods)
 	tr, err := tracing.New(ctx, a.cfg.Tracing, a.version, a.cfg.NodeName)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
-	p, err := a.buildProxy(ctx, tr)
+	p, err := a.buildProxy(ctx, st, pods, events, tr)
 	if err != nil {
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
 	services, err := a.openServices(ctx, p)
 	if err != nil {
 		closeAll(p.backends)
-		return nil, nil, nil, nil, err
+		return nil, nil, err
 	}
 	if p.resources.MemoryQoS() {
 		p.resources.ResolveAllocatable(ctx, p.kubelet.Get().Config, nil) // read once, by the kubelet view
 	}
-	return p, services, tr, runKube, nil
+	return p, services, nil
 }
 
 // runnables is everything podgate runs, in the order it starts and stops: the servers (the
 // CRI socket first, so that it stops taking calls first, and right after it the work its last
 // calls started), then the loops. Releases run in the same order once every run has returned.
-func (a *Agent) runnables(p *proxy, services []service, tr *tracing.Tracing, runKube func(context.Context)) []runnable {
+func (a *Agent) runnables(p *proxy, services []service) []runnable {
 	var list []runnable
 	for _, s := range services {
 		list = append(list, s.runnable())
@@ -154,46 +163,33 @@ func (a *Agent) runnables(p *proxy, services []service, tr *tracing.Tracing, run
 			list = append(list, runnable{name: "last calls' work", stop: waitAll(p.core.Wait, p.sysctls.Wait, p.resources.Wait)})
 		}
 	}
+	sandboxes := p.state.sandboxes
+	list = append(list, runnable{name: "tracing", release: p.tracing.Shutdown})
+	if pods := p.pods; pods != nil {
+		list = append(list, runnable{name: "kubernetes", run: loop(func(ctx context.Context) { runKube(ctx, pods) }),
+			release: func(context.Context) error { pods.WaitFetches(); return nil }})
+	}
 	list = append(list,
-		runnable{name: "tracing", release: tr.Shutdown},
-		runnable{name: "kubernetes", run: loop(runKube), release: a.waitFetches},
-		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, p.runtime) }),
-			release: func(context.Context) error { a.sandboxes.Flush(); return nil }},
+		runnable{name: "registry", run: loop(func(ctx context.Context) { a.rebuildRegistry(ctx, sandboxes, p.runtime) }),
+			release: func(context.Context) error { sandboxes.Flush(); return nil }},
 		runnable{name: "runtime version", run: loop(func(ctx context.Context) { a.peers.ReadRuntime(ctx, p.runtime, rebuildBackoff) })},
 		runnable{name: "image pulls", run: loop(p.pulls.Run), release: func(context.Context) error { p.pulls.Close(); return nil }},
 		runnable{name: "resources", run: loop(p.resources.Run)},
 	)
-	if a.events != nil {
-		list = append(list, runnable{name: "pod events", run: loop(a.events.Run)})
+	if p.events != nil {
+		list = append(list, runnable{name: "pod events", run: loop(p.events.Run)})
 	}
-	if a.pods != nil {
+	if p.pods != nil {
 		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { a.readNode(ctx, p) })})
 	}
-	if p.drivers != nil {
-		list = append(list,
-			runnable{name: "dra drivers", run: func(ctx context.Context) error {
-				if err := p.drivers.Run(ctx); err != nil {
-					return fmt.Errorf("dra: %w", err)
-				}
-				return nil
-			}, release: func(context.Context) error { return p.drivers.Close() }},
-			runnable{name: "dra", run: loop(p.dra.Run)},
-			runnable{name: "dra host interfaces", run: loop(p.hostIfs.Run)},
-		)
+	if p.dra != nil {
+		list = append(list, p.dra.runnables()...)
 	}
 	return list
 }
 
-// waitFetches waits for the pod fetches the last CRI calls started.
-func (a *Agent) waitFetches(context.Context) error {
-	if a.pods != nil {
-		a.pods.WaitFetches()
-	}
-	return nil
-}
-
-// serving says podgate serves, in the log and to systemd.
-func (a *Agent) serving(logger klog.Logger) {
+// logServing says podgate serves, in the log and to systemd.
+func (a *Agent) logServing(logger klog.Logger) {
 	logger.Info("podgate serving CRI", "version", a.version, "socket", a.cfg.CRISocket,
 		"runtimeEndpoint", a.cfg.RuntimeEndpoint, "imageEndpoint", a.cfg.ImageBackend(),
 		"metricsAddress", *a.cfg.MetricsAddress, "stateDir", a.cfg.StateDir)
@@ -206,131 +202,165 @@ func (a *Agent) serving(logger klog.Logger) {
 	}
 }
 
-// openRegistry reads the pod registry's checkpoint from stateDir. A damaged checkpoint stops
-// start-up: podgate never starts from a silently emptied registry.
-func (a *Agent) openRegistry(logger klog.Logger) error {
+// state is podgate's state on disk: the pod registry and the DRA features' sections of its
+// checkpoint (the claims, the attach intents).
+type state struct {
+	sandboxes *registry.Registry
+	claims    *manager.Claims
+	intents   *attach.Intents
+}
+
+// openState reads the pod registry's checkpoint from stateDir, its write errors counted and
+// logged. A damaged checkpoint stops start-up: podgate never starts from a silently emptied
+// registry.
+func (a *Agent) openState(logger klog.Logger) (*state, error) {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("stateDir: %w", err)
+		return nil, fmt.Errorf("stateDir: %w", err)
 	}
-	var err error
-	a.sandboxes, a.claims, a.intents, err = openState(registry.NewCheckpoint(a.cfg.StateDir))
+	st, err := readState(registry.NewCheckpoint(a.cfg.StateDir))
 	if err != nil {
-		return fmt.Errorf("stateDir: %w", err)
+		return nil, fmt.Errorf("stateDir: %w", err)
 	}
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "podgate", Subsystem: "registry", Name: "checkpoint_write_errors_total",
 		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",
 	})
 	a.registry.MustRegister(writeErrors)
-	a.sandboxes.OnWriteError(func(err error) {
+	st.sandboxes.OnWriteError(func(err error) {
 		writeErrors.Inc()
 		logger.Error(err, "Write the pod registry's checkpoint")
 	})
-	return nil
+	return st, nil
 }
 
-// openState reads the checkpoint cp into the pod registry and the DRA features' sections of it
+// readState reads the checkpoint cp into the pod registry and the DRA features' sections of it
 // (the claims, the attach intents), each registered before anything changes the registry: a
 // record the rebuild from the runtime drops leaves its attached devices as intents, and the
 // PodResources service shows the pods' claims from the start.
-func openState(cp *registry.Checkpoint) (*registry.Registry, *manager.Claims, *attach.Intents, error) {
+func readState(cp *registry.Checkpoint) (*state, error) {
 	d, err := cp.ReadAll()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	reg := registry.NewRegistry(cp, d)
 	claims, err := manager.NewClaims(reg)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	intents, err := attach.NewIntents(reg)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	return reg, claims, intents, nil
+	return &state{sandboxes: reg, claims: claims, intents: intents}, nil
 }
 
-// proxy is the CRI server and what it was built from.
+// proxy is the CRI server, every feature, and what they were built from; buildProxy makes it
+// whole.
 type proxy struct {
+	// What the proxy was built from: the state on disk, the Kubernetes API's pods and the pod
+	// Events (each nil without the API), tracing.
+	state   *state
+	pods    *kube.PodLookup
+	events  *kube.EventRecorder
+	tracing *tracing.Tracing
+
 	server   *cri.Server
 	backends []*cri.Backend
 	runtime  runtimeapi.RuntimeServiceClient
-	sysctls  *sysctl.Stages
+	// kubelet is the node's kubelet, from which each feature's share of the work is decided.
+	kubelet *kubeletinfo.View
+
+	sysctls *sysctl.Stages
 	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
 	core     *pipeline.Core
 	pipeline *pipeline.Runner
-	// dra prepares pods' DRA claims, attach moves their network devices into the pods.
-	dra    *manager.Manager
-	attach *attach.Attacher
-	// drivers finds the node's DRA drivers, hostIfs their network devices' host interfaces;
-	// nil when DRA is off.
-	drivers *dra.Drivers
-	hostIfs *dra.HostInterfaces
-	// podResources is podgate's PodResources server once open, which dra.prepare auto asks
-	// whether the kubelet manages a pod.
-	podResources atomic.Pointer[podresources.Server]
+	// dra is the DRA feature; nil when it is off (no Kubernetes API).
+	dra *draFeature
 	// pulls is the image-pull feature: PullImage's hook, the pulls' progress and Events.
 	pulls *imagepull.Feature
 	// resources: memory QoS and cgroup verification of containers.
 	resources *resources.Hooks
-	// kubelet is the node's kubelet, from which each feature's share of the work is decided.
-	kubelet *kubeletinfo.View
+	// podResources is podgate's PodResources server, listening once openServices opened its
+	// socket; nil when podResources.socket is "".
+	podResources *podresources.Server
 }
 
 // cgroupProcs lists the processes of a cgroup, for the sysctl verification's pause process
 // lookup (cgroup.Procs; tests replace it).
 var cgroupProcs = cgroup.Procs
 
-// buildProxy connects the backends and creates the CRI server with the sandbox pipeline and
-// podgate's other interceptors.
-func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, error) {
+// buildProxy connects the backends and builds the CRI server with the sandbox pipeline and
+// podgate's other interceptors, from the state on disk, the Kubernetes API's pods and the
+// pod Events (nil without the API).
+func (a *Agent) buildProxy(ctx context.Context, st *state, pods *kube.PodLookup, events *kube.EventRecorder, tr *tracing.Tracing) (_ *proxy, err error) {
+	logger := klog.FromContext(ctx)
 	metrics := cri.NewMetrics(a.registry)
+	backends, err := a.connectBackends(ctx, metrics, tr)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			closeAll(backends)
+		}
+	}()
+	node := cgroup.Detect()
+	kubelet := newKubeletView(logger, a.cfg.Resources.KubeletConfig, node)
+	kubeletDefaults, _ := kubelet.Get().DefaultPodSysctls()
+	policy, err := sysctlPolicy(&a.cfg.Sysctls, kubeletDefaults)
+	if err != nil {
+		return nil, err
+	}
+	server := cri.NewServer(backends[0], backends[len(backends)-1], append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(logger),
+		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
+	runtime := server.RuntimeClient()
+	sysctls := sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), st.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
+	core := pipeline.NewCore(st.sandboxes, runtime, pipeline.Quiet(server))
+	res := resources.New(resourcesConfig(a.cfg.Resources), node, st.sandboxes, runtime, a.registry,
+		resourcesOptions(pods, pipeline.Quiet(server), kubelet)...)
+	pulls, err := a.newImagePulls(ctx, pods, events, kubelet)
+	if err != nil {
+		return nil, err
+	}
+	podRes, err := a.newPodResources(ctx, st, pods, pulls, res)
+	if err != nil {
+		return nil, err
+	}
+	draF := a.newDRA(ctx, st, pods, runtime, podRes)
+	var runnerOpts []pipeline.RunnerOption
+	if events != nil {
+		runnerOpts = append(runnerOpts, pipeline.WithEvents(sandboxEvents(events), a.cfg.Events.SandboxHeldAfter.Duration))
+	}
+	p := &proxy{
+		state: st, pods: pods, events: events, tracing: tr,
+		server: server, backends: backends, runtime: runtime, kubelet: kubelet,
+		sysctls: sysctls, core: core, dra: draF, pulls: pulls, resources: res, podResources: podRes,
+		pipeline: pipeline.NewRunner(sandboxStages(core, sysctls, draF, res), st.sandboxes, a.registry, runnerOpts...),
+	}
+	res.LogNode(logger)
+	logKubeletDecisions(ctx, kubelet.Get(), a.cfg, res.MemoryQoS())
+	p.register()
+	return p, nil
+}
+
+// connectBackends connects the runtime's endpoint and, when it is another, the image
+// service's: the runtime first, the image service last (the same one when they are one).
+func (a *Agent) connectBackends(ctx context.Context, metrics *cri.Metrics, tr *tracing.Tracing) ([]*cri.Backend, error) {
 	runtime, err := cri.NewBackend(ctx, "runtime", a.cfg.RuntimeEndpoint,
 		append(tr.BackendOptions(), cri.WithStateFunc(metrics.BackendState("runtime", a.cfg.RuntimeEndpoint)))...)
 	if err != nil {
 		return nil, fmt.Errorf("runtimeEndpoint: %w", err)
 	}
-	p := &proxy{backends: []*cri.Backend{runtime}}
-	image := runtime
-	if a.cfg.ImageEndpoint != "" && a.cfg.ImageEndpoint != a.cfg.RuntimeEndpoint {
-		image, err = cri.NewBackend(ctx, "image", a.cfg.ImageEndpoint,
-			append(tr.BackendOptions(), cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))...)
-		if err != nil {
-			closeAll(p.backends)
-			return nil, fmt.Errorf("imageEndpoint: %w", err)
-		}
-		p.backends = append(p.backends, image)
+	if a.cfg.ImageEndpoint == "" || a.cfg.ImageEndpoint == a.cfg.RuntimeEndpoint {
+		return []*cri.Backend{runtime}, nil
 	}
-	node := cgroup.Detect()
-	p.kubelet = newKubeletView(klog.FromContext(ctx), a.cfg.Resources.KubeletConfig, node)
-	kubeletDefaults, _ := p.kubelet.Get().DefaultPodSysctls()
-	policy, err := sysctlPolicy(&a.cfg.Sysctls, kubeletDefaults)
+	image, err := cri.NewBackend(ctx, "image", a.cfg.ImageEndpoint,
+		append(tr.BackendOptions(), cri.WithStateFunc(metrics.BackendState("image", a.cfg.ImageEndpoint)))...)
 	if err != nil {
-		closeAll(p.backends)
-		return nil, err
+		closeAll([]*cri.Backend{runtime})
+		return nil, fmt.Errorf("imageEndpoint: %w", err)
 	}
-	p.server = cri.NewServer(runtime, image, append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)),
-		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
-	p.runtime = p.server.RuntimeClient()
-	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
-	a.buildDRA(ctx, p)
-	p.core = pipeline.NewCore(a.sandboxes, p.runtime, pipeline.Quiet(p.server))
-	var opts []pipeline.RunnerOption
-	if a.events != nil {
-		opts = append(opts, pipeline.WithEvents(sandboxEvents(a.events), a.cfg.Events.SandboxHeldAfter.Duration))
-	}
-	p.resources = resources.New(resourcesConfig(a.cfg.Resources), node, a.sandboxes, p.runtime, a.registry,
-		resources.WithPods(a.pods), resources.WithQuiet(pipeline.Quiet(p.server)),
-		resources.WithKubeletMemoryQoS(p.kubelet.WritesMemoryQoS))
-	p.pipeline = pipeline.NewRunner(sandboxStages(p.core, p.sysctls, p.dra, p.attach, p.resources), a.sandboxes, a.registry, opts...)
-	p.resources.LogNode(klog.FromContext(ctx))
-	logKubeletDecisions(ctx, p.kubelet.Get(), a.cfg, p.resources.MemoryQoS())
-	if err := a.newImagePulls(ctx, p); err != nil {
-		closeAll(p.backends)
-		return nil, err
-	}
-	p.register()
-	return p, nil
+	return []*cri.Backend{runtime, image}, nil
 }
 
 // resourcesConfig is the resources feature's part of the configuration.
@@ -341,57 +371,16 @@ func resourcesConfig(c config.Resources) resources.Config {
 	}
 }
 
-// buildDRA sets up the DRA stages: on with the Kubernetes API, off (saying so once) without.
-func (a *Agent) buildDRA(ctx context.Context, p *proxy) {
-	if a.pods == nil {
-		p.dra, p.attach = manager.Off("no kubeconfig"), attach.Off()
-		klog.FromContext(ctx).Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
-		return
-	}
-	p.drivers = dra.NewDrivers(
-		dra.WithPluginRegistryDir(a.cfg.DRA.PluginRegistryDir),
-		dra.WithCallTimeout(a.cfg.DRA.CallTimeout.Duration),
-		dra.WithDriverNames(a.cfg.DRA.Drivers...),
-		dra.WithRegisterer(a.registry))
-	resolver := dra.NewClaimResolver(a.pods.Client(), a.cfg.DRA.Drivers)
-	p.hostIfs = dra.NewHostInterfaces(a.pods.Client(), a.pods.NodeName(), a.cfg.DRA.InterfaceNameAttribute)
-	var attachOpts []attach.Option
-	if len(a.cfg.DRA.Attach) > 0 {
-		attachOpts = append(attachOpts, attach.WithDevices(a.cfg.DRA.Attach, p.hostIfs, resolver, a.registry))
-		if a.cfg.DRA.PublishNetworkData {
-			attachOpts = append(attachOpts, attach.WithPublisher(a.pods.Client()))
-		}
-	}
-	p.attach = attach.New(a.sandboxes, a.intents, attachOpts...)
-	p.dra = manager.New(a.pods, p.drivers, resolver, a.claims, a.sandboxes, p.runtime, a.registry,
-		manager.WithPrepare(a.cfg.DRA.Prepare),
-		manager.WithKubelet(p.kubeletPods), // with auto: the kubelet, through the PodResources socket
-		manager.WithSettle(a.rebuilt, p.attach),
-		manager.WithHostInterfaces(p.hostIfs))
-	klog.FromContext(ctx).Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", a.cfg.DRA.Prepare,
-		"pluginRegistryDir", a.cfg.DRA.PluginRegistryDir, "drivers", a.cfg.DRA.Drivers)
-	warnAutoBlind(klog.FromContext(ctx), a.cfg)
-}
+var _ resources.Pods = (*kube.PodLookup)(nil)
 
-// warnAutoBlind warns when dra.prepare auto has no kubelet to ask whether it manages a pod:
-// auto asks the kubelet's PodResources socket through podgate's own PodResources service, and
-// without either it prepares every pod's claims itself, beside a kubelet ≥ 1.34 that prepares
-// them too: each claim is prepared twice, silently.
-func warnAutoBlind(logger klog.Logger, cfg *config.Configuration) {
-	if cfg.DRA.Prepare != config.PrepareAuto {
-		return
+// resourcesOptions wire the resources feature: the pods for memory QoS (none without the
+// Kubernetes API: memory QoS is off), the CRI server's quiet, the kubelet's own memory QoS.
+func resourcesOptions(pods *kube.PodLookup, quiet func(context.Context) error, kubelet *kubeletinfo.View) []resources.Option {
+	opts := []resources.Option{resources.WithQuiet(quiet), resources.WithKubeletMemoryQoS(kubelet.WritesMemoryQoS)}
+	if pods != nil {
+		opts = append(opts, resources.WithPods(pods))
 	}
-	var off string
-	switch {
-	case !cfg.PodResources.Enabled():
-		off = "podResources.socket"
-	case cfg.PodResources.KubeletSocket == nil || *cfg.PodResources.KubeletSocket == "":
-		off = "podResources.kubeletSocket"
-	default:
-		return
-	}
-	logger.Error(nil, "dra.prepare auto cannot ask the kubelet whether it prepared a pod's claims: podgate prepares every pod's claims itself, and beside a kubelet 1.34 or later, which prepares them too, each claim is prepared twice. Set "+off+", or dra.prepare never beside such a kubelet",
-		"off", off, "prepare", cfg.DRA.Prepare)
+	return opts
 }
 
 // readNode reads this node's Node object once — one GET at start-up, retried with a backoff
@@ -402,11 +391,9 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	logger := klog.FromContext(ctx)
 	var node *corev1.Node
 	err := wait.ExponentialBackoffWithContext(ctx, rebuildBackoff, func(ctx context.Context) (bool, error) {
-		gctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
-		defer cancel()
-		n, err := a.pods.Client().GetNode(gctx, a.pods.NodeName())
+		n, err := p.pods.Node(ctx)
 		if err != nil {
-			logger.V(1).Info("Node not read yet", "node", a.pods.NodeName(), "err", err)
+			logger.V(1).Info("Node not read yet", "node", p.pods.NodeName(), "err", err)
 			return false, nil
 		}
 		node = n
@@ -420,13 +407,10 @@ func (a *Agent) readNode(ctx context.Context, p *proxy) {
 	if p.resources.MemoryQoS() && p.kubelet.Get().Config == nil { // no kubelet configuration read: the Node is better than MemTotal
 		p.resources.ResolveAllocatable(ctx, nil, node)
 	}
-	if p.drivers != nil {
-		p.dra.SetKubeletVersion(ctx, node)
+	if p.dra != nil {
+		p.dra.manager.SetKubeletVersion(ctx, node)
 	}
 }
-
-// nodeGetTimeout bounds one GET of the Node: one small object.
-const nodeGetTimeout = 10 * time.Second
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a
 // symlink, a bind mount): every call would be forwarded to podgate again, without end.

@@ -1,6 +1,13 @@
 // Package agent is podgate's composition root: it builds the pieces from a validated
 // configuration (agent/config), wires each intercepted CRI method's stages in a written order
 // (pipeline.go for the pod sandbox, methods.go for the other methods), owns start-up, the
-// metrics and health server, and graceful shutdown. The pod registry (agent/registry) and the
-// Kubernetes API access (agent/kube) are its sub-packages; no package imports agent.
+// metrics and health server, and graceful shutdown. Its sub-packages are the adapters features
+// never import (agent/kube, the Kubernetes API) and the leaves it hands features values from
+// (agent/config, agent/kubeletinfo); nothing outside agent and cmd imports it.
+//
+// Start-up builds each piece once, complete, from the values the pieces before it return, so
+// that the order is the one the types allow: the state on disk (openState) and the Kubernetes
+// API (newKube, nil without it), then the pod Events (newEvents, from the API), then the proxy
+// with every feature (buildProxy, from all three), then the listeners (openServices). A feature
+// that is off is not built: it adds no stage, no hook and no runnable.
 package agent

@@ -10,23 +10,24 @@ import (
 	"github.com/podgate/podgate/cri/registry"
 )
 
-// startEvents creates the pod Event recorder when podgate has the Kubernetes API (Events are
-// off without it) and a client that writes Events. Run runs it.
-func (a *Agent) startEvents(ctx context.Context) {
+// newEvents creates the pod Event recorder when podgate has the Kubernetes API (pods; Events
+// are off without it) and a client that writes Events; nil otherwise. Run runs it.
+func (a *Agent) newEvents(ctx context.Context, pods *kube.PodLookup) *kube.EventRecorder {
 	logger := klog.FromContext(ctx)
-	if a.pods == nil {
+	if pods == nil {
 		logger.Info("Pod Events off: no kubeconfig")
-		return
+		return nil
 	}
-	w, ok := a.pods.Client().(kube.EventWriter)
+	w, ok := pods.Client().(kube.EventWriter)
 	if !ok {
 		logger.Info("Pod Events off: the Kubernetes client cannot write Events")
-		return
+		return nil
 	}
-	a.events = kube.NewEventRecorder(w, a.pods.NodeName(),
+	events := kube.NewEventRecorder(w, pods.NodeName(),
 		kube.WithEventRate(a.cfg.Events.QPS, a.cfg.Events.Burst), kube.WithEventMetrics(a.registry))
-	logger.Info("Pod Events on", "reportingController", kube.ReportingController, "reportingInstance", a.pods.NodeName(),
+	logger.Info("Pod Events on", "reportingController", kube.ReportingController, "reportingInstance", pods.NodeName(),
 		"qps", a.cfg.Events.QPS, "burst", a.cfg.Events.Burst)
+	return events
 }
 
 // sandboxEvents adapts the recorder to the pipeline's EventFunc.

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,12 +50,45 @@ func sameJSON(t *testing.T, a, b any) bool {
 	return bytes.Equal(ja, jb)
 }
 
+// agentProxies holds, for each agent newAgent made, what its Run built once it serves.
+var agentProxies sync.Map // *Agent → func() *proxy
+
+// newAgent is New with a hook that keeps what Run builds, for the test to look into (proxyOf).
+func newAgent(t testing.TB, cfg *config.Configuration, opts ...Option) *Agent {
+	t.Helper()
+	served := make(chan *proxy, 1)
+	keep := func(a *Agent) { a.serving = func(p *proxy) { served <- p } }
+	a := New(cfg, "test", append(opts, keep)...)
+	agentProxies.Store(a, sync.OnceValue(func() *proxy {
+		select {
+		case p := <-served:
+			return p
+		case <-time.After(30 * time.Second):
+			return nil
+		}
+	}))
+	return a
+}
+
+// proxyOf returns what the Run of a, made by newAgent, built; it waits until a serves.
+func proxyOf(t testing.TB, a *Agent) *proxy {
+	t.Helper()
+	get, ok := agentProxies.Load(a)
+	if !ok {
+		t.Fatal("proxyOf: the agent was not made by newAgent")
+	}
+	p := get.(func() *proxy)()
+	if p == nil {
+		t.Fatal("the agent did not serve within 30s")
+	}
+	return p
+}
+
 // runAgentWithAPI runs an agent of cfg on the fake API server client until the test ends, and
 // waits for its pod informer's sync.
 func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clientset) *Agent {
 	t.Helper()
-	a := New(cfg, "test")
-	a.api = kubefake.Wrap(client)
+	a := newAgent(t, cfg, WithKubernetesAPI(kubefake.Wrap(client)))
 	stop := runAgentOf(t, a)
 	t.Cleanup(func() {
 		if err := stop(); err != nil {
@@ -102,7 +136,7 @@ func forgetPodClaims(t testing.TB, store *manager.Claims, uid types.UID) {
 	}
 }
 
-// memoryState is a registry in memory only with its claim store, as openState builds them.
+// memoryState is a registry in memory only with its claim store, as readState builds them.
 func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
 	t.Helper()
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
@@ -117,27 +151,9 @@ func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
 // reads it.
 func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.Claims, *attach.Intents) {
 	t.Helper()
-	reg, claims, intents, err := openState(registry.NewCheckpoint(stateDir))
+	st, err := readState(registry.NewCheckpoint(stateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reg, claims, intents
-}
-
-// section decodes the checkpoint data's section key into out (left as it is when absent).
-func section(t testing.TB, d registry.CheckpointData, key string, out any) {
-	t.Helper()
-	if raw, ok := d.Sections[key]; ok {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("checkpoint section %s: %v", key, err)
-		}
-	}
-}
-
-// onDiskIntents are the attach intents the checkpoint data d holds.
-func onDiskIntents(t testing.TB, d registry.CheckpointData) []attach.Intent {
-	t.Helper()
-	var out []attach.Intent
-	section(t, d, "attaching", &out)
-	return out
+	return st.sandboxes, st.claims, st.intents
 }

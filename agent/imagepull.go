@@ -5,36 +5,32 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/kubeletinfo"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/podresources"
 )
 
 var _ podresources.PullLister = (*imagepull.Feature)(nil)
 
-// newImagePulls wires the image-pull feature (cri/imagepull): the pod informer when podgate
-// has the Kubernetes API, the pod Events when it can write them, containerd's content store
-// unless imagePulls.containerdAddress is "", and the kubelet's own cap when its configuration
-// was read.
-func (a *Agent) newImagePulls(ctx context.Context, p *proxy) error {
+// newImagePulls builds the image-pull feature (cri/imagepull): with the node's pods when
+// podgate has the Kubernetes API, the pod Events when it can write them (each nil otherwise),
+// containerd's content store unless imagePulls.containerdAddress is "", and the kubelet's own
+// cap when its configuration was read.
+func (a *Agent) newImagePulls(ctx context.Context, pods *kube.PodLookup, events *kube.EventRecorder, kubelet *kubeletinfo.View) (*imagepull.Feature, error) {
 	cfg := a.cfg.ImagePulls
 	opts := []imagepull.FeatureOption{imagepull.WithProgress(a.cfg.ContainerdSocket(), cfg.ContainerdNamespace)}
-	if a.pods != nil {
-		opts = append(opts, imagepull.WithPods(a.pods))
+	if pods != nil {
+		opts = append(opts, imagepull.WithPods(pods))
 	}
-	if a.events != nil {
-		opts = append(opts, imagepull.WithEvents(pullEventSink{a.events},
+	if events != nil {
+		opts = append(opts, imagepull.WithEvents(pullEventSink{events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
 	opts = append(opts, imagepull.WithStall(cfg.Stall.Rule()))
-	if n, known, _ := p.kubelet.Get().PullCap(); known { // the kubelet's own cap, from its configuration
+	if n, known, _ := kubelet.Get().PullCap(); known { // the kubelet's own cap, from its configuration
 		opts = append(opts, imagepull.WithKubeletCap(n))
 	}
-	f, err := imagepull.NewFeature(ctx, pullLimits(&cfg), sandboxPriority(&cfg), a.registry, opts...)
-	if err != nil {
-		return err
-	}
-	p.pulls = f
-	return nil
+	return imagepull.NewFeature(ctx, pullLimits(&cfg), sandboxPriority(&cfg), a.registry, opts...)
 }
 
 // pullLimits returns the governor's caps, registry hosts normalised. The section is valid

@@ -13,12 +13,11 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 )
 
-// startKube creates the pod lookup when the Kubernetes API is configured (a kubeconfig, or a
-// client a test gave); without it, it says once what is off. It returns what Run must run
-// until ctx ends (nil without the API): the informer, and a line in the log once it synced.
-// Start-up does not wait for the sync, so that podgate serves CRI while the API server is
-// unreachable.
-func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err error) {
+// newKube creates the lookup of the node's pods when the Kubernetes API is configured (a
+// kubeconfig, or WithKubernetesAPI); without it, it says once what is off and returns nil.
+// runKube runs it. Start-up does not wait for its sync, so that podgate serves CRI while the
+// API server is unreachable.
+func (a *Agent) newKube(ctx context.Context) (*kube.PodLookup, error) {
 	logger := klog.FromContext(ctx)
 	if a.cfg.Kubeconfig == "" && a.api == nil {
 		logger.Info("Kubernetes API access off: no kubeconfig; image pulls are not cancelled when their pod is deleted, and pull priority comes from the sandbox config",
@@ -35,6 +34,7 @@ func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err e
 	}
 	api := a.api
 	if api == nil {
+		var err error
 		if api, err = kube.NewClient(a.cfg.Kubeconfig, kube.WithRateLimit(*a.cfg.KubeAPIQPS, int(*a.cfg.KubeAPIBurst))); err != nil {
 			return nil, err
 		}
@@ -43,14 +43,16 @@ func (a *Agent) startKube(ctx context.Context) (run func(context.Context), err e
 	if err != nil {
 		return nil, err
 	}
-	a.pods = pods
 	logger.Info("Kubernetes API access on", "kubeconfig", a.cfg.Kubeconfig, "node", node)
-	return func(ctx context.Context) {
-		var wg sync.WaitGroup
-		wg.Go(func() { pods.Run(ctx) })
-		if cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
-			logger.Info("Pod informer synced", "node", node)
-		}
-		wg.Wait()
-	}, nil
+	return pods, nil
+}
+
+// runKube runs the pod lookup until ctx ends, with a line in the log once it synced.
+func runKube(ctx context.Context, pods *kube.PodLookup) {
+	var wg sync.WaitGroup
+	wg.Go(func() { pods.Run(ctx) })
+	if cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
+		klog.FromContext(ctx).Info("Pod informer synced", "node", pods.NodeName())
+	}
+	wg.Wait()
 }

@@ -16,6 +16,9 @@ import (
 
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/dratest/rig"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 )
 
@@ -43,7 +46,12 @@ func TestPipelineEvents(t *testing.T) {
 			}
 		}
 	}
-	r := newPipelineRigWith(t, rigOptions{change: change, runner: []pipeline.RunnerOption{pipeline.WithEvents(sandboxEvents(rec), 50*time.Millisecond)}})
+	// DRA on, its prepare stage the one that holds and refuses the sandbox.
+	withDRA := func(r *pipelineRig) (*manager.Manager, *attach.Attacher) {
+		m := manager.New(rig.NewPods(fake.NewClientset()), nil, nil, r.claimStore, r.registry, r.runtimeClient, r.metrics)
+		return m, attach.New(r.registry, r.intents, r.metrics)
+	}
+	r := newPipelineRigWith(t, rigOptions{change: change, dra: withDRA, runner: []pipeline.RunnerOption{pipeline.WithEvents(sandboxEvents(rec), 50*time.Millisecond)}})
 	_, err := r.run(t, "held")
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("RunPodSandbox = %v, want Unavailable", err)

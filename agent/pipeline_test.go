@@ -137,12 +137,13 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	}
 	sys := sysctl.NewStages(policy, sysctl.VerifyMode(verify), r.registry, r.metrics, sysctl.WithCgroupProcs(cgroupProcs))
 	r.sys = sys
-	d, at := manager.Off("test"), attach.Off()
+	var d *draFeature // DRA off, unless o.dra
 	if o.dra != nil {
-		d, at = o.dra(r)
+		m, at := o.dra(r)
+		d = &draFeature{manager: m, attach: at}
 	}
 	r.core = pipeline.NewCore(r.registry, r.runtimeClient, pipeline.Quiet(srv))
-	stages := sandboxStages(r.core, sys, d, at, testResources(r.registry))
+	stages := sandboxStages(r.core, sys, d, testResources(r.registry))
 	if o.change != nil {
 		o.change(stages)
 	}

@@ -191,13 +191,17 @@ func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes [
 	return registry.AttachedDevice{}, false
 }
 
-// openPodResources takes the PodResources socket.
-func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error) {
+// newPodResources builds podgate's PodResources server, its watches told of every change of
+// the registry; it does not listen yet (openPodResources). nil when podResources.socket is "".
+func (a *Agent) newPodResources(ctx context.Context, st *state, pods *kube.PodLookup, pulls *imagepull.Feature, res *resources.Hooks) (*podresources.Server, error) {
 	cfg := a.cfg.PodResources
+	if !cfg.Enabled() {
+		return nil, nil
+	}
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
-		Pulls:         p.pulls,
+		Source:        &podResourcesSource{registry: st.sandboxes, pulls: pulls, pods: pods, resources: res},
+		Pulls:         pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,
@@ -212,14 +216,19 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		Logger:     klog.FromContext(ctx),
 	})
 	if err != nil {
-		return service{}, err
+		return nil, err
 	}
+	publishChanges(st.sandboxes, b)
+	return s, nil
+}
+
+// openPodResources takes the PodResources socket for s.
+func (a *Agent) openPodResources(ctx context.Context, s *podresources.Server) (service, error) {
+	cfg := a.cfg.PodResources
 	l, err := cri.Listen(*cfg.Socket, cri.SocketOptions{Mode: 0o660, Group: cfg.SocketGroup})
 	if err != nil {
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
-	publishChanges(a.sandboxes, b)
-	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
 		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout,
 		"perProcess", fmt.Sprintf("%d connections, %d calls, %d watches", cfg.MaxConnectionsPerProcess, cfg.MaxStreamsPerProcess, cfg.MaxWatchesPerProcess),
@@ -234,15 +243,6 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		},
 		close: func() { l.Close() },
 	}, nil
-}
-
-// kubeletPods is the kubelet as dra.prepare auto asks it whether it manages a pod: through
-// podgate's PodResources server, within the kubelet's rate limit; nil until that is open.
-func (p *proxy) kubeletPods() manager.KubeletPods {
-	if s := p.podResources.Load(); s != nil {
-		return kubeletAsker{s}
-	}
-	return nil
 }
 
 // kubeletAsker is podgate's PodResources server as the DRA manager asks the kubelet.

@@ -15,7 +15,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -150,7 +149,7 @@ func TestPodResourcesThroughTheAgent(t *testing.T) {
 	dir := testfs.ShortDir(t)
 	_, backend := startFakeRuntime(t, dir)
 	cfg := testConfig(dir, backend)
-	a := New(cfg, "test")
+	a := newAgent(t, cfg)
 	stop := runAgentOf(t, a)
 	defer func() {
 		if err := stop(); err != nil {
@@ -158,7 +157,7 @@ func TestPodResourcesThroughTheAgent(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	recordPodClaims(t, a.claims, webClaims(true))
+	recordPodClaims(t, proxyOf(t, a).state.claims, webClaims(true))
 
 	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -188,19 +187,4 @@ func waitGet(t *testing.T, c pb.PodResourcesClient, ns, name string) (*pb.GetRes
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	return c.Get(ctx, &pb.GetRequest{PodName: name, PodNamespace: ns}, grpc.WaitForReady(true))
-}
-
-// TestKubeletPodsFollowsThePodResourcesServer: dra.prepare auto's kubelet is the PodResources
-// server once it is open, and none before (podgate then prepares every pod's claims itself).
-func TestKubeletPodsFollowsThePodResourcesServer(t *testing.T) {
-	var p proxy
-	if k := p.kubeletPods(); k != nil {
-		t.Fatalf("kubeletPods before the server opened = %#v, want nil", k)
-	}
-	s := &podresources.Server{}
-	p.podResources.Store(s)
-	k, ok := p.kubeletPods().(kubeletAsker)
-	if !ok || k.Server != s {
-		t.Fatalf("kubeletPods after the server opened = %#v, want the server", p.kubeletPods())
-	}
 }

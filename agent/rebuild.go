@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri/registry"
 )
 
 // rebuildBackoff spaces the attempts while the runtime is unreachable (podgate may start
@@ -17,12 +19,12 @@ var rebuildBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, C
 // rebuildRegistry makes the pod registry match the runtime: it runs once at start-up, in the
 // background so that podgate serves CRI while containerd is still starting, and retries until
 // the runtime answers or ctx ends.
-func (a *Agent) rebuildRegistry(ctx context.Context, rt runtimeapi.RuntimeServiceClient) {
+func (a *Agent) rebuildRegistry(ctx context.Context, sandboxes *registry.Registry, rt runtimeapi.RuntimeServiceClient) {
 	logger := klog.FromContext(ctx)
 	attempt := 0
 	err := wait.ExponentialBackoffWithContext(ctx, rebuildBackoff, func(ctx context.Context) (bool, error) {
 		attempt++
-		known, added, dropped, err := a.sandboxes.Rebuild(ctx, rt)
+		known, added, dropped, err := sandboxes.Rebuild(ctx, rt)
 		if err != nil {
 			a.rebuilds.WithLabelValues("error").Inc()
 			logger.V(1).Info("Pod registry not rebuilt yet", "attempt", attempt, "err", err)

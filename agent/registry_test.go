@@ -52,7 +52,7 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	cfg := testConfig(dir, backend)
 	cfg.Sysctls.PodDefaults = map[string]string{"net.ipv4.tcp_keepalive_time": "600"}
 
-	first := New(cfg, "test")
+	first := newAgent(t, cfg)
 	stop := runAgentOf(t, first)
 	waitRebuilt(t, first)
 	client := criClient(t, cfg.CRISocket)
@@ -72,16 +72,16 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	before := first.sandboxes.Sandboxes()
+	before := proxyOf(t, first).state.sandboxes.Sandboxes()
 	if len(before) != 3 {
 		t.Fatalf("registry before the restart: %+v", before)
 	}
 
 	// Same runtime, same state: the registry is the same.
-	second := New(cfg, "test")
+	second := newAgent(t, cfg)
 	stop = runAgentOf(t, second)
 	waitRebuilt(t, second)
-	if after := second.sandboxes.Sandboxes(); !sameJSON(t, after, before) {
+	if after := proxyOf(t, second).state.sandboxes.Sandboxes(); !sameJSON(t, after, before) {
 		t.Errorf("registry after the restart:\n%+v\nwant the one before:\n%+v", after, before)
 	}
 	if err := stop(); err != nil {
@@ -96,26 +96,26 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	third := New(cfg, "test")
+	third := newAgent(t, cfg)
 	stop = runAgentOf(t, third)
 	defer stop() //nolint:errcheck // the assertions are on the registry
 	waitRebuilt(t, third)
-	after := third.sandboxes.Sandboxes()
+	after := proxyOf(t, third).state.sandboxes.Sandboxes()
 	if len(after) != 3 {
 		t.Fatalf("registry after changes past podgate: %+v", after)
 	}
-	if _, ok := third.sandboxes.Sandbox(ids[0]); ok {
+	if _, ok := proxyOf(t, third).state.sandboxes.Sandbox(ids[0]); ok {
 		t.Errorf("sandbox %s removed past podgate is still recorded", ids[0])
 	}
-	kept, _ := third.sandboxes.Sandbox(ids[1])
+	kept, _ := proxyOf(t, third).state.sandboxes.Sandbox(ids[1])
 	if kept.Origin != registry.OriginStarted || kept.Sysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" {
 		t.Errorf("sandbox podgate saw start lost what it knew: %+v", kept)
 	}
-	adopted, ok := third.sandboxes.Sandbox(adoptedID)
+	adopted, ok := proxyOf(t, third).state.sandboxes.Sandbox(adoptedID)
 	if !ok || adopted.Origin != registry.OriginAdopted || adopted.Sysctls.Verification != registry.SysctlsUnverified || adopted.Pod.Name != "d" {
 		t.Errorf("sandbox started past podgate: %+v, %v; want adopted, sysctls unverified", adopted, ok)
 	}
-	third.sandboxes.Flush()
+	proxyOf(t, third).state.sandboxes.Flush()
 	onDisk, err := registry.NewCheckpoint(cfg.StateDir).Read()
 	if err != nil || !sameJSON(t, onDisk, after) {
 		t.Errorf("checkpoint %+v (%v), want the rebuilt registry", onDisk, err)
@@ -168,7 +168,7 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	}
 
 	cfg := testConfig(dir, backend)
-	a := New(cfg, "test")
+	a := newAgent(t, cfg)
 	stop := runAgentOf(t, a)
 	defer func() {
 		if err := stop(); err != nil {
@@ -176,7 +176,7 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	got := a.sandboxes.PodContainers("uid-old")
+	got := proxyOf(t, a).state.sandboxes.PodContainers("uid-old")
 	if len(got) != 1 {
 		t.Fatalf("containers of the adopted pod: %+v, want app", got)
 	}
@@ -194,7 +194,7 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	if _, err := client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := a.sandboxes.Container(ctr.ContainerId); ok {
+	if _, ok := proxyOf(t, a).state.sandboxes.Container(ctr.ContainerId); ok {
 		t.Error("the container is still recorded after its sandbox was removed")
 	}
 }

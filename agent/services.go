@@ -71,8 +71,8 @@ func (a *Agent) openServices(ctx context.Context, p *proxy) (services []service,
 	if _, err := sysctl.ApplyNode(klog.FromContext(ctx), nodeSysctls); err != nil {
 		return services, err
 	}
-	if a.cfg.PodResources.Enabled() {
-		pr, err := a.openPodResources(ctx, p)
+	if p.podResources != nil {
+		pr, err := a.openPodResources(ctx, p.podResources)
 		if err != nil {
 			return services, err
 		}

@@ -153,7 +153,7 @@ func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, t
 	dir := testfs.ShortDir(t)
 	cfg := testConfig(dir, serveRuntime(t, dir, rt))
 	cfg.Sysctls.Verify = tc.policy
-	a := New(cfg, "test")
+	a := newAgent(t, cfg)
 	stop := runAgentOf(t, a)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -187,7 +187,7 @@ func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, t
 		if waited := histogramCount(t, a.registry, "podgate_sysctl_duration_seconds", "phase", "wait"); inCgroup && waited != 0 {
 			t.Errorf("CreateContainer waited %d times for a verification, want none: it was done in RunPodSandbox", waited)
 		}
-		if rec, _ := a.sandboxes.Sandbox("sb1"); inCgroup && rec.Sysctls.Verification != tc.recorded {
+		if rec, _ := proxyOf(t, a).state.sandboxes.Sandbox("sb1"); inCgroup && rec.Sysctls.Verification != tc.recorded {
 			t.Errorf("sandbox's verification %q when RunPodSandbox answered, want %q", rec.Sysctls.Verification, tc.recorded)
 		}
 	}
@@ -208,7 +208,7 @@ func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, t
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	checkRecorded(t, a.sandboxes, cfg.StateDir, "sb1", tc.recorded)
+	checkRecorded(t, proxyOf(t, a).state.sandboxes, cfg.StateDir, "sb1", tc.recorded)
 	if now, _ := sysctl.ReadNode(name); now != host {
 		t.Errorf("host %s changed to %s", name, now)
 	}

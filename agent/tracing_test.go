@@ -167,7 +167,9 @@ func checkSandboxTrace(t *testing.T, spans []otlpfake.Span, rt *tracedRuntime) {
 	}
 	server := one("runtime.v1.RuntimeService/RunPodSandbox", kubeletSpan)
 	var forward otlpfake.Span
-	for _, stage := range []string{"sysctl-check", "dra-prepare", "forward", "status", "sysctl-verify", "dra-attach", "record"} {
+	// DRA is off here (no Kubernetes API): its stages are not in the pipeline
+	// (TestDRAPrepareSpanPerDriver traces them).
+	for _, stage := range []string{"sysctl-check", "forward", "status", "sysctl-verify", "pod-resources", "record"} {
 		s := one("RunPodSandbox/"+stage, server.SpanID)
 		if s.Attributes["k8s.pod.name"] != "traced" {
 			t.Errorf("stage span %s: attributes %v", s.Name, s.Attributes)

@@ -41,6 +41,9 @@
 // podgate's class rather than the driver's code. A call whose caller gave up has the class of
 // the caller's context error.
 //
-// Claim resolution (pod to claims to allocated devices) and the sandbox pipeline stage that
-// uses this package live in this package too, in their own files.
+// Claim resolution (pod to claims to allocated devices, [ClaimResolver]), the network data of
+// network devices ([HostInterfaces], the publication in claims' status) and the moves of
+// network devices between the host and pods live in this package too, in their own files. The
+// sandbox pipeline's stages that use them do not: "dra-prepare" is the DRA manager's (package
+// dra/manager, with the claims it holds), "dra-attach" the attacher's (package dra/attach).
 package dra

@@ -20,7 +20,9 @@ const (
 	DefaultInterfaceNameAttribute = "interfaceName"
 )
 
-// dra.prepare: who prepares a pod's claims.
+// dra.prepare: who prepares a pod's claims. These words are the configuration's, written only
+// here; the agent maps them onto the DRA manager's own values (manager.Prepare), as config
+// imports no feature.
 const (
 	// PrepareAuto: podgate prepares a pod's claims unless the kubelet that manages the pod
 	// prepares them itself (a kubelet ≥ 1.34, whose DRA is on by default, that knows the pod);

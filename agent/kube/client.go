@@ -20,23 +20,23 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/flowcontrol"
-
-	"github.com/podgate/podgate/dra"
 )
 
 // API is all podgate asks of the Kubernetes API: the node's pods (listed and watched by the
 // informer, fetched one by one when the informer has not seen a pod yet), its Node (once, for
-// memory QoS), ResourceClaims read
-// and their status written, the node's ResourceSlices listed and watched. Client implements it; tests use
-// test/kubefake over client-go's fake clientset.
+// memory QoS and the kubelet's version), ResourceClaims read and their status written, the
+// node's ResourceSlices listed and watched. Client implements it; tests use test/kubefake over
+// client-go's fake clientset. The features declare, each, the part they use (dra's
+// ResourceClaimGetter and the like); agent checks that the adapter has it.
 type API interface {
 	GetPod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
 	ListPods(ctx context.Context, namespace string, opts metav1.ListOptions) (*corev1.PodList, error)
 	WatchPods(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
 	GetNode(ctx context.Context, name string) (*corev1.Node, error)
-	dra.ResourceClaimGetter
-	dra.ResourceClaimStatusUpdater
-	dra.ResourceSliceWatcher
+	GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
+	UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error)
+	ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error)
+	WatchResourceSlices(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // EventWriter writes events.k8s.io/v1 Events: new ones, and the series of a repeated one.
@@ -203,7 +203,7 @@ func (c *Client) GetNode(ctx context.Context, name string) (*corev1.Node, error)
 	return node, nil
 }
 
-// GetResourceClaim implements dra.ResourceClaimGetter.
+// GetResourceClaim reads a ResourceClaim.
 func (c *Client) GetResourceClaim(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	claim := &resourceapi.ResourceClaim{}
 	if err := c.resource.Get().UseProtobufAsDefault().Namespace(namespace).Resource("resourceclaims").Name(name).Do(ctx).Into(claim); err != nil {
@@ -212,7 +212,7 @@ func (c *Client) GetResourceClaim(ctx context.Context, namespace, name string) (
 	return claim, nil
 }
 
-// UpdateResourceClaimStatus implements dra.ResourceClaimStatusUpdater.
+// UpdateResourceClaimStatus writes a ResourceClaim's status (the status subresource).
 func (c *Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.ResourceClaim, error) {
 	out := &resourceapi.ResourceClaim{}
 	if err := c.resource.Put().UseProtobufAsDefault().Namespace(claim.Namespace).Resource("resourceclaims").Name(claim.Name).
@@ -222,7 +222,7 @@ func (c *Client) UpdateResourceClaimStatus(ctx context.Context, claim *resourcea
 	return out, nil
 }
 
-// ListResourceSlices implements dra.ResourceSliceWatcher.
+// ListResourceSlices lists ResourceSlices (cluster-scoped).
 func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions) (*resourceapi.ResourceSliceList, error) {
 	list := &resourceapi.ResourceSliceList{}
 	if err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).
@@ -232,7 +232,7 @@ func (c *Client) ListResourceSlices(ctx context.Context, opts metav1.ListOptions
 	return list, nil
 }
 
-// WatchResourceSlices implements dra.ResourceSliceWatcher.
+// WatchResourceSlices watches ResourceSlices (cluster-scoped).
 func (c *Client) WatchResourceSlices(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
 	w, err := c.resource.Get().UseProtobufAsDefault().Resource("resourceslices").VersionedParams(&opts, kubeParams).

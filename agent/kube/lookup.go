@@ -220,6 +220,16 @@ func (l *PodLookup) Client() API { return l.client }
 // NodeName returns the name of the node whose pods the lookup holds.
 func (l *PodLookup) NodeName() string { return l.node }
 
+// nodeGetTimeout bounds one GET of the Node: one small object.
+const nodeGetTimeout = 10 * time.Second
+
+// Node reads the Node object of the lookup's node: one GET, bounded by nodeGetTimeout.
+func (l *PodLookup) Node(ctx context.Context) (*corev1.Node, error) {
+	ctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
+	defer cancel()
+	return l.client.GetNode(ctx, l.node)
+}
+
 // Get returns the pod with this UID, if it is bound to this node and the informer knows it.
 // The pod is the cache's: do not modify it.
 func (l *PodLookup) Get(uid types.UID) (*corev1.Pod, bool) {

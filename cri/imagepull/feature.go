@@ -52,6 +52,13 @@ type featureConfig struct {
 	// kubeletCap is the kubelet's cap on pulls in flight (WithKubeletCap); nil: not known.
 	kubeletCap *int
 	stall      progress.StallRule
+	// pollInterval is how often a DeletionPoller is asked (queuedPollInterval; tests shorten it).
+	pollInterval time.Duration
+}
+
+// withPollInterval asks the DeletionPoller every d in place of queuedPollInterval (tests).
+func withPollInterval(d time.Duration) FeatureOption {
+	return func(c *featureConfig) { c.pollInterval = d }
 }
 
 // keepFetched is how long containerd keeps what it fetched of a stalled pull, or of a running
@@ -99,71 +106,73 @@ func WithProgress(socket, namespace string) FeatureOption {
 
 // NewFeature builds the image-pull feature: a governor under limits, whose pulls take the
 // priority the sandbox config claims (fallback) unless WithPods knows their pod; its metrics,
-// and the progress tracker's, are registered with reg.
+// and the progress tracker's, are registered with reg. Each part is built from the ones before
+// it: the tracker (containerd's content store), the Events (which read the tracker), the
+// governor (which tells the Events and asks the tracker to keep what a cancelled pull fetched),
+// the view of all three. The tracker and the Events follow the governor's pulls as Run gives
+// them the view.
 func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, reg prometheus.Registerer, opts ...FeatureOption) (*Feature, error) {
-	var c featureConfig
+	c := featureConfig{pollInterval: queuedPollInterval}
 	for _, o := range opts {
 		o(&c)
 	}
-	// The view needs the governor, the governor the Events as its observer, the Events the
-	// view: the view is completed below, before anything reads it.
-	v := &view{}
-	f := &Feature{view: v, prio: podPriority(c.pods, fallback)}
-	gopts := []Option{WithRegisterer(reg)}
 	logger := klog.FromContext(ctx)
-	var t *progress.Tracker // set below, before its first poll and before any pull runs
-	if c.socket != "" {
-		gopts = append(gopts, WithKeep(func(image string) {
-			// A running pull whose pods are gone: the kubelet's next pull of the image
-			// (another pod's, or the same pod's after a restart) fetches only what is missing.
-			if err := t.Keep(ctx, image, keepFetched); err != nil {
-				logger.Info("Cannot keep what containerd fetched of a cancelled pull; a later pull fetches it again", "image", image, "err", err)
-			}
-		}))
+	t, err := newTracker(logger, c, reg)
+	if err != nil {
+		return nil, err
 	}
+	gopts := []Option{WithRegisterer(reg)}
+	if t != nil {
+		gopts = append(gopts, WithKeep(keeper{ctx: ctx, tracker: t}.keep))
+	}
+	var events *pullEvents
 	if c.sink != nil {
-		f.events = newPullEvents(v, c.sink, c.waitAfter, c.progressAfter, c.progressInterval)
-		gopts = append(gopts, WithObserver(f.events))
+		events = newPullEvents(t, c.sink, c.waitAfter, c.progressAfter, c.progressInterval)
+		gopts = append(gopts, WithObserver(events))
 	}
-	f.governor = New(limits, gopts...)
+	g := New(limits, gopts...)
 	if c.kubeletCap != nil {
 		registerKubeletCap(reg, limits, *c.kubeletCap)
 	}
-	v.governor = f.governor
-	if c.socket != "" {
-		popts := []progress.Option{progress.WithNamespace(c.namespace), progress.WithRegisterer(reg)}
-		if c.stall.On() {
-			g, rule := f.governor, c.stall
-			popts = append(popts, progress.WithStall(rule, func(r progress.Running, p progress.Progress) {
-				// What containerd fetched must outlive the cancelled pull's lease.
-				if err := t.Keep(ctx, r.Image, keepFetched); err != nil {
-					logger.Info("Cannot keep what containerd fetched of a stalled pull; the retry fetches it again", "image", r.Image, "err", err)
-				}
-				g.Stall(r.Image, r.Started, p.Stall.Rate, rule)
-			}))
-			v.stall = rule
-		}
-		var err error
-		if t, err = progress.New(c.socket, v.running, popts...); err != nil {
-			return nil, err
-		}
-		v.progress = t
-		logger.Info("Image pull progress on: reading containerd's content store", "socket", c.socket, "namespace", c.namespace,
-			"stallMinBytesPerSecond", v.stall.MinBytesPerSecond, "stallWindow", v.stall.Window)
-	} else {
+	if c.pods != nil {
+		c.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
+	}
+	poller, _ := c.pods.(DeletionPoller) // nil without pods, or pods that cannot be asked
+	return &Feature{governor: g, view: newView(g, t, c.stall), events: events, prio: podPriority(c.pods, fallback),
+		poller: poller, pollInterval: c.pollInterval}, nil
+}
+
+// newTracker is the tracker of the pulls' progress in containerd's content store, measuring
+// them against the stall rule; nil when pull progress is off (no socket).
+func newTracker(logger klog.Logger, c featureConfig, reg prometheus.Registerer) (*progress.Tracker, error) {
+	if c.socket == "" {
 		logger.Info("Image pull progress off: imagePulls.containerdAddress is empty")
 		if c.stall.On() {
 			logger.Info("Stalled image pulls are not found: imagePulls.stall needs pull progress (imagePulls.containerdAddress)")
 		}
+		return nil, nil
 	}
-	if c.pods != nil {
-		g := f.governor
-		c.pods.OnDeleted(func(pod *corev1.Pod) { g.PodDeleted(string(pod.UID)) })
-		if p, ok := c.pods.(DeletionPoller); ok {
-			f.poller, f.pollInterval = p, queuedPollInterval
-		}
+	t, err := progress.New(c.socket, progress.WithNamespace(c.namespace), progress.WithRegisterer(reg), progress.WithStall(c.stall))
+	if err != nil {
+		return nil, err
 	}
-	return f, nil
+	logger.Info("Image pull progress on: reading containerd's content store", "socket", c.socket, "namespace", c.namespace,
+		"stallMinBytesPerSecond", c.stall.MinBytesPerSecond, "stallWindow", c.stall.Window)
+	return t, nil
+}
+
+// keeper keeps what containerd fetched of a running pull whose pods are gone, for the
+// kubelet's next pull of the image (another pod's, or the same pod's after a restart), which
+// then fetches only what is missing.
+type keeper struct {
+	ctx     context.Context
+	tracker *progress.Tracker
+}
+
+func (k keeper) keep(image string) {
+	if err := k.tracker.Keep(k.ctx, image, keepFetched); err != nil {
+		klog.FromContext(k.ctx).Info("Cannot keep what containerd fetched of a cancelled pull; a later pull fetches it again", "image", image, "err", err)
+	}
 }
 
 // Interceptor is the feature's PullImage hook: the governor, with each pull's priority.
@@ -179,10 +188,10 @@ func (f *Feature) Run(ctx context.Context) {
 		running.Go(func() { f.pollQueued(ctx, f.poller, f.pollInterval) })
 	}
 	if f.events != nil {
-		running.Go(func() { f.events.run(ctx) })
+		running.Go(func() { f.events.run(ctx, f.view) })
 	}
 	if f.view.progress != nil {
-		running.Go(func() { f.view.progress.Run(ctx) })
+		running.Go(func() { f.view.progress.Run(ctx, f.view) })
 	}
 	running.Wait()
 }

@@ -94,14 +94,15 @@ func (p *pollingPods) PollDeleted(_ context.Context, uids []types.UID) {
 // deletion it tells makes the waiting pull leave as for any deleted pod.
 func TestFeaturePollsQueuedPods(t *testing.T) {
 	pods := &pollingPods{polled: make(chan []types.UID, 1)}
-	f, err := NewFeature(t.Context(), Limits{MaxParallel: 1}, SandboxPriority{}, prometheus.NewRegistry(), WithPods(pods))
+	if f, err := NewFeature(t.Context(), Limits{}, SandboxPriority{}, prometheus.NewRegistry(), WithPods(&pollingPods{})); err != nil {
+		t.Fatal(err)
+	} else if f.poller == nil || f.pollInterval != queuedPollInterval {
+		t.Fatalf("a DeletionPoller given WithPods is not polled (interval %v)", f.pollInterval)
+	}
+	f, err := NewFeature(t.Context(), Limits{MaxParallel: 1}, SandboxPriority{}, prometheus.NewRegistry(), WithPods(pods), withPollInterval(time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.poller == nil || f.pollInterval != queuedPollInterval {
-		t.Fatalf("a DeletionPoller given WithPods is not polled (interval %v)", f.pollInterval)
-	}
-	f.pollInterval = time.Millisecond
 	g := f.governor
 	tr := trace(g)
 	b := newFakeBackend()

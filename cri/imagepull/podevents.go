@@ -50,7 +50,8 @@ const pullEventsPeriod = time.Second
 // progressInterval and once more when it ends; a pull shared with another pod's; a pull
 // cancelled because its pod is gone.
 type pullEvents struct {
-	view     *view
+	// tracker is the pulls' progress; nil when pull progress is off.
+	tracker  *progress.Tracker
 	recorder EventSink
 	now      func() time.Time
 
@@ -79,9 +80,9 @@ type toldPull struct {
 
 var _ Observer = (*pullEvents)(nil)
 
-func newPullEvents(view *view, rec EventSink, waitAfter, progressAfter, progressInterval time.Duration) *pullEvents {
+func newPullEvents(t *progress.Tracker, rec EventSink, waitAfter, progressAfter, progressInterval time.Duration) *pullEvents {
 	return &pullEvents{
-		view: view, recorder: rec, now: time.Now,
+		tracker: t, recorder: rec, now: time.Now,
 		waitAfter: waitAfter, progressAfter: progressAfter, progressInterval: progressInterval,
 		told: map[pullCaller]*toldPull{}, progressed: map[pullCaller]time.Time{},
 	}
@@ -139,8 +140,8 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 		return // the kubelet reports a failed pull itself
 	}
 	var p progress.Progress
-	if e.view.progress != nil {
-		p, _ = e.view.progress.Progress(ev.Pull.Image)
+	if e.tracker != nil {
+		p, _ = e.tracker.Progress(ev.Pull.Image)
 	}
 	took := e.now().Sub(since)
 	if p.Known() {
@@ -151,16 +152,19 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 	e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulled", "Pulled image %q in %s", ev.Pull.Image, took.Round(time.Second))
 }
 
-// run looks at the pulls every second until ctx ends.
-func (e *pullEvents) run(ctx context.Context) { every(ctx, pullEventsPeriod, e.look) }
+// run looks at the pulls of v every second until ctx ends.
+func (e *pullEvents) run(ctx context.Context, v *view) {
+	every(ctx, pullEventsPeriod, func() { e.look(v) })
+}
 
-// look reports what the thresholds call for and forgets the pulls that are gone.
-func (e *pullEvents) look() {
+// look reports what the thresholds call for about the pulls of v and forgets the pulls that
+// are gone.
+func (e *pullEvents) look(v *view) {
 	now := e.now()
 	for _, t := range e.told {
 		t.seen = false
 	}
-	for _, p := range e.view.pulls() {
+	for _, p := range v.pulls() {
 		if p.PodUID == "" {
 			continue
 		}
@@ -185,7 +189,7 @@ func (e *pullEvents) look() {
 				e.progressed[c] = p.Started
 			}
 			e.mu.Unlock()
-			e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulling", "%s", progressNote(p, now, e.view.progress != nil))
+			e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulling", "%s", progressNote(p, now, e.tracker != nil))
 		}
 	}
 	for c, t := range e.told {

@@ -53,10 +53,8 @@ func (s *fakeSink) byReason(reason string) []recordedEvent {
 func TestStallCancelsAndNames(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sink := &fakeSink{}
-	v := &view{}
-	events := newPullEvents(v, sink, time.Hour, time.Hour, time.Hour)
+	events := newPullEvents(nil, sink, time.Hour, time.Hour, time.Hour) // no pull progress
 	g := New(Limits{MaxParallel: 1, PerRegistry: map[string]int{"slow.example.com": 1}}, WithRegisterer(reg), WithObserver(events))
-	v.governor = g
 	tr := trace(g)
 	b := newFakeBackend()
 	pa := newPull(t, "slow.example.com/app:1", PriorityNormal, withPod("default", "a", "uid-a"))

@@ -1,23 +1,38 @@
 package imagepull
 
 import (
+	"context"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri/imagepull/progress"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
 // view shows the governor's pulls, with the bytes containerd has fetched for them, to the
-// PodResources extension (PodPulls, and each pod's image_pulls) and to the pull Events.
+// PodResources extension (PodPulls, and each pod's image_pulls) and to the pull Events, and
+// the running pulls to the progress tracker (progress.Pulls).
 type view struct {
 	governor *Governor
 	// progress is nil when pull progress is off (imagePulls.containerdAddress "").
 	progress *progress.Tracker
 	// stall is the stall rule the tracker applies; off when stalls are not found.
 	stall progress.StallRule
+}
+
+var _ progress.Pulls = (*view)(nil)
+
+// newView is the view of g's pulls with their progress in t (nil: progress off), measured
+// against stall where t finds stalls.
+func newView(g *Governor, t *progress.Tracker, stall progress.StallRule) *view {
+	v := &view{governor: g, progress: t}
+	if t != nil {
+		v.stall = stall
+	}
+	return v
 }
 
 // pull is one caller's pull with its progress, and the stall rule it is measured against.
@@ -68,14 +83,23 @@ func (v *view) withProgress(s PullStatus) pull {
 	return p
 }
 
-// running is the backend pulls running, for the progress tracker.
-func (v *view) running() []progress.Running {
+// Running implements progress.Pulls: the backend pulls running.
+func (v *view) Running() []progress.Running {
 	rs := v.governor.Running()
 	out := make([]progress.Running, 0, len(rs))
 	for _, r := range rs {
 		out = append(out, progress.Running{Image: r.Image, Registry: v.governor.RegistryLabel(r.Registry), Started: r.Started})
 	}
 	return out
+}
+
+// Stalled implements progress.Pulls: the governor cancels a stalled pull, what containerd
+// fetched of it kept first, as it must outlive the cancelled pull's lease.
+func (v *view) Stalled(ctx context.Context, r progress.Running, p progress.Progress) {
+	if err := v.progress.Keep(ctx, r.Image, keepFetched); err != nil {
+		klog.FromContext(ctx).Info("Cannot keep what containerd fetched of a stalled pull; the retry fetches it again", "image", r.Image, "err", err)
+	}
+	v.governor.Stall(r.Image, r.Started, p.Stall.Rate, v.stall)
 }
 
 // pullMessage is a pull as the extension shows it.

@@ -22,8 +22,6 @@ import (
 // dra.attach empty it attaches nothing but still gives back what the registry holds as
 // attached, or as left attach intents: a device recorded while it was set is given back.
 type Attacher struct {
-	// off: DRA is off (no Kubernetes API); the stage does nothing.
-	off      bool
 	registry *registry.Registry
 	// intents are the attach intents (their checkpoint section).
 	intents *Intents
@@ -33,8 +31,8 @@ type Attacher struct {
 	links    Netdevs
 	settling sync.RWMutex
 
-	// on: dra.attach names drivers whose devices are attached; the rest is set with it.
-	on      bool
+	// drivers are those whose devices are attached (dra.attach; none: nothing is attached);
+	// hostIfs and claims are set with them.
 	drivers []string
 	hostIfs *dra.HostInterfaces
 	claims  *dra.ClaimResolver
@@ -48,16 +46,10 @@ type Attacher struct {
 type Option func(*Attacher)
 
 // WithDevices attaches the network devices of drivers (dra.attach): their host interface found
-// by hostIfs, their configuration in their claim, read by claims. Its metrics are registered
-// with r.
-func WithDevices(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver, r prometheus.Registerer) Option {
+// by hostIfs, their configuration in their claim, read by claims.
+func WithDevices(drivers []string, hostIfs *dra.HostInterfaces, claims *dra.ClaimResolver) Option {
 	return func(a *Attacher) {
-		a.on, a.drivers, a.hostIfs, a.claims = true, slices.Clone(drivers), hostIfs, claims
-		a.results = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "podgate", Subsystem: "dra", Name: "attach_operations_total",
-			Help: "DRA network devices moved into pods (attach) and given back to the host (detach), and their network data published, by result.",
-		}, []string{"operation", "result"})
-		r.MustRegister(a.results)
+		a.drivers, a.hostIfs, a.claims = slices.Clone(drivers), hostIfs, claims
 	}
 }
 
@@ -72,17 +64,20 @@ func WithPublisher(client dra.ResourceClaimStatusClient) Option {
 func WithNetdevs(links Netdevs) Option { return func(a *Attacher) { a.links = links } }
 
 // New returns the attacher of DRA network devices, recording in intents what it moves and in
-// reg's sandbox records what it moved.
-func New(reg *registry.Registry, intents *Intents, opts ...Option) *Attacher {
-	a := &Attacher{registry: reg, intents: intents, links: DRANetdevs{}}
+// reg's sandbox records what it moved; its metrics are registered with r.
+func New(reg *registry.Registry, intents *Intents, r prometheus.Registerer, opts ...Option) *Attacher {
+	a := &Attacher{registry: reg, intents: intents, links: DRANetdevs{},
+		results: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Subsystem: "dra", Name: "attach_operations_total",
+			Help: "DRA network devices moved into pods (attach) and given back to the host (detach), and their network data published, by result.",
+		}, []string{"operation", "result"}),
+	}
 	for _, o := range opts {
 		o(a)
 	}
+	r.MustRegister(a.results)
 	return a
 }
-
-// Off returns an attacher that does nothing: DRA is off.
-func Off() *Attacher { return &Attacher{off: true} }
 
 // Stage ("dra-attach") runs after the sysctl verification, before the record.
 func (d *Attacher) Stage() pipeline.Stage {
@@ -91,9 +86,6 @@ func (d *Attacher) Stage() pipeline.Stage {
 }
 
 func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
-	if d.off || !d.on {
-		return nil
-	}
 	pc, ok := d.registry.PodClaims(sb.Rec.Pod.UID)
 	if !ok {
 		return nil
@@ -226,9 +218,6 @@ func (d *Attacher) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error {
 // is never held by podgate. It stays recorded: a second stop tries again, and once the sandbox
 // is removed the registry keeps it as a left intent, given back from its mark.
 func (d *Attacher) detach(ctx context.Context, rec registry.SandboxRecord) error {
-	if d.off {
-		return nil
-	}
 	d.settling.RLock()
 	defer d.settling.RUnlock()
 	// Settling a left intent may have recorded a device since rec was read.
@@ -277,7 +266,7 @@ func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord)
 		d.count("detach", "success")
 		d.intents.EndAttach(rec.ID, dev.Interface.HostName)
 		klog.FromContext(ctx).Info("Gave DRA network device back to the host", "podSandboxID", rec.ID, "hostInterface", dev.Interface.HostName)
-		if dev.Published && d.on && d.publisher != nil {
+		if dev.Published && d.publisher != nil {
 			if err := dra.ClearNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{network(dev)}); err != nil {
 				klog.FromContext(ctx).Error(err, "Clear published network data", "claim", klog.KRef(dev.ClaimNamespace, dev.ClaimName))
 			}
@@ -292,9 +281,6 @@ func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord)
 // once the registry is rebuilt from the runtime, whose records then say which sandboxes still
 // run, and again at each reconcile while any is left.
 func (d *Attacher) Settle(ctx context.Context) {
-	if d.off {
-		return
-	}
 	for _, in := range d.intents.LeftAttaches() {
 		if ctx.Err() != nil {
 			return
@@ -319,7 +305,8 @@ func (d *Attacher) settleAttach(ctx context.Context, in Intent) error {
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", in.SandboxID, "pod", klog.KRef(in.Pod.Namespace, in.Pod.Name),
 		"claim", klog.KRef(in.ClaimNamespace, in.ClaimName), "hostInterface", in.HostInterface)
-	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && d.on {
+	// A device of a driver dra.attach no longer names is given back, not set up.
+	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && slices.Contains(d.drivers, in.Driver) {
 		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, interfaceConfig(in.Config))
 		switch {
 		case err != nil:
@@ -361,12 +348,9 @@ func (d *Attacher) reclaim(ctx context.Context, in Intent) error {
 	return nil
 }
 
-// count counts an operation on DRA network devices; uncounted when dra.attach is off (a
-// device recorded or left while it was on is still given back).
+// count counts an operation on DRA network devices.
 func (d *Attacher) count(op, result string) {
-	if d.on {
-		d.results.WithLabelValues(op, result).Inc()
-	}
+	d.results.WithLabelValues(op, result).Inc()
 }
 
 // Netdevs moves network interfaces between the host and pods: package dra's functions, which

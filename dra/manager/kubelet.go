@@ -24,10 +24,7 @@ func (d *Manager) preparer(ctx context.Context, ref registry.PodRef) string {
 	case PrepareAlways:
 		return PreparedByPodgate
 	}
-	var kubelet KubeletPods
-	if d.kubelet != nil {
-		kubelet = d.kubelet()
-	}
+	kubelet := d.kubelet
 	if kubelet == nil { // no podResources.kubeletSocket: nobody to ask
 		return PreparedByPodgate
 	}
@@ -57,7 +54,7 @@ func (d *Manager) preparer(ctx context.Context, ref registry.PodRef) string {
 // nodeReadInterval, which the sandboxes asking meanwhile wait for. Without it, the claims of
 // the pods the kubelet starts right after it registered would be prepared twice.
 func (d *Manager) kubeletVersionNow(ctx context.Context) *version.Version {
-	if v := d.kubeletVersion.Load(); v != nil || d.pods == nil {
+	if v := d.kubeletVersion.Load(); v != nil {
 		return v
 	}
 	d.nodeMu.Lock()
@@ -66,11 +63,9 @@ func (d *Manager) kubeletVersionNow(ctx context.Context) *version.Version {
 		return v
 	}
 	d.nodeReadAt = d.now()
-	gctx, cancel := context.WithTimeout(ctx, nodeGetTimeout)
-	defer cancel()
-	node, err := d.pods.Client().GetNode(gctx, d.pods.NodeName())
+	node, err := d.pods.Node(ctx)
 	if err != nil {
-		klog.FromContext(ctx).V(1).Info("Node not read: podgate prepares the pod's claims itself", "node", d.pods.NodeName(), "err", err)
+		klog.FromContext(ctx).V(1).Info("Node not read: podgate prepares the pod's claims itself", "err", err)
 		return nil
 	}
 	d.SetKubeletVersion(ctx, node)

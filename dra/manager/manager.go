@@ -16,7 +16,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
@@ -42,19 +41,33 @@ const ExtendedClaimName = "(extended resources)"
 // not from the API server (static pods: "file", "http") cannot use DRA claims.
 const configSourceAnnotation = "kubernetes.io/config.source"
 
-// Who prepares a pod's claims (dra.prepare): the values of the agent's configuration.
+// Prepare says who prepares a pod's claims. The agent maps its configuration's dra.prepare
+// onto it: the configuration's words are the operator's, this is the manager's behaviour.
+type Prepare int
+
+// Who prepares a pod's claims.
 const (
+	// PrepareAlways: podgate, whatever the kubelet does (the default).
+	PrepareAlways Prepare = iota
+	// PrepareNever: the kubelet; podgate records the devices of the claims' allocation.
+	PrepareNever
 	// PrepareAuto: the kubelet when it prepares claims (its version) and manages the pod (its
 	// PodResources socket knows it), else podgate.
-	PrepareAuto = "auto"
-	// PrepareAlways: podgate, whatever the kubelet does.
-	PrepareAlways = "always"
-	// PrepareNever: the kubelet; podgate records the devices of the claims' allocation.
-	PrepareNever = "never"
+	PrepareAuto
 )
 
-// nodeGetTimeout bounds one GET of the Node: one small object.
-const nodeGetTimeout = 10 * time.Second
+// String says who prepares, for the log.
+func (p Prepare) String() string {
+	switch p {
+	case PrepareAlways:
+		return "podgate"
+	case PrepareNever:
+		return "the kubelet"
+	case PrepareAuto:
+		return "the kubelet where it prepares and manages the pod, else podgate"
+	}
+	return fmt.Sprintf("Prepare(%d)", int(p))
+}
 
 // Manager prepares a pod's DRA claims before its sandbox is created, so that the devices
 // exist when containerd runs CNI, and unprepares them once the pod is gone from the API server
@@ -65,9 +78,7 @@ const nodeGetTimeout = 10 * time.Second
 // A failure after the prepare stage does not unprepare: the kubelet retries the sandbox, and
 // the claims stay prepared until the pod is gone, as with the kubelet's own DRA manager.
 type Manager struct {
-	// off is why DRA is off (no Kubernetes API); empty when it is on.
-	off     string
-	pods    *kube.PodLookup
+	pods    Pods
 	claims  *dra.ClaimResolver
 	drivers *dra.Drivers
 	// store holds the claims (their checkpoint section); sandboxes tells which of a pod's
@@ -101,13 +112,13 @@ type Manager struct {
 	// decisions counts who prepared pods' claims (podgate, kubelet).
 	decisions *prometheus.CounterVec
 
-	// mode is dra.prepare (Prepare*).
-	mode string
+	// mode is who prepares (dra.prepare).
+	mode Prepare
 	// kubeletVersion is the node's kubelet version from its Node object (nil until read, or
-	// when it could not be); kubelet tells whether the kubelet manages a pod. With mode auto
-	// both decide whether the kubelet prepared a pod's claims.
+	// when it could not be); kubelet tells whether the kubelet manages a pod (nil: nobody to
+	// ask). With mode auto both decide whether the kubelet prepared a pod's claims.
 	kubeletVersion atomic.Pointer[version.Version]
-	kubelet        func() KubeletPods
+	kubelet        KubeletPods
 	// nodeMu serialises the reads of the Node for a decision (kubeletVersionNow); nodeReadAt
 	// is when the last began.
 	nodeMu     sync.Mutex
@@ -118,6 +129,23 @@ type Manager struct {
 // version is not known (kubeletVersionNow): a Node podgate may not read costs one GET per
 // interval, not one per pod start.
 const nodeReadInterval = 10 * time.Second
+
+// Pods is the node's pods as the manager reads them: agent's Kubernetes adapter (the pod
+// informer, a GET where it has not seen a pod yet, the node's Node object).
+type Pods interface {
+	// Get returns the pod with this UID if the informer knows it; the pod is the cache's.
+	Get(uid types.UID) (*corev1.Pod, bool)
+	// GetOrFetch returns the pod, from the API server when the informer has not seen it yet;
+	// NotFound when the API server has no such pod (or another pod by that name).
+	GetOrFetch(ctx context.Context, uid types.UID, namespace, name string) (*corev1.Pod, error)
+	// HasSynced reports whether the informer has listed the node's pods once.
+	HasSynced() bool
+	// OnDeleted calls fn when a pod of the node is deleted or marked for deletion; fn must
+	// not block.
+	OnDeleted(fn func(*corev1.Pod))
+	// Node reads the node's Node object (the kubelet's version), one GET bounded in time.
+	Node(ctx context.Context) (*corev1.Node, error)
+}
 
 // KubeletPods is the kubelet's PodResources socket as the DRA manager asks it: does the kubelet
 // manage this pod? A kubelet that does called RunPodSandbox for it after preparing its claims.
@@ -143,13 +171,13 @@ var kubeletPreparesFrom = version.MajorMinor(1, 34)
 // Option configures a Manager.
 type Option func(*Manager)
 
-// WithPrepare sets dra.prepare (PrepareAlways, the default; PrepareNever; PrepareAuto).
-func WithPrepare(mode string) Option { return func(d *Manager) { d.mode = mode } }
+// WithPrepare says who prepares a pod's claims (PrepareAlways, the default; PrepareNever;
+// PrepareAuto).
+func WithPrepare(mode Prepare) Option { return func(d *Manager) { d.mode = mode } }
 
-// WithKubelet gives dra.prepare auto the kubelet to ask whether it manages a pod. kubelet is
-// called at each decision, as the PodResources socket that asks opens after the manager is
-// built; it returns nil while there is none (nobody to ask: podgate prepares).
-func WithKubelet(kubelet func() KubeletPods) Option { return func(d *Manager) { d.kubelet = kubelet } }
+// WithKubelet gives PrepareAuto the kubelet to ask whether it manages a pod. Without it there
+// is nobody to ask, and podgate prepares.
+func WithKubelet(kubelet KubeletPods) Option { return func(d *Manager) { d.kubelet = kubelet } }
 
 // WithSettle has s settle what is left once rebuilt is closed (the registry is rebuilt from
 // the runtime, whose records then say which sandboxes still run), then at every reconcile.
@@ -172,7 +200,7 @@ func WithWaitHook(fn func(types.UID)) Option { return func(d *Manager) { d.onWai
 // New returns the DRA manager: pods looked up in pods, claims resolved by claims, prepared by
 // drivers, recorded in store; sandboxes (the pod registry) and rt tell which sandboxes still
 // run. Its metrics are registered with r.
-func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, store *Claims, sandboxes registry.PodSandboxLister, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer, opts ...Option) *Manager {
+func New(pods Pods, drivers *dra.Drivers, claims *dra.ClaimResolver, store *Claims, sandboxes registry.PodSandboxLister, rt runtimeapi.RuntimeServiceClient, r prometheus.Registerer, opts ...Option) *Manager {
 	d := &Manager{
 		pods: pods, drivers: drivers, claims: claims, store: store, sandboxes: sandboxes, runtime: rt, mode: PrepareAlways,
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -208,13 +236,6 @@ func New(pods *kube.PodLookup, drivers *dra.Drivers, claims *dra.ClaimResolver, 
 	return d
 }
 
-// Off returns a manager that does nothing, saying why (no Kubernetes API): its stage lets
-// every sandbox through.
-func Off(why string) *Manager { return &Manager{off: why} }
-
-// Claims is the claim resolver the manager reads claims with.
-func (d *Manager) Claims() *dra.ClaimResolver { return d.claims }
-
 // PrepareStage ("dra-prepare") prepares the pod's claims before RunPodSandbox is forwarded.
 func (d *Manager) PrepareStage() pipeline.Stage {
 	return pipeline.Stage{Name: "dra-prepare", Run: d.prepare, Removed: d.sandboxRemoved,
@@ -222,9 +243,6 @@ func (d *Manager) PrepareStage() pipeline.Stage {
 }
 
 func (d *Manager) prepare(ctx context.Context, sb *pipeline.Sandbox) error {
-	if d.off != "" {
-		return nil
-	}
 	cfg := sb.Req.GetConfig()
 	if src, ok := cfg.GetAnnotations()[configSourceAnnotation]; ok && src != "api" {
 		return nil // a static pod: no claims

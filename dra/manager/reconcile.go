@@ -26,9 +26,6 @@ func (d *Manager) sandboxRemoved(context.Context, string) error {
 }
 
 func (d *Manager) wake() {
-	if d.off != "" {
-		return
-	}
 	select {
 	case d.poke <- struct{}{}:
 	default: // a look is already due
@@ -39,9 +36,6 @@ func (d *Manager) wake() {
 // deleted or a sandbox removed. Once the registry is rebuilt from the runtime, it settles the
 // intents that are left too (Settler), at once and then each time.
 func (d *Manager) Run(ctx context.Context) {
-	if d.off != "" {
-		return
-	}
 	d.pods.OnDeleted(func(*corev1.Pod) { d.wake() })
 	ticker := time.NewTicker(draReconcilePeriod)
 	defer ticker.Stop()

@@ -9,12 +9,12 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
-	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
@@ -48,7 +48,7 @@ type Hooks struct {
 	policy     kubeletconfig.MemoryReservationPolicy
 	verifyFail bool
 	recheck    time.Duration
-	pods       *kube.PodLookup
+	pods       Pods
 	// kubeletQoS tells whether the kubelet writes memory QoS itself; nil: it is not known to.
 	kubeletQoS func() bool
 	runtime    runtimeapi.RuntimeServiceClient
@@ -73,12 +73,19 @@ type Hooks struct {
 	ownTime *prometheus.HistogramVec
 }
 
+// Pods is the node's pods as memory QoS reads them (agent's Kubernetes adapter): the
+// containers' memory requests and limits, the pod's QoS class.
+type Pods interface {
+	// Get returns the pod with this UID, if known; the pod is the caller's to read only.
+	Get(uid types.UID) (*corev1.Pod, bool)
+}
+
 // Option configures Hooks.
 type Option func(*Hooks)
 
 // WithPods gives memory QoS the node's pods, where the containers' memory requests and the
-// pods' QoS classes are (nil, the default: no Kubernetes API, and memory QoS is off).
-func WithPods(pods *kube.PodLookup) Option {
+// pods' QoS classes are (without it: no Kubernetes API, and memory QoS is off).
+func WithPods(pods Pods) Option {
 	return func(s *Hooks) { s.pods = pods }
 }
 
@@ -98,6 +105,11 @@ func WithQuiet(quiet func(context.Context) error) Option {
 // request the kubelet already gave memory.min or memory.low.
 func WithKubeletMemoryQoS(writes func() bool) Option {
 	return func(s *Hooks) { s.kubeletQoS = writes }
+}
+
+// withPageSize computes memory QoS with pages of n bytes in place of the machine's (tests).
+func withPageSize(n int64) Option {
+	return func(s *Hooks) { s.pageSize = n }
 }
 
 // New returns the hooks for a node of these cgroups, recording containers in reg and asking
@@ -147,7 +159,7 @@ func New(cfg Config, node cgroup.Node, reg *registry.Registry, rt runtimeapi.Run
 }
 
 // memoryQoSOn says whether memory QoS is on, and when asked for but off, why.
-func memoryQoSOn(asked bool, node cgroup.Node, pods *kube.PodLookup) (on bool, off string) {
+func memoryQoSOn(asked bool, node cgroup.Node, pods Pods) (on bool, off string) {
 	switch {
 	case !asked:
 		return false, ""

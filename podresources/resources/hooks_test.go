@@ -8,8 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
-	"time"
 
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
@@ -22,11 +22,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
@@ -51,10 +49,45 @@ func createRequest(uid, container string, res *runtimeapi.LinuxContainerResource
 	}
 }
 
-// memoryPod is a pod of the given QoS class whose containers ask for memory: app (256Mi, limit
-// 1Gi), nolimit (256Mi, no limit).
+// fakePods is the node's pods as agent's Kubernetes adapter shows them: by UID, a pod changed
+// by set from the next Get on, as the informer delivers an update.
+type fakePods struct {
+	mu   sync.Mutex
+	pods map[types.UID]*corev1.Pod
+}
+
+var _ Pods = (*fakePods)(nil)
+
+func newFakePods(pods ...*corev1.Pod) *fakePods {
+	f := &fakePods{pods: map[types.UID]*corev1.Pod{}}
+	for _, p := range pods {
+		f.set(p)
+	}
+	return f
+}
+
+// Get implements Pods.
+func (f *fakePods) Get(uid types.UID) (*corev1.Pod, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[uid]
+	return p, ok
+}
+
+// set adds or replaces a pod.
+func (f *fakePods) set(p *corev1.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pods[p.UID] = p.DeepCopy()
+}
+
+// memoryPod is pod "pod-"+uid (UID "uid-"+uid) of the given QoS class whose containers ask
+// for memory: app (256Mi, limit 1Gi), nolimit (256Mi, no limit).
 func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
-	p := kubetest.Pod(uid, "")
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pod-" + uid, UID: types.UID("uid-" + uid)},
+		Spec:       corev1.PodSpec{NodeName: "node-a"},
+	}
 	mem := func(q string) corev1.ResourceList {
 		return corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(q)}
 	}
@@ -70,14 +103,8 @@ func memoryPod(uid string, qos corev1.PodQOSClass) *corev1.Pod {
 // pages and 4 GiB of allocatable memory.
 func newMemoryQoSStages(t *testing.T, policy kubeletconfig.MemoryReservationPolicy, pods ...*corev1.Pod) *Hooks {
 	t.Helper()
-	objs := make([]runtime.Object, len(pods))
-	for i, p := range pods {
-		objs[i] = p
-	}
-	_, lookup := kubetest.StartLookup(t, objs...)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: policy},
-		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
-	s.pageSize = 4096
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(newFakePods(pods...)), withPageSize(4096))
 	s.allocatable.Store(4 << 30)
 	return s
 }
@@ -139,28 +166,19 @@ func TestMemoryQoS(t *testing.T) {
 // TestMemoryQoSOnResize: an in-place resize recomputes memory.high from the pod's new limit.
 func TestMemoryQoSOnResize(t *testing.T) {
 	pod := memoryPod("resize", corev1.PodQOSBurstable)
-	objs := []runtime.Object{pod}
-	client, lookup := kubetest.StartLookup(t, objs...)
+	pods := newFakePods(pod)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
-		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(lookup))
-	s.pageSize = 4096
+		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(), WithPods(pods), withPageSize(4096))
 	ok := func(context.Context, *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
 		return &runtimeapi.CreateContainerResponse{ContainerId: "ctr"}, nil
 	}
 	if _, err := s.CreateContainer(t.Context(), createRequest(string(pod.UID), "app", &runtimeapi.LinuxContainerResources{}), ok); err != nil {
 		t.Fatal(err)
 	}
+	// The resize reaches the pods as the informer delivers it.
 	resized := pod.DeepCopy()
 	resized.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("2Gi")
-	if _, err := client.CoreV1().Pods(pod.Namespace).Update(t.Context(), resized, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
-		p, ok := lookup.Get(pod.UID)
-		return ok && p.Spec.Containers[0].Resources.Limits.Memory().Value() == 2<<30, nil
-	}); err != nil {
-		t.Fatalf("resize not in the informer: %v", err)
-	}
+	pods.set(resized)
 	var sent *runtimeapi.UpdateContainerResourcesRequest
 	next := func(_ context.Context, req *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		sent = req
@@ -200,7 +218,7 @@ func TestRecheckForgetsContainersGoneFromTheRuntime(t *testing.T) {
 // memory QoS changes nothing and says why.
 func TestMemoryQoSNotApplicable(t *testing.T) {
 	pod := memoryPod("hybrid", corev1.PodQOSBurstable)
-	_, pods := kubetest.StartLookup(t, pod)
+	pods := newFakePods(pod)
 	node := cgroup.Node{Mode: cgroup.ModeHybrid, V2Controllers: []string{"hugetlb"}, MemoryQoSReason: "hybrid hierarchy: the memory controller is on cgroup v1"}
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9},
 		node, registry.NewRegistry(nil, registry.CheckpointData{}), nil, prometheus.NewRegistry(), WithPods(pods))

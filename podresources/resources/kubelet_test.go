@@ -12,7 +12,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	kubeletconfig "k8s.io/kubelet/config/v1beta1"
 
-	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
@@ -25,11 +24,9 @@ import (
 func TestOneMemoryQoSWriter(t *testing.T) {
 	pod := memoryPod("burst", corev1.PodQOSBurstable)
 	var kubeletWrites atomic.Bool
-	_, lookup := kubetest.StartLookup(t, pod)
 	s := New(Config{MemoryQoS: true, MemoryThrottlingFactor: 0.9, MemoryReservationPolicy: kubeletconfig.NoneMemoryReservationPolicy},
 		v2Node, registry.NewRegistry(nil, registry.CheckpointData{}), noStatus{}, prometheus.NewRegistry(),
-		WithPods(lookup), WithKubeletMemoryQoS(kubeletWrites.Load))
-	s.pageSize = 4096
+		WithPods(newFakePods(pod)), WithKubeletMemoryQoS(kubeletWrites.Load), withPageSize(4096))
 	s.allocatable.Store(4 << 30)
 	create := func(id string, unified map[string]string) map[string]string {
 		t.Helper()

@@ -1,5 +1,5 @@
-// Package kubetest runs podgate's pod lookup on client-go's fake clientset for unit tests of
-// the packages that read pods through it (agent, resources).
+// Package kubetest runs podgate's pod lookup on client-go's fake clientset for agent's unit
+// tests. Features read pods through narrow interfaces of their own and test with fakes of them.
 package kubetest
 
 import (

@@ -76,10 +76,8 @@ type Tracker struct {
 	conn      *grpc.ClientConn
 	namespace string
 	interval  time.Duration
-	running   func() []Running
 	now       func() time.Time
 	stall     StallRule
-	onStall   func(Running, Progress)
 
 	bytes      *prometheus.CounterVec
 	throughput *prometheus.GaugeVec
@@ -108,7 +106,8 @@ type pullState struct {
 	counted int64
 	// samples are (time, done) of the last polls, for the rate.
 	samples []sample
-	// window holds the readings of the stall window (WithStall); stalled: onStall was called.
+	// window holds the readings of the stall window (WithStall); stalled: Pulls.Stalled was
+	// called.
 	window  stallWindow
 	stalled bool
 }
@@ -137,24 +136,34 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 }
 
 // WithStall measures each running pull against rule, from the first reading of its bytes (a
-// poll after its backend call started) until every blob of its manifest is fetched, and calls
-// onStall once for a pull that stalls, from the polling goroutine, without the tracker's lock.
-// Progress then shows each pull's Stall. Without it, or with a rule that is off, no pull
+// poll after its backend call started) until every blob of its manifest is fetched, and tells
+// Pulls.Stalled once of a pull that stalls, from the polling goroutine, without the tracker's
+// lock. Progress then shows each pull's Stall. Without it, or with a rule that is off, no pull
 // stalls.
-func WithStall(rule StallRule, onStall func(Running, Progress)) Option {
-	return func(t *Tracker) { t.stall, t.onStall = rule, onStall }
+func WithStall(rule StallRule) Option {
+	return func(t *Tracker) { t.stall = rule }
 }
 
-// New creates a tracker of containerd's content store at the unix socket path; running lists
-// the pulls to follow. It does not connect until a pull runs.
-func New(path string, running func() []Running, opts ...Option) (*Tracker, error) {
+// Pulls are the pulls a tracker follows (Run, Poll): the pull governor's. It is given to each
+// poll, not to New, because the governor that runs the pulls is built with the tracker (it asks
+// it to Keep what a cancelled pull fetched).
+type Pulls interface {
+	// Running lists the pulls the runtime is busy with.
+	Running() []Running
+	// Stalled is told, once, of a pull that stalled (WithStall).
+	Stalled(ctx context.Context, r Running, p Progress)
+}
+
+// New creates a tracker of containerd's content store at the unix socket path. It does not
+// connect until a pull runs.
+func New(path string, opts ...Option) (*Tracker, error) {
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("containerd %s: %w", path, err)
 	}
 	t := &Tracker{
 		client: contentapi.NewContentClient(conn), leases: leasesapi.NewLeasesClient(conn), conn: conn,
-		namespace: DefaultNamespace, interval: time.Second, running: running, now: time.Now,
+		namespace: DefaultNamespace, interval: time.Second, now: time.Now,
 		pulls: map[string]*pullState{}, manifests: map[string][]blob{},
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "podgate", Name: "image_pull_bytes_total",
@@ -174,8 +183,8 @@ func New(path string, running func() []Running, opts ...Option) (*Tracker, error
 // Close closes the connection to containerd.
 func (t *Tracker) Close() error { return t.conn.Close() }
 
-// Run polls the content store every interval while pulls run, until ctx ends.
-func (t *Tracker) Run(ctx context.Context) {
+// Run polls the content store for pulls every interval while they run, until ctx ends.
+func (t *Tracker) Run(ctx context.Context, pulls Pulls) {
 	tick := time.NewTicker(t.interval)
 	defer tick.Stop()
 	for {
@@ -183,7 +192,7 @@ func (t *Tracker) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			t.Poll(ctx)
+			t.Poll(ctx, pulls)
 		}
 	}
 }
@@ -200,8 +209,8 @@ func (t *Tracker) Progress(image string) (Progress, bool) {
 }
 
 // Poll reads the content store once for the running pulls.
-func (t *Tracker) Poll(ctx context.Context) {
-	running := t.running()
+func (t *Tracker) Poll(ctx context.Context, pulls Pulls) {
+	running := pulls.Running()
 	t.mu.Lock()
 	t.forgetEnded(running)
 	t.mu.Unlock()
@@ -209,7 +218,7 @@ func (t *Tracker) Poll(ctx context.Context) {
 		return
 	}
 	ctx = metadata.AppendToOutgoingContext(ctx, "containerd-namespace", t.namespace)
-	err := t.poll(ctx, running)
+	err := t.poll(ctx, pulls, running)
 	logger := klog.FromContext(ctx)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -251,7 +260,7 @@ func (t *Tracker) forgetEnded(running []Running) {
 	}
 }
 
-func (t *Tracker) poll(ctx context.Context, running []Running) error {
+func (t *Tracker) poll(ctx context.Context, pulls Pulls, running []Running) error {
 	statuses, err := t.activeIngests(ctx)
 	if err != nil {
 		return err
@@ -278,7 +287,7 @@ func (t *Tracker) poll(ctx context.Context, running []Running) error {
 			return err
 		}
 		if prog = t.record(p, prog, now); prog.Stall.Stalled && t.claimStall(p) {
-			t.onStall(r, prog)
+			pulls.Stalled(ctx, r, prog)
 		}
 	}
 	return nil
@@ -288,7 +297,7 @@ func (t *Tracker) poll(ctx context.Context, running []Running) error {
 func (t *Tracker) claimStall(p *pullState) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	first := !p.stalled && t.onStall != nil
+	first := !p.stalled
 	p.stalled = true
 	return first
 }

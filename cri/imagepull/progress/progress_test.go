@@ -191,11 +191,12 @@ func TestTrackerFollowsAPull(t *testing.T) {
 	running := []Running{{Image: "127.0.0.1:5000/team/app:v1", Registry: "other", Started: start}}
 	clock := start
 	reg := prometheus.NewRegistry()
-	tr, err := New(path, func() []Running {
+	pulls := pullsFunc(func() []Running {
 		mu.Lock()
 		defer mu.Unlock()
 		return running
-	}, WithRegisterer(reg))
+	})
+	tr, err := New(path, WithRegisterer(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +214,7 @@ func TestTrackerFollowsAPull(t *testing.T) {
 	image := running[0].Image
 	check := func(step string, done, total int64, blobsDone int) Progress {
 		t.Helper()
-		tr.Poll(t.Context())
+		tr.Poll(t.Context(), pulls)
 		p, ok := tr.Progress(image)
 		if !ok || p.Done != done || p.Total != total || p.BlobsDone != blobsDone {
 			t.Fatalf("%s: progress %+v (known %v), want %d of %d bytes, %d blobs done", step, p, ok, done, total, blobsDone)
@@ -255,7 +256,7 @@ func TestTrackerFollowsAPull(t *testing.T) {
 	mu.Lock()
 	running = nil
 	mu.Unlock()
-	tr.Poll(t.Context())
+	tr.Poll(t.Context(), pulls)
 	if p, ok := tr.Progress(image); ok {
 		t.Errorf("progress %+v of a pull that ended", p)
 	}
@@ -268,14 +269,14 @@ func TestTrackerFollowsAPull(t *testing.T) {
 // tracker tries again at the next poll.
 func TestTrackerWithoutContainerd(t *testing.T) {
 	path := filepath.Join(testfs.ShortDir(t), "none.sock")
-	tr, err := New(path, func() []Running { return []Running{{Image: "example.com/a:1", Started: time.Now()}} })
+	tr, err := New(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	tr.Poll(ctx)
+	tr.Poll(ctx, pullsFunc(func() []Running { return []Running{{Image: "example.com/a:1", Started: time.Now()}} }))
 	if p, ok := tr.Progress("example.com/a:1"); ok && p.Known() {
 		t.Errorf("progress %+v without containerd", p)
 	}
@@ -297,3 +298,10 @@ func TestSplitImage(t *testing.T) {
 		}
 	}
 }
+
+// pullsFunc is the pulls a function lists, none of which stalls (no stall rule).
+type pullsFunc func() []Running
+
+func (f pullsFunc) Running() []Running { return f() }
+
+func (pullsFunc) Stalled(context.Context, Running, Progress) {}

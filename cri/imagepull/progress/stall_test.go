@@ -1,12 +1,12 @@
 package progress
 
 import (
+	"context"
 	"sync"
-
-	contentapi "github.com/containerd/containerd/api/services/content/v1"
 	"testing"
 	"time"
 
+	contentapi "github.com/containerd/containerd/api/services/content/v1"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -106,13 +106,13 @@ func TestTrackerFindsAStall(t *testing.T) {
 	clock := start
 	var stalls []Progress
 	rule := StallRule{MinBytesPerSecond: 400, Window: 3 * time.Second}
-	tr, err := New(path, func() []Running { return running }, WithRegisterer(prometheus.NewRegistry()),
-		WithStall(rule, func(r Running, p Progress) {
-			if r.Image != running[0].Image {
-				t.Errorf("stall of %q, want %q", r.Image, running[0].Image)
-			}
-			stalls = append(stalls, p)
-		}))
+	pulls := stallingPulls{running: func() []Running { return running }, stalled: func(r Running, p Progress) {
+		if r.Image != running[0].Image {
+			t.Errorf("stall of %q, want %q", r.Image, running[0].Image)
+		}
+		stalls = append(stalls, p)
+	}}
+	tr, err := New(path, WithRegisterer(prometheus.NewRegistry()), WithStall(rule))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestTrackerFindsAStall(t *testing.T) {
 		mu.Lock()
 		clock = clock.Add(time.Second)
 		mu.Unlock()
-		tr.Poll(t.Context())
+		tr.Poll(t.Context(), pulls)
 		p, _ := tr.Progress(running[0].Image)
 		return p
 	}
@@ -146,7 +146,7 @@ func TestTrackerFindsAStall(t *testing.T) {
 	}
 	poll(130)
 	if len(stalls) != 1 || stalls[0].Stall.Rate != 30 {
-		t.Fatalf("onStall told %d times (%+v), want once at 30 B/s", len(stalls), stalls)
+		t.Fatalf("Stalled told %d times (%+v), want once at 30 B/s", len(stalls), stalls)
 	}
 
 	// Every blob fetched: the runtime unpacks for as long as it takes; no stall.
@@ -163,3 +163,13 @@ func TestTrackerFindsAStall(t *testing.T) {
 		t.Errorf("an unpacking pull told as stalled: %+v", stalls)
 	}
 }
+
+// stallingPulls are the pulls running lists, their stalls told to stalled.
+type stallingPulls struct {
+	running func() []Running
+	stalled func(Running, Progress)
+}
+
+func (p stallingPulls) Running() []Running { return p.running() }
+
+func (p stallingPulls) Stalled(_ context.Context, r Running, pr Progress) { p.stalled(r, pr) }

@@ -1,15 +1,17 @@
-package agent
+package manager_test
 
 import (
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/podgate/podgate/cri/pipeline"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
+
+	"github.com/podgate/podgate/cri/pipeline"
+	"github.com/podgate/podgate/dra/dratest/rig"
 )
 
 // BenchmarkDRAPrepareStage measures what the DRA stage adds to RunPodSandbox: the stage alone,
@@ -19,7 +21,7 @@ import (
 // kubelet's default maxPods), older ones leave the registry. It reports the API requests made
 // per pod.
 //
-//	go test -run '^$' -bench DRAPrepareStage -benchtime 2000x ./agent
+//	go test -run '^$' -bench DRAPrepareStage -benchtime 2000x ./dra/manager
 func BenchmarkDRAPrepareStage(b *testing.B) {
 	for _, claims := range []int{0, 1} {
 		b.Run(fmt.Sprintf("claims=%d", claims), func(b *testing.B) {
@@ -29,20 +31,20 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 			for i := range pods {
 				var p *corev1.Pod
 				if claims == 0 {
-					p = draPod(fmt.Sprint(i))
+					p = rig.Pod(fmt.Sprint(i))
 				} else {
 					name := fmt.Sprintf("net-%d", i)
-					p = draPod(fmt.Sprint(i), name)
-					objs = append(objs, draClaim(name, p))
+					p = rig.Pod(fmt.Sprint(i), name)
+					objs = append(objs, rig.Claim(name, p))
 				}
 				objs = append(objs, p)
 				podList = append(podList, p)
 			}
-			dr := newDRARig(b, 5*time.Second, objs...)
-			stage := dr.dra.PrepareStage()
+			dr := newRig(b, 5*time.Second, objs...)
+			stage := dr.Manager.PrepareStage()
 			ctx := klog.NewContext(b.Context(), klog.Background().V(5))
 			i := 0
-			start := dr.gets.Load()
+			start := dr.Gets()
 			for b.Loop() {
 				p := podList[i%pods]
 				i++
@@ -54,11 +56,11 @@ func BenchmarkDRAPrepareStage(b *testing.B) {
 				}
 				sb.End()
 				if i > maxPods {
-					forgetPodClaims(b, dr.claimStore, podList[(i-maxPods)%pods].UID)
+					rig.ForgetPodClaims(b, dr.ClaimStore, podList[(i-maxPods)%pods].UID)
 				}
 			}
-			b.ReportMetric(float64(dr.gets.Load()-start)/float64(i), "api-gets/pod")
-			b.ReportMetric(float64(len(dr.driver.Calls()))/float64(i), "driver-calls/pod")
+			b.ReportMetric(float64(dr.Gets()-start)/float64(i), "api-gets/pod")
+			b.ReportMetric(float64(len(dr.Driver.Calls()))/float64(i), "driver-calls/pod")
 		})
 	}
 }

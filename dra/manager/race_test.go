@@ -1,4 +1,7 @@
-package agent
+package manager_test
+
+// Races and crashes: claims shared by pods starting at once, a crash at every step of a
+// claim's life, a pod taking up a claim being unprepared.
 
 import (
 	"context"
@@ -21,9 +24,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/dratest/rig"
 	"github.com/podgate/podgate/dra/manager"
 )
 
@@ -37,15 +40,15 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 	pods := make([]*corev1.Pod, n)
 	objs := make([]runtime.Object, 0, n+1)
 	for i := range pods {
-		pods[i] = draPod(fmt.Sprint(i), "shared")
+		pods[i] = rig.Pod(fmt.Sprint(i), "shared")
 		objs = append(objs, pods[i])
 	}
-	objs = append(objs, draClaim("shared", pods...))
-	dr := newDRARig(t, 30*time.Second, objs...)
+	objs = append(objs, rig.Claim("shared", pods...))
+	dr := newRig(t, 30*time.Second, objs...)
 	ctx := t.Context()
 
 	release := make(chan struct{})
-	dr.driver.SetHook(func(ctx context.Context, op string) error {
+	dr.Driver.SetHook(func(ctx context.Context, op string) error {
 		if op == "prepare" {
 			select {
 			case <-release:
@@ -58,13 +61,13 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i, p := range pods {
-		wg.Go(func() { ids[i], errs[i] = dr.runPod(t, p) })
+		wg.Go(func() { ids[i], errs[i] = dr.RunPod(t, p) })
 	}
 	if err := wait.PollUntilContextTimeout(ctx, time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		c, ok := dr.claimStore.Claim("claim-shared")
+		c, ok := dr.ClaimStore.Claim("claim-shared")
 		return ok && len(c.PodUIDs) == n, nil
 	}); err != nil {
-		c, _ := dr.claimStore.Claim("claim-shared")
+		c, _ := dr.ClaimStore.Claim("claim-shared")
 		t.Fatalf("claim's users %v, want all %d pods: %v", c.PodUIDs, n, err)
 	}
 	close(release)
@@ -74,31 +77,28 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 			t.Fatalf("sandbox of pod %d: %v", i, err)
 		}
 	}
-	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared"}) {
+	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared"}) {
 		t.Fatalf("driver calls %v, want exactly one prepare for %d sandboxes", calls, n)
 	}
 	for i, p := range pods {
-		if pc, ok := dr.registry.PodClaims(p.UID); !ok || len(pc.Claims) != 1 || !pc.Claims[0].Prepared || len(pc.Claims[0].Devices) != 1 {
+		if pc, ok := dr.Registry.PodClaims(p.UID); !ok || len(pc.Claims) != 1 || !pc.Claims[0].Prepared || len(pc.Claims[0].Devices) != 1 {
 			t.Errorf("pod %d's view of its claims %+v: want the shared claim prepared, with its device", i, pc)
 		}
 	}
 
 	for i, p := range pods {
-		dr.removeSandbox(t, ids[i])
-		if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitPodGoneFromInformer(t, dr, p.UID)
-		dr.dra.Reconcile(ctx)
-		unprepares := slices.Index(dr.driver.Calls(), "unprepare default/shared") >= 0
+		dr.RemoveSandbox(t, ids[i])
+		dr.DeletePod(t, p)
+		dr.Manager.Reconcile(ctx)
+		unprepares := slices.Index(dr.Driver.Calls(), "unprepare default/shared") >= 0
 		if last := i == n-1; unprepares != last {
-			t.Fatalf("after pod %d of %d is gone: driver calls %v; want the unprepare after the last only", i+1, n, dr.driver.Calls())
+			t.Fatalf("after pod %d of %d is gone: driver calls %v; want the unprepare after the last only", i+1, n, dr.Driver.Calls())
 		}
 	}
-	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared", "unprepare default/shared"}) {
+	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"prepare default/shared", "unprepare default/shared"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
 	}
-	if c := dr.claimStore.List(); len(c) != 0 {
+	if c := dr.ClaimStore.List(); len(c) != 0 {
 		t.Errorf("claim records left: %+v", c)
 	}
 }
@@ -152,12 +152,12 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 		{name: "shared: B, the last: unprepared and recorded", steps: []crashStep{runA, runB, goneA, goneB}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pods := map[string]*corev1.Pod{"A": draPod("a", "net"), "B": draPod("b", "net")}
-			dr := newDRARig(t, 5*time.Second, pods["A"], pods["B"], draClaim("net", pods["A"], pods["B"]))
+			pods := map[string]*corev1.Pod{"A": rig.Pod("a", "net"), "B": rig.Pod("b", "net")}
+			dr := newRig(t, 5*time.Second, pods["A"], pods["B"], rig.Claim("net", pods["A"], pods["B"]))
 			ctx := t.Context()
-			cpPath := filepath.Join(dr.stateDir, registry.CheckpointFile)
+			cpPath := filepath.Join(dr.StateDir, registry.CheckpointFile)
 			var crashed []byte
-			dr.driver.SetHook(func(_ context.Context, op string) error {
+			dr.Driver.SetHook(func(_ context.Context, op string) error {
 				if op != tc.hook || crashed != nil {
 					return nil
 				}
@@ -176,19 +176,16 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 			gone := func(t *testing.T, name string, d *manager.Manager, reg *registry.Registry) {
 				t.Helper()
 				if ids[name] != "" {
-					dr.removeSandbox(t, ids[name])
+					dr.RemoveSandbox(t, ids[name])
 					ids[name] = ""
 				}
 				if !deleted[name] {
-					if err := dr.kube.CoreV1().Pods("default").Delete(ctx, pods[name].Name, metav1.DeleteOptions{}); err != nil {
-						t.Fatal(err)
-					}
+					dr.DeletePod(t, pods[name])
 					deleted[name] = true
 				}
-				waitPodGoneFromInformer(t, dr, pods[name].UID)
 				// The sandboxes as the runtime has them: the restarted registry's were rebuilt
 				// from it, and the removal above went through the first podgate's pipeline.
-				if _, _, _, err := reg.Rebuild(ctx, dr.runtimeClient); err != nil {
+				if _, _, _, err := reg.Rebuild(ctx, dr.RuntimeClient); err != nil {
 					t.Fatal(err)
 				}
 				d.Reconcile(ctx)
@@ -197,13 +194,13 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				switch step {
 				case runA, runB:
 					name := map[crashStep]string{runA: "A", runB: "B"}[step]
-					id, err := dr.runPod(t, pods[name])
+					id, err := dr.RunPod(t, pods[name])
 					if err != nil && (tc.hook != "prepare" || tc.driverDid) {
 						t.Fatalf("sandbox of %s: %v", name, err)
 					}
 					ids[name] = id
 				case goneA, goneB:
-					gone(t, map[crashStep]string{goneA: "A", goneB: "B"}[step], dr.dra, dr.registry)
+					gone(t, map[crashStep]string{goneA: "A", goneB: "B"}[step], dr.Manager, dr.Registry)
 				}
 			}
 			if tc.hook == "" {
@@ -214,20 +211,20 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 				crashed = b
 			}
 			if crashed == nil {
-				t.Fatalf("no crash point reached at %q: driver calls %v", tc.hook, dr.driver.Calls())
+				t.Fatalf("no crash point reached at %q: driver calls %v", tc.hook, dr.Driver.Calls())
 			}
-			dr.driver.SetHook(nil)
+			dr.Driver.SetHook(nil)
 
 			// The restart: a new registry from the checkpoint the crash left, new DRA stages.
 			// The first podgate's background writes end first, or one could land over it.
-			dr.registry.Flush()
+			dr.Registry.Flush()
 			if err := os.WriteFile(cpPath, crashed, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			restarted, store, _ := restartState(t, dr.stateDir)
-			d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry())
-			before := len(dr.driver.Calls())
-			after := func() []string { return dr.driver.Calls()[before:] }
+			restarted, store, _ := rig.ReadState(t, dr.StateDir)
+			d := manager.New(dr.Pods, dr.Drivers, dr.Claims, store, restarted, dr.RuntimeClient, prometheus.NewRegistry())
+			before := len(dr.Driver.Calls())
+			after := func() []string { return dr.Driver.Calls()[before:] }
 			for _, name := range tc.rerun {
 				p := pods[name]
 				if err := prepareAgain(ctx, d, p); err != nil {
@@ -244,7 +241,7 @@ func TestDRACrashAtEveryStepConverges(t *testing.T) {
 					alive = append(alive, name)
 				}
 			}
-			if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
+			if _, _, _, err := restarted.Rebuild(ctx, dr.RuntimeClient); err != nil {
 				t.Fatal(err)
 			}
 			d.Reconcile(ctx) // what the crash left, before any pod goes
@@ -294,27 +291,27 @@ func countOf(list []string, s string) int {
 // backed by DRA (pod.status.extendedResourceClaimStatus) is prepared with the pod's other
 // claims and listed under the containers it serves only, not under every container.
 func TestDRAExtendedResourceClaim(t *testing.T) {
-	pod := draPod("1")
+	pod := rig.Pod("1")
 	pod.Spec.Containers = []corev1.Container{{Name: "app"}, {Name: "side"}}
 	pod.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{
 		ResourceClaimName: "ext",
 		RequestMappings:   []corev1.ContainerExtendedResourceRequest{{ContainerName: "app", ResourceName: "example.com/gpu", RequestName: "req"}},
 	}
-	claim := draClaim("ext", pod)
+	claim := rig.Claim("ext", pod)
 	claim.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}}
-	dr := newDRARig(t, 5*time.Second, pod, claim)
-	if _, err := dr.runPod(t, pod); err != nil {
+	dr := newRig(t, 5*time.Second, pod, claim)
+	if _, err := dr.RunPod(t, pod); err != nil {
 		t.Fatal(err)
 	}
-	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/ext"}) {
+	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"prepare default/ext"}) {
 		t.Errorf("driver calls %v, want the extended-resource claim prepared", calls)
 	}
-	pc, ok := dr.registry.PodClaims(pod.UID)
+	pc, ok := dr.Registry.PodClaims(pod.UID)
 	if !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != manager.ExtendedClaimName || !pc.Claims[0].Prepared {
 		t.Fatalf("pod's claims %+v, want the extended-resource claim, prepared", pc)
 	}
 	want := []registry.ContainerClaims{{Name: "app", Claims: []string{manager.ExtendedClaimName}}, {Name: "side"}}
-	if !sameJSON(t, pc.Containers, want) {
+	if !rig.SameJSON(t, pc.Containers, want) {
 		t.Errorf("containers %+v, want the claim under app only: %+v", pc.Containers, want)
 	}
 }
@@ -330,14 +327,14 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		failUnprepare bool
-		mode          string // dra.prepare when the new pod starts
+		mode          manager.Prepare // who prepares when the new pod starts
 	}{
-		{name: "unprepare succeeds", mode: config.PrepareAlways},
-		{name: "unprepare fails", failUnprepare: true, mode: config.PrepareAlways},
-		{name: "the kubelet prepares the new pod's claims", mode: config.PrepareNever},
+		{name: "unprepare succeeds", mode: manager.PrepareAlways},
+		{name: "unprepare fails", failUnprepare: true, mode: manager.PrepareAlways},
+		{name: "the kubelet prepares the new pod's claims", mode: manager.PrepareNever},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p1, p2 := draPod("1", "shared"), draPod("2", "shared")
+			p1, p2 := rig.Pod("1", "shared"), rig.Pod("2", "shared")
 			waiting := make(chan struct{})
 			var waitOnce sync.Once
 			var shift time.Duration // the clock's, past a failed unprepare's backoff
@@ -349,23 +346,20 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 				manager.WithPrepare(manager.PrepareAuto),
 			}
 			kubeletPods := &kubeletKnowsPods{}
-			dr := newDRARigWith(t, 30*time.Second, draOptions{manager: func(*draRig) []manager.Option { return opts }}, p1, p2, draClaim("shared", p1, p2))
-			dr.kubelet = kubeletPods
-			dr.dra.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
+			opts = append(opts, manager.WithKubelet(kubeletPods))
+			dr := newRigWith(t, 30*time.Second, func(*rig.Rig) []manager.Option { return opts }, p1, p2, rig.Claim("shared", p1, p2))
+			dr.Manager.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
 			ctx := t.Context()
-			id1, err := dr.runPod(t, p1)
+			id1, err := dr.RunPod(t, p1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			dr.removeSandbox(t, id1)
-			if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p1.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			waitPodGoneFromInformer(t, dr, p1.UID)
+			dr.RemoveSandbox(t, id1)
+			dr.DeletePod(t, p1)
 
 			held, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
-			dr.driver.SetHook(func(ctx context.Context, op string) error {
+			dr.Driver.SetHook(func(ctx context.Context, op string) error {
 				if op != "unprepare" {
 					return nil
 				}
@@ -380,11 +374,11 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 				}
 				return nil
 			})
-			if tc.mode == config.PrepareNever {
+			if tc.mode == manager.PrepareNever {
 				kubeletPods.known.Store(p2.Namespace + "/" + p2.Name)
 			}
 			reconciled := make(chan struct{})
-			go func() { defer close(reconciled); dr.dra.Reconcile(ctx) }()
+			go func() { defer close(reconciled); dr.Manager.Reconcile(ctx) }()
 			select {
 			case <-held:
 			case <-ctx.Done():
@@ -397,7 +391,7 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 			}
 			started := make(chan result, 1)
 			go func() {
-				id, err := dr.runPod(t, p2)
+				id, err := dr.RunPod(t, p2)
 				started <- result{id, err}
 			}()
 			var r result
@@ -414,28 +408,25 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 				t.Fatalf("sandbox of the new pod: %v", r.err)
 			}
 			want := []string{"prepare default/shared", "unprepare default/shared", "prepare default/shared"}
-			if calls := dr.driver.Calls(); !slices.Equal(calls, want) {
+			if calls := dr.Driver.Calls(); !slices.Equal(calls, want) {
 				t.Errorf("driver calls %v, want %v", calls, want)
 			}
-			c, ok := dr.claimStore.Claim("claim-shared")
+			c, ok := dr.ClaimStore.Claim("claim-shared")
 			if !ok || !c.Prepared || c.PreparedBy != manager.PreparedByPodgate || len(c.Devices) != 1 || c.Devices[0].Device != "dev-shared" ||
 				!slices.Equal(c.PodUIDs, []types.UID{p2.UID}) {
 				t.Errorf("claim record %+v (%v), want it prepared by podgate with its device, used by %s", c, ok, p2.UID)
 			}
 
 			// The new pod is the last user: its departure unprepares the claim, once.
-			dr.driver.SetHook(nil)
+			dr.Driver.SetHook(nil)
 			shift = manager.RetryMax // past a failed unprepare's backoff
-			dr.removeSandbox(t, r.id)
-			if err := dr.kube.CoreV1().Pods("default").Delete(ctx, p2.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			waitPodGoneFromInformer(t, dr, p2.UID)
-			dr.dra.Reconcile(ctx)
-			if calls := dr.driver.Calls(); !slices.Equal(calls, append(want, "unprepare default/shared")) {
+			dr.RemoveSandbox(t, r.id)
+			dr.DeletePod(t, p2)
+			dr.Manager.Reconcile(ctx)
+			if calls := dr.Driver.Calls(); !slices.Equal(calls, append(want, "unprepare default/shared")) {
 				t.Errorf("driver calls after the new pod is gone %v, want one more unprepare", calls)
 			}
-			if c := dr.claimStore.List(); len(c) != 0 {
+			if c := dr.ClaimStore.List(); len(c) != 0 {
 				t.Errorf("claim records left: %+v", c)
 			}
 		})

@@ -1,4 +1,7 @@
-package agent
+package attach_test
+
+// Attach and give back through the sandbox pipeline, crashes at every step of an attach, and
+// start-up settling what they left.
 
 import (
 	"context"
@@ -28,6 +31,7 @@ import (
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/dratest/rig"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testnet"
@@ -79,26 +83,26 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	ctx := t.Context()
 	podNetns := podNetns(t)
 	hostIf, wantHost := attachTestHostLink(t)
-	pod := draPod("a", "net")
-	claim := draClaim("net", pod)
+	pod := rig.Pod("a", "net")
+	claim := rig.Claim("net", pod)
 	claim.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
 		Source: resourceapi.AllocationConfigSourceClaim,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: testDriver, Parameters: k8sruntime.RawExtension{Raw: []byte(`{"interface":{"name":"net1","mtu":1300,"addresses":["192.0.2.10/24"]}}`)},
+			Driver: rig.Driver, Parameters: k8sruntime.RawExtension{Raw: []byte(`{"interface":{"name":"net1","mtu":1300,"addresses":["192.0.2.10/24"]}}`)},
 		}},
 	}}
 	slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "net-slice"}, Spec: resourceapi.ResourceSliceSpec{
-		Driver: testDriver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 1},
+		Driver: rig.Driver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 1},
 		Devices: []resourceapi.Device{{Name: "dev-net", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To(hostIf)},
 		}}},
 	}}
 	links := &crashingLinks{at: crash, crashed: make(chan struct{})}
-	dr := newDRARigWith(t, 5*time.Second, attachOptions(podNetns, links), pod, claim, slice)
-	dr.registry.SetWriteDelay(time.Hour) // the checkpoint holds only what must be written at once
-	cpPath := filepath.Join(dr.stateDir, registry.CheckpointFile)
+	dr := newRig(t, attachOptions(podNetns, links), pod, claim, slice)
+	dr.Registry.SetWriteDelay(time.Hour) // the checkpoint holds only what must be written at once
+	cpPath := filepath.Join(dr.StateDir, registry.CheckpointFile)
 	links.cpPath = cpPath
-	hostIfs := dr.hostIfs
+	hostIfs := dr.HostIfs
 	hostIfsDone := make(chan struct{})
 	go func() {
 		defer close(hostIfsDone)
@@ -111,10 +115,10 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	started := make(chan struct{})
 	go func() {
 		defer close(started)
-		_, startErr = dr.runPod(t, pod)
+		_, startErr = dr.RunPod(t, pod)
 	}()
 	// Held at the crash (the attach waits for the test's end), or ended.
-	t.Cleanup(func() { <-started; dr.registry.Flush() })
+	t.Cleanup(func() { <-started; dr.Registry.Flush() })
 	switch crash {
 	case crashAfterIntent, crashAfterMove:
 		select {
@@ -160,10 +164,10 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 	switch where {
 	case sandboxGone, sandboxNoNets:
 		if crash != crashAfterFailure {
-			if err := dr.runtime.RuntimeService.StopPodSandbox(ctx, id); err != nil {
+			if err := dr.Runtime.RuntimeService.StopPodSandbox(ctx, id); err != nil {
 				t.Fatal(err)
 			}
-			if err := dr.runtime.RuntimeService.RemovePodSandbox(ctx, id); err != nil {
+			if err := dr.Runtime.RuntimeService.RemovePodSandbox(ctx, id); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -174,28 +178,28 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 
 	// The restart: a new registry from the checkpoint the crash left, new DRA stages, the
 	// rebuild from the runtime, and what follows it: the left intents settled.
-	dr.registry.Flush()
+	dr.Registry.Flush()
 	if err := os.WriteFile(cpPath, links.snapshot, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d, at, restarted, intents, counted := restartDRA(t, dr, hostIfs, hostIf, podNetns)
-	if _, _, _, err := restarted.Rebuild(ctx, dr.runtimeClient); err != nil {
+	if _, _, _, err := restarted.Rebuild(ctx, dr.RuntimeClient); err != nil {
 		t.Fatal(err)
 	}
 	// The kubelet stops the sandbox (twice: Stop is idempotent) and removes it.
 	stopAndRemove := func() {
 		t.Helper()
-		p := pipeline.NewRunner(sandboxStages(pipeline.NewCore(restarted, dr.runtimeClient, nil), dr.sys, d, at, testResources(restarted)), restarted, prometheus.NewRegistry())
+		p := pipeline.NewRunner(rig.Stages(pipeline.NewCore(restarted, dr.RuntimeClient, nil), d, at), restarted, prometheus.NewRegistry())
 		// containerd's stop tears the pod's network namespace down, and a veth end in it.
 		stop := func(ctx context.Context, req *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-			resp, err := dr.runtimeClient.StopPodSandbox(ctx, req)
+			resp, err := dr.RuntimeClient.StopPodSandbox(ctx, req)
 			if _, serr := os.Stat(podNetns); err == nil && serr == nil {
 				testnet.IP(t, "netns", "del", filepath.Base(podNetns))
 			}
 			return resp, err
 		}
 		remove := func(ctx context.Context, req *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-			return dr.runtimeClient.RemovePodSandbox(ctx, req)
+			return dr.RuntimeClient.RemovePodSandbox(ctx, req)
 		}
 		for range 2 {
 			if _, err := p.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}, stop); err != nil {
@@ -257,7 +261,7 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 		t.Errorf("give backs that found the device away: %d, want %d", n, wantGivenBack)
 	}
 	restarted.Flush()
-	final, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
+	final, err := registry.NewCheckpoint(dr.StateDir).ReadAll()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,31 +278,47 @@ func testAttachCrash(t *testing.T, crash attachCrash, where string) {
 // restartDRA is podgate started again on dr's state directory: a registry from the checkpoint
 // there, a DRA manager and an attacher attaching with package dra, counting the give backs
 // that find the device away from the host.
-func restartDRA(t *testing.T, dr *draRig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*manager.Manager, *attach.Attacher, *registry.Registry, *attach.Intents, *countingLinks) {
+func restartDRA(t *testing.T, dr *rig.Rig, hostIfs *dra.HostInterfaces, hostIf, podNetns string) (*manager.Manager, *attach.Attacher, *registry.Registry, *attach.Intents, *countingLinks) {
 	t.Helper()
-	restarted, store, intents := restartState(t, dr.stateDir)
+	restarted, store, intents := rig.ReadState(t, dr.StateDir)
 	restarted.SetWriteDelay(0)
 	t.Cleanup(restarted.Flush)
 	counted := &countingLinks{t: t, hostIf: hostIf, podNetns: podNetns}
-	at := attach.New(restarted, intents, attach.WithDevices([]string{testDriver}, hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(counted))
-	d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry(),
+	at := attach.New(restarted, intents, prometheus.NewRegistry(), attach.WithDevices([]string{rig.Driver}, hostIfs, dr.Claims), attach.WithNetdevs(counted))
+	d := manager.New(dr.Pods, dr.Drivers, dr.Claims, store, restarted, dr.RuntimeClient, prometheus.NewRegistry(),
 		manager.WithHostInterfaces(hostIfs), manager.WithSettle(nil, at))
 	return d, at, restarted, intents, counted
 }
 
-// attachOptions are the DRA rig's with dra.attach of testDriver, its devices moved by links,
+// attachOptions are the DRA rig's with dra.attach of rig.Driver, its devices moved by links,
 // the pod's network namespace podNetns.
-func attachOptions(podNetns string, links attach.Netdevs) draOptions {
-	return draOptions{
-		rigOptions: rigOptions{netns: podNetns},
-		manager: func(dr *draRig) []manager.Option {
-			return []manager.Option{manager.WithHostInterfaces(dr.hostIfs)}
+func attachOptions(podNetns string, links attach.Netdevs) rig.Options {
+	return rig.Options{
+		CallTimeout: 5 * time.Second,
+		NetNS:       podNetns,
+		Manager: func(dr *rig.Rig) []manager.Option {
+			return []manager.Option{manager.WithHostInterfaces(dr.HostIfs)}
 		},
-		attach: func(dr *draRig) []attach.Option {
-			dr.hostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.kube), "node-a", "")
-			return []attach.Option{attach.WithDevices([]string{testDriver}, dr.hostIfs, dr.claims, prometheus.NewRegistry()), attach.WithNetdevs(links)}
+		Attach: func(dr *rig.Rig) []attach.Option {
+			dr.HostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.Kube), rig.Node, "")
+			return []attach.Option{attach.WithDevices([]string{rig.Driver}, dr.HostIfs, dr.Claims), attach.WithNetdevs(links)}
 		},
 	}
+}
+
+// newRig is the DRA rig of o, the API server holding objs.
+func newRig(t *testing.T, o rig.Options, objs ...k8sruntime.Object) *rig.Rig {
+	t.Helper()
+	o.Objects = objs
+	return rig.New(t, o)
+}
+
+// onDiskIntents are the attach intents the checkpoint data d holds.
+func onDiskIntents(t testing.TB, d registry.CheckpointData) []attach.Intent {
+	t.Helper()
+	var out []attach.Intent
+	rig.Section(t, d, "attaching", &out)
+	return out
 }
 
 func readCheckpointBytes(b []byte, d *registry.CheckpointData) error {
@@ -510,9 +530,9 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 			podNetns := podNetns(t)
 			first, wantFirst := attachTestHostLink(t)
 			second, wantSecond := attachTestHostLink(t)
-			pod := draPod("a", "net", "net2")
+			pod := rig.Pod("a", "net", "net2")
 			slice := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "net-slice"}, Spec: resourceapi.ResourceSliceSpec{
-				Driver: testDriver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 1},
+				Driver: rig.Driver, NodeName: ptr.To("node-a"), Pool: resourceapi.ResourcePool{Name: "pool", Generation: 1, ResourceSliceCount: 1},
 				Devices: []resourceapi.Device{
 					{Name: "dev-net", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To(first)}}},
 					{Name: "dev-net2", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{dra.DefaultInterfaceNameAttribute: {StringValue: ptr.To(second)}}},
@@ -520,15 +540,15 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 			}}
 			links := &refusingLinks{refuse: second}
 			links.failReclaim.Store(reclaimFails)
-			dr := newDRARigWith(t, 5*time.Second, attachOptions(podNetns, links), pod, draClaim("net", pod), draClaim("net2", pod), slice)
+			dr := newRig(t, attachOptions(podNetns, links), pod, rig.Claim("net", pod), rig.Claim("net2", pod), slice)
 			hostIfsDone := make(chan struct{})
 			go func() {
 				defer close(hostIfsDone)
-				dr.hostIfs.Run(ctx)
+				dr.HostIfs.Run(ctx)
 			}()
 			t.Cleanup(func() { <-hostIfsDone })
 
-			if _, err := dr.runPod(t, pod); err == nil || !strings.Contains(err.Error(), "attach refused by the test") {
+			if _, err := dr.RunPod(t, pod); err == nil || !strings.Contains(err.Error(), "attach refused by the test") {
 				t.Fatalf("RunPodSandbox: %v, want the refused attach", err)
 			}
 			for name, want := range map[string]linkState{first: wantFirst, second: wantSecond} {
@@ -536,19 +556,19 @@ func TestDRAAttachFailureGivesBackWhatItMoved(t *testing.T) {
 					t.Errorf("%s on the host after the failed start: %+v (found %t), want %+v", name, got, ok, want)
 				}
 			}
-			left := dr.intents.LeftAttaches()
+			left := dr.Intents.LeftAttaches()
 			if reclaimFails != (len(left) == 1) || (reclaimFails && left[0].HostInterface != second) {
 				t.Fatalf("left intents %+v; want %s's only when its give back failed", left, second)
 			}
 			links.failReclaim.Store(false)
-			dr.attach.Settle(ctx)
-			dr.registry.Flush()
-			onDisk, err := registry.NewCheckpoint(dr.stateDir).ReadAll()
+			dr.Attacher.Settle(ctx)
+			dr.Registry.Flush()
+			onDisk, err := registry.NewCheckpoint(dr.StateDir).ReadAll()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(onDiskIntents(t, onDisk)) != 0 || len(dr.intents.LeftAttaches()) != 0 {
-				t.Errorf("intents after settling: on disk %+v, in the registry %+v", onDiskIntents(t, onDisk), dr.intents.LeftAttaches())
+			if len(onDiskIntents(t, onDisk)) != 0 || len(dr.Intents.LeftAttaches()) != 0 {
+				t.Errorf("intents after settling: on disk %+v, in the registry %+v", onDiskIntents(t, onDisk), dr.Intents.LeftAttaches())
 			}
 		})
 	}
