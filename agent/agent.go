@@ -43,11 +43,12 @@ type Agent struct {
 	pods *kube.PodLookup
 	// api, when set (tests), is the Kubernetes API in place of the kubeconfig's.
 	api kube.API
-	// sandboxes is the pod registry, claims and intents the DRA features' sections of its
+	// sandboxes is the pod registry, claims, intents and sysctls the features' sections of its
 	// checkpoint; set by Run.
 	sandboxes *registry.Registry
 	claims    *manager.Claims
 	intents   *attach.Intents
+	sysctls   *sysctl.Records
 	// rebuilt is closed once the registry has been rebuilt from the runtime.
 	rebuilt  chan struct{}
 	rebuilds *prometheus.CounterVec
@@ -212,11 +213,11 @@ func (a *Agent) openRegistry(logger klog.Logger) error {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
-	var err error
-	a.sandboxes, a.claims, a.intents, err = openState(registry.NewCheckpoint(a.cfg.StateDir))
+	st, err := openState(registry.NewCheckpoint(a.cfg.StateDir))
 	if err != nil {
 		return fmt.Errorf("stateDir: %w", err)
 	}
+	a.sandboxes, a.claims, a.intents, a.sysctls = st.sandboxes, st.claims, st.intents, st.sysctls
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "podgate", Subsystem: "registry", Name: "checkpoint_write_errors_total",
 		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",
@@ -229,25 +230,39 @@ func (a *Agent) openRegistry(logger klog.Logger) error {
 	return nil
 }
 
-// openState reads the checkpoint cp into the pod registry and the DRA features' sections of it
-// (the claims, the attach intents), each registered before anything changes the registry: a
-// record the rebuild from the runtime drops leaves its attached devices as intents, and the
-// PodResources service shows the pods' claims from the start.
-func openState(cp *registry.Checkpoint) (*registry.Registry, *manager.Claims, *attach.Intents, error) {
+// state is what the checkpoint holds: the pod registry, and the features' records, each its
+// section of the checkpoint.
+type state struct {
+	sandboxes *registry.Registry
+	// claims are the DRA claims, intents the DRA devices attached to sandboxes or being
+	// attached, sysctls each sandbox's sysctl results.
+	claims  *manager.Claims
+	intents *attach.Intents
+	sysctls *sysctl.Records
+}
+
+// openState reads the checkpoint cp into the pod registry and the features' sections of it
+// (the claims, the attach records, the sysctl records), each registered before anything
+// changes the registry: a record the rebuild from the runtime drops leaves its attached devices
+// as intents, an adopted sandbox gets the sysctls the runtime applied, and the PodResources
+// service shows the pods' claims from the start. Every section podgate has is registered, so
+// that a checkpoint is written back as it was read.
+func openState(cp *registry.Checkpoint) (state, error) {
 	d, err := cp.ReadAll()
 	if err != nil {
-		return nil, nil, nil, err
+		return state{}, err
 	}
-	reg := registry.NewRegistry(cp, d)
-	claims, err := manager.NewClaims(reg)
-	if err != nil {
-		return nil, nil, nil, err
+	st := state{sandboxes: registry.NewRegistry(cp, d)}
+	if st.claims, err = manager.NewClaims(st.sandboxes); err != nil {
+		return state{}, err
 	}
-	intents, err := attach.NewIntents(reg)
-	if err != nil {
-		return nil, nil, nil, err
+	if st.intents, err = attach.NewIntents(st.sandboxes); err != nil {
+		return state{}, err
 	}
-	return reg, claims, intents, nil
+	if st.sysctls, err = sysctl.NewRecords(st.sandboxes); err != nil {
+		return state{}, err
+	}
+	return st, nil
 }
 
 // proxy is the CRI server and what it was built from.
@@ -312,7 +327,7 @@ func (a *Agent) buildProxy(ctx context.Context, tr *tracing.Tracing) (*proxy, er
 	p.server = cri.NewServer(runtime, image, append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(klog.FromContext(ctx)),
 		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
 	p.runtime = p.server.RuntimeClient()
-	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
+	p.sysctls = sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), a.sysctls, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
 	a.buildDRA(ctx, p)
 	p.core = pipeline.NewCore(a.sandboxes, p.runtime, pipeline.Quiet(p.server))
 	var opts []pipeline.RunnerOption

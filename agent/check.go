@@ -58,7 +58,7 @@ func checkStateDir(dir string) error {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return nil // does not exist yet: podgate creates it
 	}
-	_, _, _, err := openState(registry.NewCheckpoint(dir))
+	_, err := openState(registry.NewCheckpoint(dir))
 	return err
 }
 

@@ -16,7 +16,7 @@ import (
 	"github.com/podgate/podgate/test/kubefake"
 )
 
-// sampleRecord is a started, verified sandbox record of pod "uid-"+id.
+// sampleRecord is a started sandbox record of pod "uid-"+id.
 func sampleRecord(id string) registry.SandboxRecord {
 	return registry.SandboxRecord{
 		ID:        id,
@@ -27,11 +27,6 @@ func sampleRecord(id string) registry.SandboxRecord {
 		NetNS:     "/var/run/netns/cni-" + id,
 		PID:       42,
 		IPs:       []string{"10.88.0.7"},
-		Sysctls: registry.SysctlRecord{
-			Asked:        map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Applied:      map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Verification: registry.SysctlsOK,
-		},
 	}
 }
 
@@ -117,11 +112,18 @@ func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
 // reads it.
 func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.Claims, *attach.Intents) {
 	t.Helper()
-	reg, claims, intents, err := openState(registry.NewCheckpoint(stateDir))
+	st := openTestState(t, stateDir)
+	return st.sandboxes, st.claims, st.intents
+}
+
+// openTestState is podgate's state read from the checkpoint in stateDir, as start-up reads it.
+func openTestState(t testing.TB, stateDir string) state {
+	t.Helper()
+	st, err := openState(registry.NewCheckpoint(stateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reg, claims, intents
+	return st
 }
 
 // section decodes the checkpoint data's section key into out (left as it is when absent).

@@ -15,20 +15,30 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/podresources/resources"
+	"github.com/podgate/podgate/sysctl"
 )
 
-// podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
-// the PodResources services.
+// podResourcesSource shows the pod registry with the features' records of each pod, and the
+// pulls waiting in the pull governor, to the PodResources services.
 type podResourcesSource struct {
+	podViews
 	registry  *registry.Registry
 	pulls     *imagepull.Feature // nil: no pulls shown
 	pods      *kube.PodLookup    // nil without the Kubernetes API
 	resources *resources.Hooks   // nil: no containers shown
+}
+
+// podViews are the features' records a pod's message shows, read from the pod's state (each
+// feature's view of the pod, read with it under the registry's lock).
+type podViews struct {
+	sysctls  *sysctl.Records // each sandbox's sysctls
+	attached *attach.Intents // the DRA devices attached to each sandbox
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -38,7 +48,7 @@ func (s *podResourcesSource) Pods() ([]*pb.Pod, uint64) {
 	states, rev := s.registry.Pods()
 	out := make([]*pb.Pod, 0, len(states))
 	for i := range states {
-		out = append(out, s.enrich(podMessage(&states[i])))
+		out = append(out, s.enrich(s.podMessage(&states[i])))
 	}
 	return out, rev
 }
@@ -49,7 +59,7 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 	if !ok {
 		return nil, false
 	}
-	return s.enrich(podMessage(&st)), true
+	return s.enrich(s.podMessage(&st)), true
 }
 
 // Containers implements podresources.ContainerLister: the containers recorded when the pod's
@@ -87,26 +97,27 @@ func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 	return p
 }
 
-// publishChanges tells the watches of every change of the registry.
-func publishChanges(reg *registry.Registry, b *podresources.Broadcaster) {
+// publishChanges tells the watches of every change of the registry, the features' records
+// shown as views reads them.
+func publishChanges(reg *registry.Registry, b *podresources.Broadcaster, views podViews) {
 	reg.OnPodChange(func(rev uint64, before, after *registry.PodState) {
-		if ev := podEvent(rev, before, after); ev != nil {
+		if ev := views.podEvent(rev, before, after); ev != nil {
 			b.Publish(ev)
 		}
 	})
 }
 
 // podEvent is the watch event of a change; nil when nothing a watcher sees changed.
-func podEvent(rev uint64, before, after *registry.PodState) *pb.WatchEvent {
+func (v podViews) podEvent(rev uint64, before, after *registry.PodState) *pb.WatchEvent {
 	switch {
 	case before == nil && after == nil:
 		return nil
 	case before == nil:
-		return &pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: podMessage(after), Revision: rev}
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: v.podMessage(after), Revision: rev}
 	case after == nil:
-		return &pb.WatchEvent{Type: pb.WatchEvent_POD_REMOVED, Pod: podMessage(before), Revision: rev}
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_REMOVED, Pod: v.podMessage(before), Revision: rev}
 	}
-	was, is := podMessage(before), podMessage(after)
+	was, is := v.podMessage(before), v.podMessage(after)
 	if proto.Equal(was, is) {
 		return nil
 	}
@@ -122,24 +133,27 @@ func allPrepared(p *pb.Pod) bool {
 }
 
 // podMessage is a pod's state as the extension service shows it.
-func podMessage(st *registry.PodState) *pb.Pod {
+func (v podViews) podMessage(st *registry.PodState) *pb.Pod {
 	ref := st.Ref()
 	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
 	if n := len(st.Sandboxes); n > 0 {
-		p.Sandbox = sandboxMessage(&st.Sandboxes[n-1])
-		if path := st.Sandboxes[n-1].CgroupsPath; path != "" {
+		newest := &st.Sandboxes[n-1]
+		p.Sandbox = sandboxMessage(newest, v.sysctls.InPod(st)[newest.ID])
+		if path := newest.CgroupsPath; path != "" {
 			p.Cgroup = &pb.Cgroup{Driver: cgroup.Driver(path)}
 		}
 	}
 	if st.Claims != nil {
+		attached := v.attached.InPod(st)
 		for _, c := range st.Claims.Claims {
-			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes))
+			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes, attached))
 		}
 	}
 	return p
 }
 
-func sandboxMessage(rec *registry.SandboxRecord) *pb.Sandbox {
+// sandboxMessage shows a sandbox with its sysctls' record (the empty one when it has none).
+func sandboxMessage(rec *registry.SandboxRecord, sc sysctl.Record) *pb.Sandbox {
 	state := pb.Sandbox_NOT_READY
 	if rec.Ready {
 		state = pb.Sandbox_READY
@@ -149,22 +163,22 @@ func sandboxMessage(rec *registry.SandboxRecord) *pb.Sandbox {
 		Netns: rec.NetNS, HostNetwork: rec.HostNetwork, Ips: slices.Clone(rec.IPs),
 		CreatedAt: timestamppb.New(rec.CreatedAt),
 		Sysctls: &pb.Sysctls{
-			Asked: maps.Clone(rec.Sysctls.Asked), Applied: maps.Clone(rec.Sysctls.Applied),
-			Verification: rec.Sysctls.Verification, Mismatches: slices.Clone(rec.Sysctls.Mismatches), Error: rec.Sysctls.Error,
+			Asked: maps.Clone(sc.Asked), Applied: maps.Clone(sc.Applied),
+			Verification: sc.Verification, Mismatches: slices.Clone(sc.Mismatches), Error: sc.Error,
 		},
 	}
 }
 
 // claimMessage shows a claim; a device that podgate attached to one of the pod's sandboxes
-// shows what the pod got (its name, addresses and MAC in the pod).
-func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord) *pb.Claim {
+// (attached, by sandbox ID) shows what the pod got (its name, addresses and MAC in the pod).
+func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) *pb.Claim {
 	m := &pb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID), PodClaimName: c.PodClaimName, Prepared: c.Prepared}
 	for _, d := range c.Devices {
 		dev := &pb.Device{Driver: d.Driver, Pool: d.Pool, Device: d.Device, Requests: slices.Clone(d.Requests), CdiDeviceIds: slices.Clone(d.CDIDeviceIDs)}
 		if n := d.Network; n != nil {
 			dev.Network = &pb.NetworkData{HostInterface: n.HostInterface, InterfaceName: n.InterfaceName, Ips: slices.Clone(n.Addresses), Mtu: int32(n.MTU)}
 		}
-		if att, ok := attachedDevice(c, d, sandboxes); ok {
+		if att, ok := attachedDevice(c, d, sandboxes, attached); ok {
 			if dev.Network == nil {
 				dev.Network = &pb.NetworkData{HostInterface: att.Interface.HostName}
 			}
@@ -180,15 +194,15 @@ func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord) *p
 
 // attachedDevice finds the device among what podgate attached to the pod's newest sandbox
 // that holds any.
-func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes []registry.SandboxRecord) (registry.AttachedDevice, bool) {
+func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) (attach.Device, bool) {
 	for i := len(sandboxes) - 1; i >= 0; i-- {
-		for _, a := range sandboxes[i].Attached {
+		for _, a := range attached[sandboxes[i].ID] {
 			if a.ClaimUID == c.UID && a.Driver == d.Driver && a.Pool == d.Pool && a.Device == d.Device {
 				return a, true
 			}
 		}
 	}
-	return registry.AttachedDevice{}, false
+	return attach.Device{}, false
 }
 
 // openPodResources takes the PodResources socket.
@@ -196,7 +210,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
+		Source:        &podResourcesSource{podViews: a.podViews(), registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
 		Pulls:         p.pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
@@ -218,7 +232,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	if err != nil {
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
-	publishChanges(a.sandboxes, b)
+	publishChanges(a.sandboxes, b, a.podViews())
 	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
 		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout,
@@ -235,6 +249,9 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		close: func() { l.Close() },
 	}, nil
 }
+
+// podViews reads the features' records a pod's message shows.
+func (a *Agent) podViews() podViews { return podViews{sysctls: a.sysctls, attached: a.intents} }
 
 // kubeletPods is the kubelet as dra.prepare auto asks it whether it manages a pod: through
 // podgate's PodResources server, within the kubelet's rate limit; nil until that is open.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -15,8 +16,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -25,10 +29,10 @@ type podChanges struct {
 	events []*pb.WatchEvent
 }
 
-func watchRegistry(r *registry.Registry) *podChanges {
+func watchRegistry(r *registry.Registry, views podViews) *podChanges {
 	c := &podChanges{}
 	r.OnPodChange(func(rev uint64, before, after *registry.PodState) {
-		if ev := podEvent(rev, before, after); ev != nil {
+		if ev := views.podEvent(rev, before, after); ev != nil {
 			c.events = append(c.events, ev)
 		}
 	})
@@ -68,7 +72,7 @@ func webClaims(prepared bool) registry.PodClaims {
 // changes nothing visible is not told.
 func TestRegistryPodChanges(t *testing.T) {
 	r, claims := memoryState(t)
-	changes := watchRegistry(r)
+	changes := watchRegistry(r, podViews{})
 
 	recordPodClaims(t, claims, webClaims(false))
 	recordPodClaims(t, claims, webClaims(true))
@@ -109,8 +113,8 @@ func TestRegistryPodChanges(t *testing.T) {
 	}
 }
 
-// TestPodMessage: a pod's message shows its newest sandbox and its claims' devices with their
-// network data; an attached device shows what the pod got.
+// TestPodMessage: a pod's message shows its newest sandbox with its sysctls, and its claims'
+// devices with their network data; an attached device shows what the pod got.
 func TestPodMessage(t *testing.T) {
 	old := sampleRecord("old")
 	old.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
@@ -118,17 +122,29 @@ func TestPodMessage(t *testing.T) {
 	cur := sampleRecord("cur")
 	cur.Pod = old.Pod
 	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
-	cur.Attached = []registry.AttachedDevice{{
-		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
-		Interface: registry.AttachedInterface{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
-	}}
-	pc := webClaims(true)
-	got := podMessage(&registry.PodState{UID: "uid-web", Sandboxes: []registry.SandboxRecord{old, cur}, Claims: &pc})
+	// The features' records of the sandboxes, as the checkpoint holds them.
+	st := memoryStateOf(t, registry.CheckpointData{
+		Sandboxes: []registry.SandboxRecord{old, cur},
+		SandboxFields: map[string]map[string]json.RawMessage{
+			"old": {"sysctls": json.RawMessage(`{"verification":"mismatch"}`)},
+			"cur": {
+				"sysctls": json.RawMessage(`{"asked":{"net.ipv4.tcp_keepalive_time":"600"},"applied":{"net.ipv4.tcp_keepalive_time":"600"},"verification":"ok"}`),
+				"attached": json.RawMessage(`[{"claimNamespace":"ns","claimName":"web-nic","claimUID":"claim-uid","driver":"net.example.com","pool":"node-a","device":"nic0",` +
+					`"interface":{"hostName":"eth5","podName":"net1","hardwareAddr":"02:00:00:00:00:01","addresses":["192.0.2.10/24"]}}]`),
+			},
+		},
+	})
+	recordPodClaims(t, st.claims, webClaims(true))
+	pod, ok := st.sandboxes.PodByName("ns", "web")
+	if !ok {
+		t.Fatal("pod web not known")
+	}
+	got := podViews{sysctls: st.sysctls, attached: st.intents}.podMessage(&pod)
 	want := &pb.Pod{
 		Uid: "uid-web", Name: "web", Namespace: "ns",
 		Sandbox: &pb.Sandbox{
 			Id: "cur", State: pb.Sandbox_READY, Netns: cur.NetNS, Ips: cur.IPs, CreatedAt: timestamppb.New(cur.CreatedAt),
-			Sysctls: &pb.Sysctls{Asked: cur.Sysctls.Asked, Applied: cur.Sysctls.Applied, Verification: registry.SysctlsOK},
+			Sysctls: &pb.Sysctls{Asked: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Applied: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Verification: sysctl.ResultOK},
 		},
 		Claims: []*pb.Claim{{
 			Namespace: "ns", Name: "web-nic", Uid: "claim-uid", PodClaimName: "nic", Prepared: true,
@@ -141,6 +157,24 @@ func TestPodMessage(t *testing.T) {
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("podMessage (-want +got):\n%s", diff)
 	}
+}
+
+// memoryStateOf is podgate's state in memory, holding d as if read from the checkpoint.
+func memoryStateOf(t *testing.T, d registry.CheckpointData) state {
+	t.Helper()
+	reg := registry.NewRegistry(nil, d)
+	st := state{sandboxes: reg}
+	var err error
+	if st.claims, err = manager.NewClaims(reg); err != nil {
+		t.Fatal(err)
+	}
+	if st.intents, err = attach.NewIntents(reg); err != nil {
+		t.Fatal(err)
+	}
+	if st.sysctls, err = sysctl.NewRecords(reg); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 // TestPodResourcesThroughTheAgent: a running agent serves the PodResources socket from its

@@ -6,14 +6,22 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// PodState is everything the registry holds of one pod: its sandboxes, oldest first, and its
-// DRA claims. A pod is known while it has either.
+// PodState is everything the registry holds of one pod: its sandboxes, oldest first, its DRA
+// claims, and what the features that show their records with it (PodViewer) hold of it. A pod
+// is known while it has sandboxes or claims.
 type PodState struct {
 	UID       types.UID
 	Sandboxes []SandboxRecord
 	// Claims is nil when podgate prepares no claims for the pod.
 	Claims *PodClaims
+	// Views are the features' records of the pod, by the section that holds them, each of that
+	// feature's own type (the feature reads its own: e.g. sysctl.Records.InPod); a section with
+	// none is absent.
+	Views map[PodViewer]any
 }
+
+// View is the records section v holds of the pod; nil when none.
+func (p *PodState) View(v PodViewer) any { return p.Views[v] }
 
 // Ref names the pod, from its newest sandbox or else its claims.
 func (p *PodState) Ref() PodRef {
@@ -68,6 +76,7 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 	out := make([]PodState, 0, len(pods))
 	for _, p := range pods {
 		slices.SortFunc(p.Sandboxes, compareSandboxes)
+		p.Views = r.viewsLocked(p.UID, p.Sandboxes)
 		out = append(out, *p)
 	}
 	slices.SortFunc(out, func(a, b PodState) int { return compareStrings(string(a.UID), string(b.UID)) })
@@ -128,7 +137,22 @@ func (r *Registry) podStateLocked(uid types.UID) *PodState {
 	if len(p.Sandboxes) == 0 && p.Claims == nil {
 		return nil
 	}
+	p.Views = r.viewsLocked(uid, p.Sandboxes)
 	return p
+}
+
+// viewsLocked are the sections' views of the pod with these sandboxes; nil when none has one.
+func (r *Registry) viewsLocked(uid types.UID, sandboxes []SandboxRecord) map[PodViewer]any {
+	var out map[PodViewer]any
+	for _, v := range r.viewers {
+		if view := v.PodView(uid, sandboxes); view != nil {
+			if out == nil {
+				out = make(map[PodViewer]any, len(r.viewers))
+			}
+			out[v] = view
+		}
+	}
+	return out
 }
 
 // beforeLocked is the pod's state before a change, for the change function; nil when none

@@ -126,12 +126,12 @@ func NewClaims(reg *registry.Registry) (*Claims, error) {
 }
 
 // load takes up the claims of the checkpoint: a v1 file's migrated, then the current ones.
-func (c *Claims) load(raw map[string]json.RawMessage) error {
+func (c *Claims) load(l registry.Loaded) error {
 	var old []registry.PodClaims
 	var claims []ClaimInfo
 	var pods []PodDRA
 	for key, v := range map[string]any{podClaimsKey: &old, claimsKey: &claims, draPodsKey: &pods} {
-		if b, ok := raw[key]; ok {
+		if b, ok := l.Keys[key]; ok {
 			if err := json.Unmarshal(b, v); err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
@@ -155,14 +155,14 @@ func (c *Claims) load(raw map[string]json.RawMessage) error {
 func (c *Claims) Keys() []string { return []string{claimsKey, draPodsKey, podClaimsKey} }
 
 // Save implements registry.Section: the published claims and pods (v2).
-func (c *Claims) Save([]registry.SandboxRecord) (map[string]json.RawMessage, int, error) {
+func (c *Claims) Save([]registry.SandboxRecord) (registry.Saved, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return encodeClaims(c.claims, c.pods)
 }
 
 // encodeClaims is the section's data for these claims and pods; an empty list is left out.
-func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (map[string]json.RawMessage, int, error) {
+func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (registry.Saved, error) {
 	out := map[string]json.RawMessage{}
 	put := func(key string, n int, v any) error {
 		if n == 0 {
@@ -176,12 +176,12 @@ func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (
 		return nil
 	}
 	if err := put(claimsKey, len(claims), sortedClaims(claims)); err != nil {
-		return nil, 0, err
+		return registry.Saved{}, err
 	}
 	if err := put(draPodsKey, len(pods), sortedPods(pods)); err != nil {
-		return nil, 0, err
+		return registry.Saved{}, err
 	}
-	return out, 2, nil
+	return registry.Saved{Keys: out, Version: 2}, nil
 }
 
 // PodClaims implements registry.PodClaimsGetter: the pod's view of its claims, each with its
@@ -312,7 +312,7 @@ func (c *Claims) change(fn func(st *claimState) (bool, error)) error {
 	if err != nil || !changed {
 		return err
 	}
-	next := func([]registry.SandboxRecord) (map[string]json.RawMessage, int, error) {
+	next := func([]registry.SandboxRecord) (registry.Saved, error) {
 		return encodeClaims(st.claims, st.pods)
 	}
 	publish := func() {

@@ -44,7 +44,7 @@ func onDiskClaims(t *testing.T, d registry.CheckpointData) []ClaimInfo {
 func sampleRecord(id string) registry.SandboxRecord {
 	return registry.SandboxRecord{
 		ID: id, Pod: registry.PodRef{UID: types.UID("uid-" + id), Name: id, Namespace: "ns"}, Origin: registry.OriginStarted, Ready: true,
-		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC), Sysctls: registry.SysctlRecord{Verification: registry.SysctlsOK},
+		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC),
 	}
 }
 
