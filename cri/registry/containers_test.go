@@ -63,7 +63,7 @@ type ctrWatcher struct {
 }
 
 func (w *ctrWatcher) ContainerAdopted(c *ContainerRecord, a AdoptedContainer) { w.adopted[c.ID] = a }
-func (w *ctrWatcher) ContainerGone(id string)                                  { w.gone = append(w.gone, id) }
+func (w *ctrWatcher) ContainerGone(id string)                                 { w.gone = append(w.gone, id) }
 
 // TestContainerWatchersTold: a container watcher is told of each container the rebuild adopts,
 // with what the runtime says of it, and of each container the registry forgets, however.
