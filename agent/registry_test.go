@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,5 +216,46 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	}
 	if _, ok := a.sandboxes.Container(ctr.ContainerId); ok {
 		t.Error("the container is still recorded after its sandbox was removed")
+	}
+}
+
+// TestWatchSeesFeatureRecords: a PodResources watch sees the features' records of a sandbox
+// change: the sysctl verification that ends after RunPodSandbox answered is a change of the
+// pod, the event's sandbox showing the result where the one before showed it pending.
+func TestWatchSeesFeatureRecords(t *testing.T) {
+	r := newPipelineRig(t, nil)
+	var mu sync.Mutex
+	var events []*pb.WatchEvent
+	views := podViews{sysctls: r.sysctls, attached: r.intents}
+	r.registry.OnPodChange(func(rev uint64, before, after *registry.PodState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ev := views.podEvent(rev, before, after); ev != nil {
+			events = append(events, ev)
+		}
+	})
+	id, err := r.run(t, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sys.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.core.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	final, _ := r.sysctls.Sandbox(id)
+	if final.Verification == sysctl.ResultPending {
+		t.Fatalf("sysctls still pending after the verification ended: %+v", final)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var seen []string
+	for _, ev := range events {
+		seen = append(seen, ev.GetType().String()+":"+ev.GetPod().GetSandbox().GetSysctls().GetVerification())
+	}
+	added, result := "POD_ADDED:"+sysctl.ResultPending, "POD_UPDATED:"+final.Verification
+	if i := slices.Index(seen, added); i < 0 || !slices.Contains(seen[i+1:], result) {
+		t.Errorf("watch events %v, want %s then %s", seen, added, result)
 	}
 }

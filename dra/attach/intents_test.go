@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/types"
@@ -325,5 +326,56 @@ func rebuildFromEmptyRuntime(t *testing.T, reg *registry.Registry) {
 	t.Cleanup(func() { conn.Close() })
 	if _, _, dropped, err := reg.Rebuild(t.Context(), runtimeapi.NewRuntimeServiceClient(conn)); err != nil || dropped != 1 {
 		t.Fatalf("Rebuild: dropped %d, %v; want the sandbox dropped", dropped, err)
+	}
+}
+
+// TestAttachedDevicesShownWithThePod: the devices attached to a sandbox are an obligation (the
+// sandbox is written before it counts), show with its pod from the record's publication on,
+// and a give back is a change of the pod, told with the devices before and after, and written
+// in the background; the devices of a call that failed before its sandbox was recorded are
+// forgotten.
+func TestAttachedDevicesShownWithThePod(t *testing.T) {
+	cp := registry.NewCheckpoint(t.TempDir())
+	reg, intents := newIntents(t, cp, registry.CheckpointData{})
+	reg.SetWriteDelay(time.Hour)
+	var told [][2]int // devices attached to sb before and after each change
+	reg.OnPodChange(func(_ uint64, before, after *registry.PodState) {
+		count := func(st *registry.PodState) int {
+			if st == nil {
+				return -1
+			}
+			return len(intents.InPod(st)["sb"])
+		}
+		told = append(told, [2]int{count(before), count(after)})
+	})
+	in7, in8 := sampleIntent("sb", "veth7"), sampleIntent("sb", "veth8")
+	devs := []Device{in7.Attached(dra.Attached{HostName: "veth7", PodName: "net1"}), in8.Attached(dra.Attached{HostName: "veth8", PodName: "net2"})}
+	intents.setAttached("sb", devs)
+	if !intents.Obliged("sb") || intents.Obliged("other") {
+		t.Errorf("obliged: sb %t, other %t; want sb only", intents.Obliged("sb"), intents.Obliged("other"))
+	}
+	if err := reg.Add(sampleRecord("sb")); err != nil {
+		t.Fatal(err)
+	}
+	if got := onDiskAttached(t, readAll(t, cp), "sb"); !sameJSON(t, got, devs) {
+		t.Errorf("checkpoint when Add returned holds %+v, want both devices", got)
+	}
+	intents.keepAttached("sb", devs[:1])
+	intents.keepAttached("sb", nil)
+	if d := cmp.Diff([][2]int{{-1, 2}, {2, 1}, {1, 0}}, told); d != "" {
+		t.Errorf("changes told (-want +got):\n%s", d)
+	}
+	if intents.Obliged("sb") {
+		t.Error("a sandbox whose devices were all given back is still an obligation")
+	}
+	reg.Flush()
+	if d := readAll(t, cp); d.SandboxFields["sb"]["attached"] != nil {
+		t.Errorf("checkpoint after the give backs holds %s", d.SandboxFields["sb"]["attached"])
+	}
+
+	intents.setAttached("failed", devs)
+	intents.forgetAttached("failed")
+	if got := intents.Attached("failed"); len(got) != 0 {
+		t.Errorf("devices of a failed call still recorded: %+v", got)
 	}
 }
