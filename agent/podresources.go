@@ -24,21 +24,13 @@ import (
 	"github.com/podgate/podgate/sysctl"
 )
 
-// podResourcesSource shows the pod registry with the features' records of each pod, and the
+// podResourcesSource shows the pod registry, with the features' records of each pod, and the
 // pulls waiting in the pull governor, to the PodResources services.
 type podResourcesSource struct {
-	podViews
 	registry  *registry.Registry
 	pulls     *imagepull.Feature // nil: no pulls shown
 	pods      *kube.PodLookup    // nil without the Kubernetes API
 	resources *resources.Hooks   // nil: no containers shown
-}
-
-// podViews are the features' records a pod's message shows, read from the pod's state (each
-// feature's view of the pod, read with it under the registry's lock).
-type podViews struct {
-	sysctls  *sysctl.Records // each sandbox's sysctls
-	attached *attach.Intents // the DRA devices attached to each sandbox
 }
 
 var _ podresources.Source = (*podResourcesSource)(nil)
@@ -48,7 +40,7 @@ func (s *podResourcesSource) Pods() ([]*pb.Pod, uint64) {
 	states, rev := s.registry.Pods()
 	out := make([]*pb.Pod, 0, len(states))
 	for i := range states {
-		out = append(out, s.enrich(s.podMessage(&states[i])))
+		out = append(out, s.enrich(podMessage(&states[i])))
 	}
 	return out, rev
 }
@@ -59,7 +51,7 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 	if !ok {
 		return nil, false
 	}
-	return s.enrich(s.podMessage(&st)), true
+	return s.enrich(podMessage(&st)), true
 }
 
 // Containers implements podresources.ContainerLister: the containers recorded when the pod's
@@ -97,27 +89,26 @@ func (s *podResourcesSource) enrich(p *pb.Pod) *pb.Pod {
 	return p
 }
 
-// publishChanges tells the watches of every change of the registry, the features' records
-// shown as views reads them.
-func publishChanges(reg *registry.Registry, b *podresources.Broadcaster, views podViews) {
+// publishChanges tells the watches of every change of the registry.
+func publishChanges(reg *registry.Registry, b *podresources.Broadcaster) {
 	reg.OnPodChange(func(rev uint64, before, after *registry.PodState) {
-		if ev := views.podEvent(rev, before, after); ev != nil {
+		if ev := podEvent(rev, before, after); ev != nil {
 			b.Publish(ev)
 		}
 	})
 }
 
 // podEvent is the watch event of a change; nil when nothing a watcher sees changed.
-func (v podViews) podEvent(rev uint64, before, after *registry.PodState) *pb.WatchEvent {
+func podEvent(rev uint64, before, after *registry.PodState) *pb.WatchEvent {
 	switch {
 	case before == nil && after == nil:
 		return nil
 	case before == nil:
-		return &pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: v.podMessage(after), Revision: rev}
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_ADDED, Pod: podMessage(after), Revision: rev}
 	case after == nil:
-		return &pb.WatchEvent{Type: pb.WatchEvent_POD_REMOVED, Pod: v.podMessage(before), Revision: rev}
+		return &pb.WatchEvent{Type: pb.WatchEvent_POD_REMOVED, Pod: podMessage(before), Revision: rev}
 	}
-	was, is := v.podMessage(before), v.podMessage(after)
+	was, is := podMessage(before), podMessage(after)
 	if proto.Equal(was, is) {
 		return nil
 	}
@@ -132,19 +123,20 @@ func allPrepared(p *pb.Pod) bool {
 	return len(p.GetClaims()) > 0 && !slices.ContainsFunc(p.GetClaims(), func(c *pb.Claim) bool { return !c.GetPrepared() })
 }
 
-// podMessage is a pod's state as the extension service shows it.
-func (v podViews) podMessage(st *registry.PodState) *pb.Pod {
+// podMessage is a pod's state as the extension service shows it, the features' records of it
+// read from their views in it.
+func podMessage(st *registry.PodState) *pb.Pod {
 	ref := st.Ref()
 	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
 	if n := len(st.Sandboxes); n > 0 {
 		newest := &st.Sandboxes[n-1]
-		p.Sandbox = sandboxMessage(newest, v.sysctls.InPod(st)[newest.ID])
+		p.Sandbox = sandboxMessage(newest, sysctl.InPod(st)[newest.ID])
 		if path := newest.CgroupsPath; path != "" {
 			p.Cgroup = &pb.Cgroup{Driver: cgroup.Driver(path)}
 		}
 	}
 	if st.Claims != nil {
-		attached := v.attached.InPod(st)
+		attached := attach.InPod(st)
 		for _, c := range st.Claims.Claims {
 			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes, attached))
 		}
@@ -210,7 +202,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{podViews: a.podViews(), registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
+		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
 		Pulls:         p.pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
@@ -232,7 +224,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	if err != nil {
 		return service{}, fmt.Errorf("podResources.socket: %w", err)
 	}
-	publishChanges(a.sandboxes, b, a.podViews())
+	publishChanges(a.sandboxes, b)
 	p.podResources.Store(s) // dra.prepare auto asks it whether the kubelet manages a pod
 	klog.FromContext(ctx).Info("Serving PodResources", "socket", *cfg.Socket, "kubeletSocket", *cfg.KubeletSocket, "qps", cfg.QPS, "burst", cfg.Burst,
 		"kubeletQPS", cfg.KubeletQPS, "kubeletBurst", cfg.KubeletBurst, "maxConnections", cfg.MaxConnections, "maxStreams", cfg.MaxStreams, "idleTimeout", cfg.IdleTimeout,
@@ -249,9 +241,6 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 		close: func() { l.Close() },
 	}, nil
 }
-
-// podViews reads the features' records a pod's message shows.
-func (a *Agent) podViews() podViews { return podViews{sysctls: a.sysctls, attached: a.intents} }
 
 // kubeletPods is the kubelet as dra.prepare auto asks it whether it manages a pod: through
 // podgate's PodResources server, within the kubelet's rate limit; nil until that is open.

@@ -29,10 +29,10 @@ type podChanges struct {
 	events []*pb.WatchEvent
 }
 
-func watchRegistry(r *registry.Registry, views podViews) *podChanges {
+func watchRegistry(r *registry.Registry) *podChanges {
 	c := &podChanges{}
 	r.OnPodChange(func(rev uint64, before, after *registry.PodState) {
-		if ev := views.podEvent(rev, before, after); ev != nil {
+		if ev := podEvent(rev, before, after); ev != nil {
 			c.events = append(c.events, ev)
 		}
 	})
@@ -72,7 +72,7 @@ func webClaims(prepared bool) registry.PodClaims {
 // changes nothing visible is not told.
 func TestRegistryPodChanges(t *testing.T) {
 	r, claims := memoryState(t)
-	changes := watchRegistry(r, podViews{})
+	changes := watchRegistry(r)
 
 	recordPodClaims(t, claims, webClaims(false))
 	recordPodClaims(t, claims, webClaims(true))
@@ -139,7 +139,7 @@ func TestPodMessage(t *testing.T) {
 	if !ok {
 		t.Fatal("pod web not known")
 	}
-	got := podViews{sysctls: st.sysctls, attached: st.intents}.podMessage(&pod)
+	got := podMessage(&pod)
 	want := &pb.Pod{
 		Uid: "uid-web", Name: "web", Namespace: "ns",
 		Sandbox: &pb.Sandbox{

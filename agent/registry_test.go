@@ -226,11 +226,10 @@ func TestWatchSeesFeatureRecords(t *testing.T) {
 	r := newPipelineRig(t, nil)
 	var mu sync.Mutex
 	var events []*pb.WatchEvent
-	views := podViews{sysctls: r.sysctls, attached: r.intents}
 	r.registry.OnPodChange(func(rev uint64, before, after *registry.PodState) {
 		mu.Lock()
 		defer mu.Unlock()
-		if ev := views.podEvent(rev, before, after); ev != nil {
+		if ev := podEvent(rev, before, after); ev != nil {
 			events = append(events, ev)
 		}
 	})

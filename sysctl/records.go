@@ -54,8 +54,8 @@ const recordKey = "sysctls"
 // Records are the sysctl records of the sandboxes, by sandbox ID: the feature's section of the
 // pod registry's checkpoint, a "sysctls" key in each sandbox object, written for every sandbox
 // (a sandbox without a record has the empty one, as podgate always wrote it). The registry
-// shows them with each pod (InPod), tells them of sandboxes it adopts (what the runtime
-// applied, unverified) and of those that go.
+// shows them with each pod (InPod reads them), tells them of sandboxes it adopts (what the
+// runtime applied, unverified) and of those that go.
 type Records struct {
 	reg *registry.Registry
 	// mu is taken after the registry's lock, never before.
@@ -145,6 +145,9 @@ func (r *Records) SandboxAdopted(rec *registry.SandboxRecord, cfg *runtimeapi.Po
 	}
 }
 
+// ViewKey implements registry.PodViewer.
+func (r *Records) ViewKey() string { return recordKey }
+
 // PodView implements registry.PodViewer: the records of the pod's sandboxes, by sandbox ID
 // (a map[string]Record; InPod reads it).
 func (r *Records) PodView(_ types.UID, sandboxes []registry.SandboxRecord) any {
@@ -165,10 +168,10 @@ func (r *Records) PodView(_ types.UID, sandboxes []registry.SandboxRecord) any {
 	return out
 }
 
-// InPod returns the records of a pod's sandboxes, by sandbox ID, as the registry read them
-// with the pod's state.
-func (r *Records) InPod(st *registry.PodState) map[string]Record {
-	v, _ := st.View(r).(map[string]Record)
+// InPod returns the sysctl records of a pod's sandboxes, by sandbox ID, as the registry read
+// them with the pod's state; none when the feature has none (or is not registered).
+func InPod(st *registry.PodState) map[string]Record {
+	v, _ := st.View(recordKey).(map[string]Record)
 	return v
 }
 

@@ -105,7 +105,7 @@ func TestRecordChangesToldWithThePod(t *testing.T) {
 			if st == nil {
 				return "-"
 			}
-			return r.InPod(st)["a"].Verification
+			return InPod(st)["a"].Verification
 		}
 		told = append(told, [2]string{verification(before), verification(after)})
 	})

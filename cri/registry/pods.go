@@ -14,14 +14,14 @@ type PodState struct {
 	Sandboxes []SandboxRecord
 	// Claims is nil when podgate prepares no claims for the pod.
 	Claims *PodClaims
-	// Views are the features' records of the pod, by the section that holds them, each of that
-	// feature's own type (the feature reads its own: e.g. sysctl.Records.InPod); a section with
-	// none is absent.
-	Views map[PodViewer]any
+	// Views are the features' records of the pod, by the name of their view (PodViewer.ViewKey),
+	// each of that feature's own type (the feature exports its reader: e.g. sysctl.InPod); a
+	// feature with none is absent.
+	Views map[string]any
 }
 
-// View is the records section v holds of the pod; nil when none.
-func (p *PodState) View(v PodViewer) any { return p.Views[v] }
+// View is the records the view of that name holds of the pod; nil when none.
+func (p *PodState) View(key string) any { return p.Views[key] }
 
 // Ref names the pod, from its newest sandbox or else its claims.
 func (p *PodState) Ref() PodRef {
@@ -142,14 +142,14 @@ func (r *Registry) podStateLocked(uid types.UID) *PodState {
 }
 
 // viewsLocked are the sections' views of the pod with these sandboxes; nil when none has one.
-func (r *Registry) viewsLocked(uid types.UID, sandboxes []SandboxRecord) map[PodViewer]any {
-	var out map[PodViewer]any
+func (r *Registry) viewsLocked(uid types.UID, sandboxes []SandboxRecord) map[string]any {
+	var out map[string]any
 	for _, v := range r.viewers {
 		if view := v.PodView(uid, sandboxes); view != nil {
 			if out == nil {
-				out = make(map[PodViewer]any, len(r.viewers))
+				out = make(map[string]any, len(r.viewers))
 			}
-			out[v] = view
+			out[v.ViewKey()] = view
 		}
 	}
 	return out

@@ -85,8 +85,12 @@ type Obligations interface {
 // PodViewer is a section whose records the registry's readers see with each pod
 // (PodState.Views), read under the registry's lock: a reader sees the sandboxes and every
 // feature's records of them at the same revision, and the change function sees them before and
-// after each change (ChangeSandbox, Commit).
+// after each change (ChangeSandbox, Commit). The feature exports the reader of its view (e.g.
+// sysctl.InPod), so that its readers need nothing but the pod's state.
 type PodViewer interface {
+	// ViewKey names the view in PodState.Views: one of the section's own keys (Keys or
+	// Fields), so that no two views share a name.
+	ViewKey() string
 	// PodView returns the section's records of the pod whose sandboxes are sandboxes, as a
 	// value of its own type that nobody changes afterwards; nil when it has none.
 	PodView(uid types.UID, sandboxes []SandboxRecord) any
@@ -170,6 +174,9 @@ func (r *Registry) checkOwnerLocked(s Section) error {
 		if slices.ContainsFunc(r.sections, func(o Section) bool { return slices.Contains(fieldsOf(o), k) }) {
 			return fmt.Errorf("registry: sandbox key %q has a section already", k)
 		}
+	}
+	if v, ok := s.(PodViewer); ok && !slices.Contains(s.Keys(), v.ViewKey()) && !slices.Contains(fieldsOf(s), v.ViewKey()) {
+		return fmt.Errorf("registry: view %q is not one of its section's keys", v.ViewKey())
 	}
 	return nil
 }

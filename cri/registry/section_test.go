@@ -154,6 +154,7 @@ func newFieldSection(t *testing.T, reg *Registry, key string) *fieldSection {
 
 func (s *fieldSection) Keys() []string   { return nil }
 func (s *fieldSection) Fields() []string { return []string{s.key} }
+func (s *fieldSection) ViewKey() string  { return s.key }
 
 func (s *fieldSection) Save(sandboxes []SandboxRecord) (Saved, error) {
 	s.mu.Lock()
@@ -531,9 +532,9 @@ func TestCommitSandbox(t *testing.T) {
 	devices := newFieldSection(t, reg, "attached")
 	var told []string
 	reg.OnPodChange(func(_ uint64, before, after *PodState) {
-		told = append(told, string(after.UID)+":"+after.View(devices).(map[string]string)["a"])
-		if before.View(devices) != nil {
-			t.Errorf("state before the change shows %v, want nothing", before.View(devices))
+		told = append(told, string(after.UID)+":"+after.View("attached").(map[string]string)["a"])
+		if before.View("attached") != nil {
+			t.Errorf("state before the change shows %v, want nothing", before.View("attached"))
 		}
 	})
 	commit := func(id string) (bool, error) {
@@ -576,7 +577,7 @@ func TestChangeSandboxShowsInThePodState(t *testing.T) {
 	sysctls.set("a", "pending")
 	var views [][2]any
 	reg.OnPodChange(func(_ uint64, before, after *PodState) {
-		views = append(views, [2]any{before.View(sysctls), after.View(sysctls)})
+		views = append(views, [2]any{before.View("sysctls"), after.View("sysctls")})
 	})
 	if !reg.ChangeSandbox("a", func() { sysctls.set("a", "ok") }) {
 		t.Fatal("ChangeSandbox of a recorded sandbox: false")
@@ -592,7 +593,7 @@ func TestChangeSandboxShowsInThePodState(t *testing.T) {
 		t.Errorf("checkpoint after the change: %s", d.SandboxFields)
 	}
 	states, _ := reg.Pods()
-	if len(states) != 1 || states[0].View(sysctls).(map[string]string)["a"] != "ok" {
+	if len(states) != 1 || states[0].View("sysctls").(map[string]string)["a"] != "ok" {
 		t.Errorf("Pods: %+v, want a's note ok", states)
 	}
 }

@@ -108,7 +108,8 @@ type intentEntry struct {
 // recorded as attached to a sandbox the checkpoint holds is not written (the device's record
 // holds the obligation), so the write that records the sandbox with its devices drops their
 // intents. The registry tells it of sandbox records set and gone, writes a sandbox that has
-// attached devices before it counts (Obliged), and shows the devices with each pod (InPod).
+// attached devices before it counts (Obliged), and shows the devices with each pod (InPod
+// reads them).
 type Intents struct {
 	reg *registry.Registry
 	// mu is taken after the registry's locks, never before.
@@ -257,6 +258,9 @@ func (s *Intents) Obliged(sandboxID string) bool {
 	return len(s.attached[sandboxID]) > 0
 }
 
+// ViewKey implements registry.PodViewer.
+func (s *Intents) ViewKey() string { return attachedKey }
+
 // PodView implements registry.PodViewer: the devices attached to the pod's sandboxes, by
 // sandbox ID (a map[string][]Device; InPod reads it).
 func (s *Intents) PodView(_ types.UID, sandboxes []registry.SandboxRecord) any {
@@ -278,9 +282,9 @@ func (s *Intents) PodView(_ types.UID, sandboxes []registry.SandboxRecord) any {
 }
 
 // InPod returns the devices attached to a pod's sandboxes, by sandbox ID, as the registry read
-// them with the pod's state.
-func (s *Intents) InPod(st *registry.PodState) map[string][]Device {
-	v, _ := st.View(s).(map[string][]Device)
+// them with the pod's state; none when there are none (or the feature is not registered).
+func InPod(st *registry.PodState) map[string][]Device {
+	v, _ := st.View(attachedKey).(map[string][]Device)
 	return v
 }
 

@@ -344,7 +344,7 @@ func TestAttachedDevicesShownWithThePod(t *testing.T) {
 			if st == nil {
 				return -1
 			}
-			return len(intents.InPod(st)["sb"])
+			return len(InPod(st)["sb"])
 		}
 		told = append(told, [2]int{count(before), count(after)})
 	})
