@@ -118,7 +118,7 @@ func TestDRAPrepareModes(t *testing.T) {
 				}
 				socket = serveKubeletKnows(t, dr.dir, known...)
 			}
-			pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry}, KubeletSocket: socket})
+			pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry, claims: dr.claimStore}, KubeletSocket: socket})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -186,7 +186,7 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	l.SetUnlinkOnClose(false)
 	l.Close() // the socket file stays, nobody listens
 	metrics := prometheus.NewRegistry()
-	pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry}, KubeletSocket: socket, Registerer: metrics})
+	pr, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: dr.registry, claims: dr.claimStore}, KubeletSocket: socket, Registerer: metrics})
 	if err != nil {
 		t.Fatal(err)
 	}

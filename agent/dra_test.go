@@ -193,11 +193,11 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	if n := dr.gets.Load(); n != 1 {
 		t.Errorf("%d API GETs for a pod with one claim, want 1", n)
 	}
-	want := []registry.ClaimRecord{{
+	want := []manager.ClaimRecord{{
 		UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}, Prepared: true,
-		Devices: []registry.DeviceRecord{{Driver: testDriver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
+		Devices: []manager.DeviceRecord{{Driver: testDriver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
 	}}
-	got, ok := dr.registry.PodClaims(pod.UID)
+	got, ok := dr.claimStore.PodClaims(pod.UID)
 	if !ok || !sameJSON(t, got.Claims, want) {
 		t.Errorf("registry: %+v, want %+v", got, want)
 	}
@@ -233,7 +233,7 @@ func TestDRAPodWithoutClaimsCostsNothing(t *testing.T) {
 	if n, calls := dr.gets.Load(), dr.driver.Calls(); n != 0 || len(calls) != 0 {
 		t.Errorf("pod without claims: %d API GETs, driver calls %v; want none", n, calls)
 	}
-	if _, ok := dr.registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.claimStore.PodClaims(pod.UID); ok {
 		t.Error("a pod without claims has a claims record")
 	}
 }
@@ -307,7 +307,7 @@ func TestDRANoDriverCallWithoutTheObligationOnDisk(t *testing.T) {
 	if calls := dr.driver.Calls(); len(calls) != 0 || dr.atRun.Load() != nil {
 		t.Errorf("driver calls %v, runtime reached %v; want neither", calls, dr.atRun.Load() != nil)
 	}
-	if _, ok := dr.registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.claimStore.PodClaims(pod.UID); ok {
 		t.Error("claims recorded in memory although not on disk")
 	}
 }
@@ -342,7 +342,7 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"prepare default/net", "unprepare default/net"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
 	}
-	if _, ok := dr.registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.claimStore.PodClaims(pod.UID); ok {
 		t.Error("claims record kept after the unprepare")
 	}
 	dr.registry.Flush()
@@ -395,9 +395,9 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	// checkpoint; the pod is gone since.
 	pod := draPod("1", "net")
 	dr := newDRARig(t, 5*time.Second)
-	recordPodClaims(t, dr.claimStore, registry.PodClaims{
+	recordPodClaims(t, dr.claimStore, manager.PodClaims{
 		Pod:    registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
-		Claims: []registry.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
+		Claims: []manager.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{testDriver}}},
 	})
 	restarted, store, _ := restartState(t, dr.stateDir)
 	d := manager.New(dr.pods, dr.drivers, dr.claims, store, restarted, dr.runtimeClient, prometheus.NewRegistry())
@@ -405,7 +405,7 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	if calls := dr.driver.Calls(); !slices.Equal(calls, []string{"unprepare default/net"}) {
 		t.Errorf("driver calls %v, want the recorded claim unprepared", calls)
 	}
-	if _, ok := restarted.PodClaims(pod.UID); ok {
+	if _, ok := store.PodClaims(pod.UID); ok {
 		t.Error("obligation kept after the unprepare")
 	}
 }

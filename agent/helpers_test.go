@@ -62,10 +62,10 @@ func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clien
 
 // recordPodClaims records pc in the claim store as the DRA stage does: the pod as a user of its
 // claims (durable), then the devices of those it holds prepared.
-func recordPodClaims(t testing.TB, store *manager.Claims, pc registry.PodClaims) {
+func recordPodClaims(t testing.TB, store *manager.Claims, pc manager.PodClaims) {
 	t.Helper()
 	uses := make([]manager.ClaimUse, len(pc.Claims))
-	prepared := map[types.UID][]registry.DeviceRecord{}
+	prepared := map[types.UID][]manager.DeviceRecord{}
 	for i, c := range pc.Claims {
 		uses[i] = manager.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
 		if c.Prepared {

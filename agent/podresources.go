@@ -28,6 +28,7 @@ import (
 // pulls waiting in the pull governor, to the PodResources services.
 type podResourcesSource struct {
 	registry  *registry.Registry
+	claims    *manager.Claims
 	pulls     *imagepull.Feature // nil: no pulls shown
 	pods      *kube.PodLookup    // nil without the Kubernetes API
 	resources *resources.Hooks   // nil: no containers shown
@@ -58,8 +59,8 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 // claims were prepared, else those of the pod in the informer.
 func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bool) {
 	uid := types.UID(p.GetUid())
-	var cs []registry.ContainerClaims
-	if pc, ok := s.registry.PodClaims(uid); ok && len(pc.Containers) > 0 {
+	var cs []manager.ContainerClaims
+	if pc, ok := s.claims.PodClaims(uid); ok && len(pc.Containers) > 0 {
 		cs = pc.Containers
 	} else if s.pods != nil {
 		pod, ok := s.pods.Get(uid)
@@ -135,9 +136,9 @@ func podMessage(st *registry.PodState) *pb.Pod {
 			p.Cgroup = &pb.Cgroup{Driver: cgroup.Driver(path)}
 		}
 	}
-	if st.Claims != nil {
+	if pc, ok := manager.InPod(st); ok {
 		attached := attach.InPod(st)
-		for _, c := range st.Claims.Claims {
+		for _, c := range pc.Claims {
 			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes, attached))
 		}
 	}
@@ -163,7 +164,7 @@ func sandboxMessage(rec *registry.SandboxRecord, sc sysctl.Record) *pb.Sandbox {
 
 // claimMessage shows a claim; a device that podgate attached to one of the pod's sandboxes
 // (attached, by sandbox ID) shows what the pod got (its name, addresses and MAC in the pod).
-func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) *pb.Claim {
+func claimMessage(c manager.ClaimRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) *pb.Claim {
 	m := &pb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID), PodClaimName: c.PodClaimName, Prepared: c.Prepared}
 	for _, d := range c.Devices {
 		dev := &pb.Device{Driver: d.Driver, Pool: d.Pool, Device: d.Device, Requests: slices.Clone(d.Requests), CdiDeviceIds: slices.Clone(d.CDIDeviceIDs)}
@@ -186,7 +187,7 @@ func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord, at
 
 // attachedDevice finds the device among what podgate attached to the pod's newest sandbox
 // that holds any.
-func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) (attach.Device, bool) {
+func attachedDevice(c manager.ClaimRecord, d manager.DeviceRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) (attach.Device, bool) {
 	for i := len(sandboxes) - 1; i >= 0; i-- {
 		for _, a := range attached[sandboxes[i].ID] {
 			if a.ClaimUID == c.UID && a.Driver == d.Driver && a.Pool == d.Pool && a.Device == d.Device {
@@ -202,7 +203,7 @@ func (a *Agent) openPodResources(ctx context.Context, p *proxy) (service, error)
 	cfg := a.cfg.PodResources
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: a.sandboxes, pulls: p.pulls, pods: a.pods, resources: p.resources},
+		Source:        &podResourcesSource{registry: a.sandboxes, claims: a.claims, pulls: p.pulls, pods: a.pods, resources: p.resources},
 		Pulls:         p.pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,

@@ -47,20 +47,20 @@ func (c *podChanges) types() []pb.WatchEvent_Type {
 	return out
 }
 
-func webClaims(prepared bool) registry.PodClaims {
-	pc := registry.PodClaims{
+func webClaims(prepared bool) manager.PodClaims {
+	pc := manager.PodClaims{
 		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
-		Claims: []registry.ClaimRecord{{
+		Claims: []manager.ClaimRecord{{
 			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
 		}},
-		Containers: []registry.ContainerClaims{{Name: "app"}, {Name: "side"}},
+		Containers: []manager.ContainerClaims{{Name: "app"}, {Name: "side"}},
 	}
 	if prepared {
 		pc.Claims[0].Prepared = true
-		pc.Claims[0].Devices = []registry.DeviceRecord{{
+		pc.Claims[0].Devices = []manager.DeviceRecord{{
 			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
 			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
-			Network:      &registry.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
+			Network:      &manager.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
 		}}
 	}
 	return pc

@@ -87,7 +87,7 @@ func TestOldCheckpointLoadsIntoTheSections(t *testing.T) {
 			t.Errorf("%s loaded as\n%s\nwant\n%s", c.what, c.got, c.want)
 		}
 	}
-	if pc, ok := st.sandboxes.PodClaims("uid-b"); !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != "nic" || !pc.Claims[0].Prepared {
+	if pc, ok := st.claims.PodClaims("uid-b"); !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != "nic" || !pc.Claims[0].Prepared {
 		t.Errorf("pod b's claims through the registry: %+v %t", pc, ok)
 	}
 

@@ -8,9 +8,11 @@
 // types, kept by the feature: the registry writes it in the same checkpoint as the feature's
 // section (Section, Register, Commit), either top-level keys (package manager's DRA claims,
 // package attach's attach intents) or keys of each sandbox object (SandboxFields: package
-// sysctl's results, package attach's attached devices), and tells the sections of the
-// sandboxes' and containers' lives (SandboxWatcher, AdoptWatcher, ContainerWatcher). A key no
-// section owns is carried through writes unchanged. At start-up the registry is rebuilt from
+// sysctl's results, package attach's attached devices), tells the sections of the sandboxes'
+// and containers' lives (SandboxWatcher, AdoptWatcher, ContainerWatcher), and shows their
+// records with each pod (PodViewer: PodState.Views, read by each feature's InPod; PodKeeper: a
+// pod known by its DRA claims before it has a sandbox). A key no section owns is carried
+// through writes unchanged. At start-up the registry is rebuilt from
 // the runtime (Rebuild), which adopts what podgate did not see start. This package also holds
 // the one decoder of containerd's verbose status ("info").
 package registry

@@ -106,13 +106,13 @@ type Registry struct {
 	loadedVersion int
 	// The sections by what else they do (section.go): told of sandbox records set and gone,
 	// of sandboxes adopted, of containers; asked whether a record is an obligation, for their
-	// view of a pod; claims the one that holds the pods' DRA claims (nil: none).
+	// view of a pod, for the pods they keep.
 	watchers    []SandboxWatcher
 	adopters    []AdoptWatcher
 	obligations []Obligations
 	viewers     []PodViewer
+	keepers     []PodKeeper
 	ctrWatchers []ContainerWatcher
-	claims      PodClaimsSource
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -145,7 +145,6 @@ var (
 	_ SandboxGetter    = (*Registry)(nil)
 	_ SandboxLister    = (*Registry)(nil)
 	_ PodSandboxLister = (*Registry)(nil)
-	_ PodClaimsGetter  = (*Registry)(nil)
 )
 
 // NewRegistry creates a registry that persists to cp (nil: memory only), holding what it

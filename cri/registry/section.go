@@ -96,12 +96,14 @@ type PodViewer interface {
 	PodView(uid types.UID, sandboxes []SandboxRecord) any
 }
 
-// PodClaimsSource is the Section holding the pods' DRA claims: the registry builds each pod's
-// state (PodState.Claims) from it, under its lock (it must not call the registry).
-type PodClaimsSource interface {
-	PodClaimsGetter
-	// ClaimPods are the pods that have claims.
-	ClaimPods() []PodRef
+// PodKeeper is a PodViewer whose records make a pod known even without a sandbox (the DRA
+// claims, prepared before the sandbox exists): the registry's readers see such a pod.
+type PodKeeper interface {
+	PodViewer
+	// KeptPods are the pods the section holds records of.
+	KeptPods() []PodRef
+	// KeptPod reports whether the section holds records of the pod with this UID, and names it.
+	KeptPod(uid types.UID) (PodRef, bool)
 }
 
 // SaveFunc is what Commit writes for the section being changed: its next state, encoded as
@@ -196,8 +198,8 @@ func (r *Registry) addLocked(s Section) {
 	if v, ok := s.(PodViewer); ok {
 		r.viewers = append(r.viewers, v)
 	}
-	if src, ok := s.(PodClaimsSource); ok {
-		r.claims = src
+	if k, ok := s.(PodKeeper); ok {
+		r.keepers = append(r.keepers, k)
 	}
 }
 

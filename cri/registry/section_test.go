@@ -105,25 +105,34 @@ func (s *noteSection) get(uid types.UID) (string, bool) {
 	return n, ok
 }
 
-// claimSource is a noteSection that shows each note as the pod's claim of that name.
-type claimSource struct{ *noteSection }
+// keeperSection is a noteSection whose notes make their pods known, as the DRA claims do, and
+// show with them.
+type keeperSection struct{ *noteSection }
 
-func (c claimSource) PodClaims(uid types.UID) (PodClaims, bool) {
-	n, ok := c.get(uid)
-	if !ok {
-		return PodClaims{}, false
+var _ PodKeeper = keeperSection{}
+
+func (k keeperSection) ViewKey() string { return k.key }
+
+func (k keeperSection) PodView(uid types.UID, _ []SandboxRecord) any {
+	if n, ok := k.get(uid); ok {
+		return n
 	}
-	return PodClaims{Pod: PodRef{UID: uid, Name: string(uid), Namespace: "ns"}, Claims: []ClaimRecord{{Name: n}}}, true
+	return nil
 }
 
-func (c claimSource) ClaimPods() []PodRef {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (k keeperSection) KeptPods() []PodRef {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	var out []PodRef
-	for uid := range c.notes {
+	for uid := range k.notes {
 		out = append(out, PodRef{UID: uid, Name: string(uid), Namespace: "ns"})
 	}
 	return out
+}
+
+func (k keeperSection) KeptPod(uid types.UID) (PodRef, bool) {
+	_, ok := k.get(uid)
+	return PodRef{UID: uid, Name: string(uid), Namespace: "ns"}, ok
 }
 
 // fieldSection keeps a note per sandbox in the sandbox's object under its key, as a feature
@@ -374,7 +383,7 @@ func TestSandboxFieldsLoadedAndCarried(t *testing.T) {
 func TestFailedCommitPublishesNothing(t *testing.T) {
 	cp := NewCheckpoint(t.TempDir())
 	reg := NewRegistry(cp, CheckpointData{})
-	s := claimSource{newNoteSection("notes")}
+	s := keeperSection{newNoteSection("notes")}
 	s.as = s
 	if err := reg.Register(s, s.load); err != nil {
 		t.Fatal(err)
@@ -390,7 +399,7 @@ func TestFailedCommitPublishesNothing(t *testing.T) {
 	if _, ok := s.get("uid-a"); ok {
 		t.Error("the section's change counts although it is not on disk")
 	}
-	if _, ok := reg.PodClaims("uid-a"); ok || len(told) != 0 {
+	if _, ok := reg.Pod("uid-a"); ok || len(told) != 0 {
 		t.Errorf("pod view after the failed commit: %t, told %d changes; want nothing", ok, len(told))
 	}
 	if err := os.Remove(cp.Path()); err != nil {
@@ -399,8 +408,14 @@ func TestFailedCommitPublishesNothing(t *testing.T) {
 	if err := s.note(reg, "uid-a", "hello"); err != nil {
 		t.Fatal(err)
 	}
-	if pc, ok := reg.PodClaims("uid-a"); !ok || pc.Claims[0].Name != "hello" || len(told) != 1 || told[0].Claims == nil {
-		t.Errorf("pod view after the commit: %+v %t, told %+v; want the claim hello, told once", pc, ok, told)
+	if st, ok := reg.Pod("uid-a"); !ok || st.View("notes") != "hello" || st.Ref().Name != "uid-a" || len(told) != 1 || told[0].View("notes") != "hello" {
+		t.Errorf("pod after the commit: %+v %t, told %+v; want the pod kept by its note hello, told once", st, ok, told)
+	}
+	if pods, _ := reg.Pods(); len(pods) != 1 || pods[0].Ref().Name != "uid-a" {
+		t.Errorf("Pods: %+v, want the pod kept by its note", pods)
+	}
+	if st, ok := reg.PodByName("ns", "uid-a"); !ok || st.UID != "uid-a" {
+		t.Errorf("PodByName: %+v %t, want the pod kept by its note", st, ok)
 	}
 	if got := readData(t, cp).Sections["notes"]; string(got) != `{"uid-a":"hello"}` {
 		t.Errorf("section on disk %s", got)

@@ -15,6 +15,7 @@ import (
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/manager"
 )
 
 // Attacher moves the prepared network devices of the drivers named in dra.attach into the
@@ -95,7 +96,11 @@ func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 	if d.off || !d.on {
 		return nil
 	}
-	pc, ok := d.registry.PodClaims(sb.Rec.Pod.UID)
+	pod, ok := d.registry.Pod(sb.Rec.Pod.UID)
+	if !ok {
+		return nil
+	}
+	pc, ok := manager.InPod(&pod)
 	if !ok {
 		return nil
 	}
@@ -155,8 +160,8 @@ func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 
 // attachTarget is one prepared device to move into the pod.
 type attachTarget struct {
-	claim  registry.ClaimRecord
-	device registry.DeviceRecord
+	claim  manager.ClaimRecord
+	device manager.DeviceRecord
 }
 
 // attachOne moves one device into the sandbox's network namespace, its attach intent on disk
