@@ -12,7 +12,7 @@
 // and containers' lives (SandboxWatcher, AdoptWatcher, ContainerWatcher), and shows their
 // records with each pod (PodViewer: PodState.Views, read by each feature's InPod; PodKeeper: a
 // pod known by its DRA claims before it has a sandbox). A key no section owns is carried
-// through writes unchanged. At start-up the registry is rebuilt from
-// the runtime (Rebuild), which adopts what podgate did not see start. This package also holds
-// the one decoder of containerd's verbose status ("info").
+// through writes unchanged. At start-up the registry is rebuilt from the runtime (Rebuild),
+// which adopts what podgate did not see start. This package also holds the one decoder of
+// containerd's verbose status ("info").
 package registry
