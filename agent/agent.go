@@ -202,12 +202,15 @@ func (a *Agent) logServing(logger klog.Logger) {
 	}
 }
 
-// state is podgate's state on disk: the pod registry and the DRA features' sections of its
-// checkpoint (the claims, the attach intents).
+// state is podgate's state on disk: the pod registry and the features' sections of its
+// checkpoint.
 type state struct {
 	sandboxes *registry.Registry
-	claims    *manager.Claims
-	intents   *attach.Intents
+	// claims are the DRA claims, intents the DRA devices attached to sandboxes or being
+	// attached, sysctls each sandbox's sysctl results: each a section of the checkpoint.
+	claims  *manager.Claims
+	intents *attach.Intents
+	sysctls *sysctl.Records
 }
 
 // openState reads the pod registry's checkpoint from stateDir, its write errors counted and
@@ -233,10 +236,12 @@ func (a *Agent) openState(logger klog.Logger) (*state, error) {
 	return st, nil
 }
 
-// readState reads the checkpoint cp into the pod registry and the DRA features' sections of it
-// (the claims, the attach intents), each registered before anything changes the registry: a
-// record the rebuild from the runtime drops leaves its attached devices as intents, and the
-// PodResources service shows the pods' claims from the start.
+// readState reads the checkpoint cp into the pod registry and the features' sections of it
+// (the claims, the attach records, the sysctl records), each registered before anything
+// changes the registry: a record the rebuild from the runtime drops leaves its attached devices
+// as intents, an adopted sandbox gets the sysctls the runtime applied, and the PodResources
+// service shows the pods' claims from the start. Every section podgate has is registered, so
+// that a checkpoint is written back as it was read.
 func readState(cp *registry.Checkpoint) (*state, error) {
 	d, err := cp.ReadAll()
 	if err != nil {
@@ -251,7 +256,11 @@ func readState(cp *registry.Checkpoint) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &state{sandboxes: reg, claims: claims, intents: intents}, nil
+	sysctls, err := sysctl.NewRecords(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &state{sandboxes: reg, claims: claims, intents: intents, sysctls: sysctls}, nil
 }
 
 // proxy is the CRI server, every feature, and what they were built from; buildProxy makes it
@@ -314,7 +323,7 @@ func (a *Agent) buildProxy(ctx context.Context, st *state, pods *kube.PodLookup,
 	server := cri.NewServer(backends[0], backends[len(backends)-1], append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(logger),
 		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
 	runtime := server.RuntimeClient()
-	sysctls := sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), st.sandboxes, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
+	sysctls := sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), st.sysctls, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
 	core := pipeline.NewCore(st.sandboxes, runtime, pipeline.Quiet(server))
 	res := resources.New(resourcesConfig(a.cfg.Resources), node, st.sandboxes, runtime, a.registry,
 		resourcesOptions(pods, pipeline.Quiet(server), kubelet)...)

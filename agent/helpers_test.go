@@ -17,7 +17,7 @@ import (
 	"github.com/podgate/podgate/test/kubefake"
 )
 
-// sampleRecord is a started, verified sandbox record of pod "uid-"+id.
+// sampleRecord is a started sandbox record of pod "uid-"+id.
 func sampleRecord(id string) registry.SandboxRecord {
 	return registry.SandboxRecord{
 		ID:        id,
@@ -28,11 +28,6 @@ func sampleRecord(id string) registry.SandboxRecord {
 		NetNS:     "/var/run/netns/cni-" + id,
 		PID:       42,
 		IPs:       []string{"10.88.0.7"},
-		Sysctls: registry.SysctlRecord{
-			Asked:        map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Applied:      map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Verification: registry.SysctlsOK,
-		},
 	}
 }
 
@@ -101,10 +96,10 @@ func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clien
 
 // recordPodClaims records pc in the claim store as the DRA stage does: the pod as a user of its
 // claims (durable), then the devices of those it holds prepared.
-func recordPodClaims(t testing.TB, store *manager.Claims, pc registry.PodClaims) {
+func recordPodClaims(t testing.TB, store *manager.Claims, pc manager.PodClaims) {
 	t.Helper()
 	uses := make([]manager.ClaimUse, len(pc.Claims))
-	prepared := map[types.UID][]registry.DeviceRecord{}
+	prepared := map[types.UID][]manager.DeviceRecord{}
 	for i, c := range pc.Claims {
 		uses[i] = manager.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
 		if c.Prepared {
@@ -151,9 +146,16 @@ func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
 // reads it.
 func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.Claims, *attach.Intents) {
 	t.Helper()
+	st := openTestState(t, stateDir)
+	return st.sandboxes, st.claims, st.intents
+}
+
+// openTestState is podgate's state read from the checkpoint in stateDir, as start-up reads it.
+func openTestState(t testing.TB, stateDir string) *state {
+	t.Helper()
 	st, err := readState(registry.NewCheckpoint(stateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st.sandboxes, st.claims, st.intents
+	return st
 }

@@ -46,13 +46,17 @@ func TestReadOnlyHooksChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
+	records, err := sysctl.NewRecords(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	pulls, err := imagepull.NewFeature(t.Context(), imagepull.Limits{}, imagepull.SandboxPriority{}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &proxy{
 		pulls:   pulls,
-		sysctls: sysctl.NewStages(policy, sysctl.VerifyMode(config.VerifyFail), reg, prometheus.NewRegistry()),
+		sysctls: sysctl.NewStages(policy, sysctl.VerifyMode(config.VerifyFail), records, prometheus.NewRegistry()),
 		// Memory QoS off, podgate's default: the resources hooks only read then.
 		resources: resources.New(resourcesConfig(config.Resources{MemoryThrottlingFactor: 0.9, Verify: config.ResourcesVerifyWarn, RecheckPeriod: &config.Duration{}}),
 			v2Node, reg, noStatus{}, prometheus.NewRegistry()),

@@ -41,9 +41,10 @@ type pipelineRig struct {
 	pipeline      *pipeline.Runner
 	core          *pipeline.Core
 	registry      *registry.Registry
-	// claimStore and intents are the DRA features' sections of the registry's checkpoint.
+	// claimStore, intents and sysctls are the features' sections of the registry's checkpoint.
 	claimStore *manager.Claims
 	intents    *attach.Intents
+	sysctls    *sysctl.Records
 	stateDir   string
 	client     runtimeapi.RuntimeServiceClient
 	metrics    *prometheus.Registry
@@ -129,13 +130,14 @@ func newPipelineRigWith(t testing.TB, o rigOptions) *pipelineRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.registry, r.claimStore, r.intents = restartState(t, r.stateDir)
+	st := openTestState(t, r.stateDir)
+	r.registry, r.claimStore, r.intents, r.sysctls = st.sandboxes, st.claims, st.intents, st.sysctls
 	r.runtimeClient = srv.RuntimeClient()
 	verify := config.VerifyWarn
 	if o.verify != "" {
 		verify = o.verify
 	}
-	sys := sysctl.NewStages(policy, sysctl.VerifyMode(verify), r.registry, r.metrics, sysctl.WithCgroupProcs(cgroupProcs))
+	sys := sysctl.NewStages(policy, sysctl.VerifyMode(verify), r.sysctls, r.metrics, sysctl.WithCgroupProcs(cgroupProcs))
 	r.sys = sys
 	var d *draFeature // DRA off, unless o.dra
 	if o.dra != nil {
@@ -320,8 +322,8 @@ func TestPipelineRecordsStopsAndForgets(t *testing.T) {
 		t.Errorf("record IPs %v, want the runtime's %v", rec.IPs, apitest.FakePodSandboxIPs)
 	}
 	// The node default was added and forwarded.
-	if rec.Sysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" || len(rec.Sysctls.Asked) != 0 {
-		t.Errorf("sysctls %+v, want the node default applied and nothing asked", rec.Sysctls)
+	if sc, _ := r.sysctls.Sandbox(id); sc.Applied["net.ipv4.tcp_keepalive_time"] != "600" || len(sc.Asked) != 0 {
+		t.Errorf("sysctls %+v, want the node default applied and nothing asked", sc)
 	}
 	ctx := t.Context()
 	// The background verification ends with its result in the record, then the writes.

@@ -15,17 +15,20 @@ import (
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/podresources/resources"
+	"github.com/podgate/podgate/sysctl"
 )
 
-// podResourcesSource shows the pod registry, and the pulls waiting in the pull governor, to
-// the PodResources services.
+// podResourcesSource shows the pod registry, with the features' records of each pod, and the
+// pulls waiting in the pull governor, to the PodResources services.
 type podResourcesSource struct {
 	registry  *registry.Registry
+	claims    *manager.Claims
 	pulls     *imagepull.Feature // nil: no pulls shown
 	pods      *kube.PodLookup    // nil without the Kubernetes API
 	resources *resources.Hooks   // nil: no containers shown
@@ -56,8 +59,8 @@ func (s *podResourcesSource) Pod(namespace, name string) (*pb.Pod, bool) {
 // claims were prepared, else those of the pod in the informer.
 func (s *podResourcesSource) Containers(p *pb.Pod) ([]podresources.Container, bool) {
 	uid := types.UID(p.GetUid())
-	var cs []registry.ContainerClaims
-	if pc, ok := s.registry.PodClaims(uid); ok && len(pc.Containers) > 0 {
+	var cs []manager.ContainerClaims
+	if pc, ok := s.claims.PodClaims(uid); ok && len(pc.Containers) > 0 {
 		cs = pc.Containers
 	} else if s.pods != nil {
 		pod, ok := s.pods.Get(uid)
@@ -121,25 +124,29 @@ func allPrepared(p *pb.Pod) bool {
 	return len(p.GetClaims()) > 0 && !slices.ContainsFunc(p.GetClaims(), func(c *pb.Claim) bool { return !c.GetPrepared() })
 }
 
-// podMessage is a pod's state as the extension service shows it.
+// podMessage is a pod's state as the extension service shows it, the features' records of it
+// read from their views in it.
 func podMessage(st *registry.PodState) *pb.Pod {
 	ref := st.Ref()
 	p := &pb.Pod{Uid: string(st.UID), Name: ref.Name, Namespace: ref.Namespace}
 	if n := len(st.Sandboxes); n > 0 {
-		p.Sandbox = sandboxMessage(&st.Sandboxes[n-1])
-		if path := st.Sandboxes[n-1].CgroupsPath; path != "" {
+		newest := &st.Sandboxes[n-1]
+		p.Sandbox = sandboxMessage(newest, sysctl.InPod(st)[newest.ID])
+		if path := newest.CgroupsPath; path != "" {
 			p.Cgroup = &pb.Cgroup{Driver: cgroup.Driver(path)}
 		}
 	}
-	if st.Claims != nil {
-		for _, c := range st.Claims.Claims {
-			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes))
+	if pc, ok := manager.InPod(st); ok {
+		attached := attach.InPod(st)
+		for _, c := range pc.Claims {
+			p.Claims = append(p.Claims, claimMessage(c, st.Sandboxes, attached))
 		}
 	}
 	return p
 }
 
-func sandboxMessage(rec *registry.SandboxRecord) *pb.Sandbox {
+// sandboxMessage shows a sandbox with its sysctls' record (the empty one when it has none).
+func sandboxMessage(rec *registry.SandboxRecord, sc sysctl.Record) *pb.Sandbox {
 	state := pb.Sandbox_NOT_READY
 	if rec.Ready {
 		state = pb.Sandbox_READY
@@ -149,22 +156,22 @@ func sandboxMessage(rec *registry.SandboxRecord) *pb.Sandbox {
 		Netns: rec.NetNS, HostNetwork: rec.HostNetwork, Ips: slices.Clone(rec.IPs),
 		CreatedAt: timestamppb.New(rec.CreatedAt),
 		Sysctls: &pb.Sysctls{
-			Asked: maps.Clone(rec.Sysctls.Asked), Applied: maps.Clone(rec.Sysctls.Applied),
-			Verification: rec.Sysctls.Verification, Mismatches: slices.Clone(rec.Sysctls.Mismatches), Error: rec.Sysctls.Error,
+			Asked: maps.Clone(sc.Asked), Applied: maps.Clone(sc.Applied),
+			Verification: sc.Verification, Mismatches: slices.Clone(sc.Mismatches), Error: sc.Error,
 		},
 	}
 }
 
 // claimMessage shows a claim; a device that podgate attached to one of the pod's sandboxes
-// shows what the pod got (its name, addresses and MAC in the pod).
-func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord) *pb.Claim {
+// (attached, by sandbox ID) shows what the pod got (its name, addresses and MAC in the pod).
+func claimMessage(c manager.ClaimRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) *pb.Claim {
 	m := &pb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID), PodClaimName: c.PodClaimName, Prepared: c.Prepared}
 	for _, d := range c.Devices {
 		dev := &pb.Device{Driver: d.Driver, Pool: d.Pool, Device: d.Device, Requests: slices.Clone(d.Requests), CdiDeviceIds: slices.Clone(d.CDIDeviceIDs)}
 		if n := d.Network; n != nil {
 			dev.Network = &pb.NetworkData{HostInterface: n.HostInterface, InterfaceName: n.InterfaceName, Ips: slices.Clone(n.Addresses), Mtu: int32(n.MTU)}
 		}
-		if att, ok := attachedDevice(c, d, sandboxes); ok {
+		if att, ok := attachedDevice(c, d, sandboxes, attached); ok {
 			if dev.Network == nil {
 				dev.Network = &pb.NetworkData{HostInterface: att.Interface.HostName}
 			}
@@ -180,15 +187,15 @@ func claimMessage(c registry.ClaimRecord, sandboxes []registry.SandboxRecord) *p
 
 // attachedDevice finds the device among what podgate attached to the pod's newest sandbox
 // that holds any.
-func attachedDevice(c registry.ClaimRecord, d registry.DeviceRecord, sandboxes []registry.SandboxRecord) (registry.AttachedDevice, bool) {
+func attachedDevice(c manager.ClaimRecord, d manager.DeviceRecord, sandboxes []registry.SandboxRecord, attached map[string][]attach.Device) (attach.Device, bool) {
 	for i := len(sandboxes) - 1; i >= 0; i-- {
-		for _, a := range sandboxes[i].Attached {
+		for _, a := range attached[sandboxes[i].ID] {
 			if a.ClaimUID == c.UID && a.Driver == d.Driver && a.Pool == d.Pool && a.Device == d.Device {
 				return a, true
 			}
 		}
 	}
-	return registry.AttachedDevice{}, false
+	return attach.Device{}, false
 }
 
 // newPodResources builds podgate's PodResources server, its watches told of every change of
@@ -200,7 +207,7 @@ func (a *Agent) newPodResources(ctx context.Context, st *state, pods *kube.PodLo
 	}
 	b := podresources.NewBroadcaster(podresources.DefaultMaxWatchers, podresources.DefaultWatcherBuffer)
 	s, err := podresources.NewServer(podresources.Options{
-		Source:        &podResourcesSource{registry: st.sandboxes, pulls: pulls, pods: pods, resources: res},
+		Source:        &podResourcesSource{registry: st.sandboxes, claims: st.claims, pulls: pulls, pods: pods, resources: res},
 		Pulls:         pulls,
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,

@@ -14,13 +14,15 @@ import (
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/test/testfs"
 )
 
 // benchRegistry is a full node in the pod registry: 110 pods (the kubelet's default maximum)
-// of 4 containers, each with a sandbox and one prepared pod-level network claim.
-func benchRegistry(b *testing.B) *registry.Registry {
+// of 4 containers, each with a sandbox and one prepared pod-level network claim; the source
+// PodResources reads it through.
+func benchRegistry(b *testing.B) *podResourcesSource {
 	b.Helper()
 	r, claims := memoryState(b)
 	for i := range 110 {
@@ -30,32 +32,32 @@ func benchRegistry(b *testing.B) *registry.Registry {
 		if err := r.Add(rec); err != nil {
 			b.Fatal(err)
 		}
-		pc := registry.PodClaims{
+		pc := manager.PodClaims{
 			Pod: ref,
-			Claims: []registry.ClaimRecord{{
+			Claims: []manager.ClaimRecord{{
 				UID: ref.UID + "-net", Namespace: ref.Namespace, Name: ref.Name + "-net", PodClaimName: "net", Drivers: []string{"net.example.com"},
 				Prepared: true,
-				Devices: []registry.DeviceRecord{{
+				Devices: []manager.DeviceRecord{{
 					Driver: "net.example.com", Pool: "node-a", Device: fmt.Sprintf("vf-%d", i), Requests: []string{"nic"},
 					CDIDeviceIDs: []string{fmt.Sprintf("net.example.com/vf=%d", i)},
-					Network:      &registry.DeviceNetworkRecord{HostInterface: fmt.Sprintf("ens1f0v%d", i), InterfaceName: "net1", MTU: 9000},
+					Network:      &manager.DeviceNetworkRecord{HostInterface: fmt.Sprintf("ens1f0v%d", i), InterfaceName: "net1", MTU: 9000},
 				}},
 			}},
-			Containers: []registry.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
+			Containers: []manager.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
 		}
 		recordPodClaims(b, claims, pc)
 	}
-	return r
+	return &podResourcesSource{registry: r, claims: claims}
 }
 
 // BenchmarkPodResourcesGet is the kubelet-compatible Get over a unix socket, served from the
 // real pod registry of 110 pods, round-robin over them, with its latency percentiles. The rate
 // limit is raised out of the way and no kubelet socket is asked.
 func BenchmarkPodResourcesGet(b *testing.B) {
-	reg := benchRegistry(b)
-	client := servePodResources(b, reg)
+	src := benchRegistry(b)
+	client := servePodResources(b, src)
 	var reqs []*v1.GetPodResourcesRequest
-	for _, rec := range reg.Sandboxes() {
+	for _, rec := range src.registry.Sandboxes() {
 		reqs = append(reqs, &v1.GetPodResourcesRequest{PodName: rec.Pod.Name, PodNamespace: rec.Pod.Namespace})
 	}
 	took := make([]time.Duration, 0, b.N)
@@ -75,8 +77,7 @@ func BenchmarkPodResourcesGet(b *testing.B) {
 // BenchmarkPodResourcesGetParallel is Get from as many clients as GOMAXPROCS, on one
 // connection each: the rate podgate serves on the machine's cores.
 func BenchmarkPodResourcesGetParallel(b *testing.B) {
-	reg := benchRegistry(b)
-	socket := servePodResourcesSocket(b, reg)
+	socket := servePodResourcesSocket(b, benchRegistry(b))
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
 		client := podResourcesClient(b, socket)
@@ -102,14 +103,14 @@ func BenchmarkPodResourcesList(b *testing.B) {
 	}
 }
 
-func servePodResources(b *testing.B, reg *registry.Registry) v1.PodResourcesListerClient {
+func servePodResources(b *testing.B, src *podResourcesSource) v1.PodResourcesListerClient {
 	b.Helper()
-	return podResourcesClient(b, servePodResourcesSocket(b, reg))
+	return podResourcesClient(b, servePodResourcesSocket(b, src))
 }
 
-func servePodResourcesSocket(b *testing.B, reg *registry.Registry) string {
+func servePodResourcesSocket(b *testing.B, src *podResourcesSource) string {
 	b.Helper()
-	s, err := podresources.NewServer(podresources.Options{Source: &podResourcesSource{registry: reg}, QPS: 1e9, Burst: 1e9})
+	s, err := podresources.NewServer(podresources.Options{Source: src, QPS: 1e9, Burst: 1e9})
 	if err != nil {
 		b.Fatal(err)
 	}

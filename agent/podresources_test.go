@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -15,7 +16,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/attach"
+	"github.com/podgate/podgate/dra/manager"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -42,20 +46,20 @@ func (c *podChanges) types() []pb.WatchEvent_Type {
 	return out
 }
 
-func webClaims(prepared bool) registry.PodClaims {
-	pc := registry.PodClaims{
+func webClaims(prepared bool) manager.PodClaims {
+	pc := manager.PodClaims{
 		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
-		Claims: []registry.ClaimRecord{{
+		Claims: []manager.ClaimRecord{{
 			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
 		}},
-		Containers: []registry.ContainerClaims{{Name: "app"}, {Name: "side"}},
+		Containers: []manager.ContainerClaims{{Name: "app"}, {Name: "side"}},
 	}
 	if prepared {
 		pc.Claims[0].Prepared = true
-		pc.Claims[0].Devices = []registry.DeviceRecord{{
+		pc.Claims[0].Devices = []manager.DeviceRecord{{
 			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
 			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
-			Network:      &registry.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
+			Network:      &manager.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
 		}}
 	}
 	return pc
@@ -108,8 +112,8 @@ func TestRegistryPodChanges(t *testing.T) {
 	}
 }
 
-// TestPodMessage: a pod's message shows its newest sandbox and its claims' devices with their
-// network data; an attached device shows what the pod got.
+// TestPodMessage: a pod's message shows its newest sandbox with its sysctls, and its claims'
+// devices with their network data; an attached device shows what the pod got.
 func TestPodMessage(t *testing.T) {
 	old := sampleRecord("old")
 	old.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
@@ -117,17 +121,29 @@ func TestPodMessage(t *testing.T) {
 	cur := sampleRecord("cur")
 	cur.Pod = old.Pod
 	cur.CreatedAt = old.CreatedAt.Add(time.Minute)
-	cur.Attached = []registry.AttachedDevice{{
-		ClaimNamespace: "ns", ClaimName: "web-nic", ClaimUID: "claim-uid", Driver: "net.example.com", Pool: "node-a", Device: "nic0",
-		Interface: registry.AttachedInterface{HostName: "eth5", PodName: "net1", HardwareAddr: "02:00:00:00:00:01", Addresses: []string{"192.0.2.10/24"}},
-	}}
-	pc := webClaims(true)
-	got := podMessage(&registry.PodState{UID: "uid-web", Sandboxes: []registry.SandboxRecord{old, cur}, Claims: &pc})
+	// The features' records of the sandboxes, as the checkpoint holds them.
+	st := memoryStateOf(t, registry.CheckpointData{
+		Sandboxes: []registry.SandboxRecord{old, cur},
+		SandboxFields: map[string]map[string]json.RawMessage{
+			"old": {"sysctls": json.RawMessage(`{"verification":"mismatch"}`)},
+			"cur": {
+				"sysctls": json.RawMessage(`{"asked":{"net.ipv4.tcp_keepalive_time":"600"},"applied":{"net.ipv4.tcp_keepalive_time":"600"},"verification":"ok"}`),
+				"attached": json.RawMessage(`[{"claimNamespace":"ns","claimName":"web-nic","claimUID":"claim-uid","driver":"net.example.com","pool":"node-a","device":"nic0",` +
+					`"interface":{"hostName":"eth5","podName":"net1","hardwareAddr":"02:00:00:00:00:01","addresses":["192.0.2.10/24"]}}]`),
+			},
+		},
+	})
+	recordPodClaims(t, st.claims, webClaims(true))
+	pod, ok := st.sandboxes.PodByName("ns", "web")
+	if !ok {
+		t.Fatal("pod web not known")
+	}
+	got := podMessage(&pod)
 	want := &pb.Pod{
 		Uid: "uid-web", Name: "web", Namespace: "ns",
 		Sandbox: &pb.Sandbox{
 			Id: "cur", State: pb.Sandbox_READY, Netns: cur.NetNS, Ips: cur.IPs, CreatedAt: timestamppb.New(cur.CreatedAt),
-			Sysctls: &pb.Sysctls{Asked: cur.Sysctls.Asked, Applied: cur.Sysctls.Applied, Verification: registry.SysctlsOK},
+			Sysctls: &pb.Sysctls{Asked: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Applied: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}, Verification: sysctl.ResultOK},
 		},
 		Claims: []*pb.Claim{{
 			Namespace: "ns", Name: "web-nic", Uid: "claim-uid", PodClaimName: "nic", Prepared: true,
@@ -140,6 +156,24 @@ func TestPodMessage(t *testing.T) {
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 		t.Errorf("podMessage (-want +got):\n%s", diff)
 	}
+}
+
+// memoryStateOf is podgate's state in memory, holding d as if read from the checkpoint.
+func memoryStateOf(t *testing.T, d registry.CheckpointData) state {
+	t.Helper()
+	reg := registry.NewRegistry(nil, d)
+	st := state{sandboxes: reg}
+	var err error
+	if st.claims, err = manager.NewClaims(reg); err != nil {
+		t.Fatal(err)
+	}
+	if st.intents, err = attach.NewIntents(reg); err != nil {
+		t.Fatal(err)
+	}
+	if st.sysctls, err = sysctl.NewRecords(reg); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 // TestPodResourcesThroughTheAgent: a running agent serves the PodResources socket from its

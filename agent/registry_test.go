@@ -5,16 +5,23 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/test/testfs"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
+
+	"github.com/podgate/podgate/cri/registry"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/podresources/resources"
+	"github.com/podgate/podgate/sysctl"
+	"github.com/podgate/podgate/test/testfs"
 )
 
 func TestAgentRefusesDamagedCheckpoint(t *testing.T) {
@@ -108,12 +115,14 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 		t.Errorf("sandbox %s removed past podgate is still recorded", ids[0])
 	}
 	kept, _ := proxyOf(t, third).state.sandboxes.Sandbox(ids[1])
-	if kept.Origin != registry.OriginStarted || kept.Sysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" {
-		t.Errorf("sandbox podgate saw start lost what it knew: %+v", kept)
+	keptSysctls, _ := proxyOf(t, third).state.sysctls.Sandbox(ids[1])
+	if kept.Origin != registry.OriginStarted || keptSysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" {
+		t.Errorf("sandbox podgate saw start lost what it knew: %+v, sysctls %+v", kept, keptSysctls)
 	}
 	adopted, ok := proxyOf(t, third).state.sandboxes.Sandbox(adoptedID)
-	if !ok || adopted.Origin != registry.OriginAdopted || adopted.Sysctls.Verification != registry.SysctlsUnverified || adopted.Pod.Name != "d" {
-		t.Errorf("sandbox started past podgate: %+v, %v; want adopted, sysctls unverified", adopted, ok)
+	adoptedSysctls, _ := proxyOf(t, third).state.sysctls.Sandbox(adoptedID)
+	if !ok || adopted.Origin != registry.OriginAdopted || adoptedSysctls.Verification != sysctl.ResultUnverified || adopted.Pod.Name != "d" {
+		t.Errorf("sandbox started past podgate: %+v, %v, sysctls %+v; want adopted, sysctls unverified", adopted, ok, adoptedSysctls)
 	}
 	proxyOf(t, third).state.sandboxes.Flush()
 	onDisk, err := registry.NewCheckpoint(cfg.StateDir).Read()
@@ -146,8 +155,8 @@ func (r infoRuntime) ContainerStatus(ctx context.Context, req *runtimeapi.Contai
 }
 
 // TestContainersRebuiltAndGoneWithTheirSandbox: containers that ran before podgate started are
-// in the registry after the rebuild, with what their runtime spec asks, to be verified; they go
-// when their sandbox is removed.
+// in the registry after the rebuild, and the PodResources extension shows what their runtime
+// spec asks, to be verified; they go when their sandbox is removed.
 func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	dir := testfs.ShortDir(t)
 	f := fake.NewFakeRemoteRuntime()
@@ -182,9 +191,20 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	}
 	c := got[0]
 	if c.ID != ctr.ContainerId || c.Name != "app" || c.SandboxID != sb.PodSandboxId || c.Origin != registry.OriginAdopted ||
-		c.Verification != registry.CgroupUnverified || c.CgroupsPath != "/kubepods/"+ctr.ContainerId ||
-		c.Asked == nil || c.Asked.Memory == nil || c.Asked.Memory.Limit == nil || *c.Asked.Memory.Limit != 64<<20 {
-		t.Errorf("adopted container %+v: want app of %s, adopted, unverified, with its runtime spec's cgroups path and 64Mi limit", c, sb.PodSandboxId)
+		c.CgroupsPath != "/kubepods/"+ctr.ContainerId {
+		t.Errorf("adopted container %+v: want app of %s, adopted, with its runtime spec's cgroups path", c, sb.PodSandboxId)
+	}
+	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pod, err := waitGet(t, pb.NewPodResourcesClient(conn), "ns", "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := pod.GetPod().GetContainers(); len(cs) != 1 || cs[0].GetVerification() != resources.ResultUnverified || cs[0].GetAsked().GetMemoryMax() != 64<<20 {
+		t.Errorf("adopted container shown as %v: want unverified, asking its runtime spec's 64Mi limit", cs)
 	}
 
 	client := criClient(t, cfg.CRISocket)
@@ -196,5 +216,45 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	}
 	if _, ok := proxyOf(t, a).state.sandboxes.Container(ctr.ContainerId); ok {
 		t.Error("the container is still recorded after its sandbox was removed")
+	}
+}
+
+// TestWatchSeesFeatureRecords: a PodResources watch sees the features' records of a sandbox
+// change: the sysctl verification that ends after RunPodSandbox answered is a change of the
+// pod, the event's sandbox showing the result where the one before showed it pending.
+func TestWatchSeesFeatureRecords(t *testing.T) {
+	r := newPipelineRig(t, nil)
+	var mu sync.Mutex
+	var events []*pb.WatchEvent
+	r.registry.OnPodChange(func(rev uint64, before, after *registry.PodState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ev := podEvent(rev, before, after); ev != nil {
+			events = append(events, ev)
+		}
+	})
+	id, err := r.run(t, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.sys.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.core.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	final, _ := r.sysctls.Sandbox(id)
+	if final.Verification == sysctl.ResultPending {
+		t.Fatalf("sysctls still pending after the verification ended: %+v", final)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var seen []string
+	for _, ev := range events {
+		seen = append(seen, ev.GetType().String()+":"+ev.GetPod().GetSandbox().GetSysctls().GetVerification())
+	}
+	added, result := "POD_ADDED:"+sysctl.ResultPending, "POD_UPDATED:"+final.Verification
+	if i := slices.Index(seen, added); i < 0 || !slices.Contains(seen[i+1:], result) {
+		t.Errorf("watch events %v, want %s then %s", seen, added, result)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -21,7 +20,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -111,9 +109,9 @@ func TestSysctlVerifyPolicies(t *testing.T) {
 		want = "613"
 	}
 	for _, tc := range []verifyCase{
-		{config.VerifyRepair, codes.OK, want, "repaired", registry.SysctlsRepaired, false},
+		{config.VerifyRepair, codes.OK, want, "repaired", sysctl.ResultRepaired, false},
 		{config.VerifyFail, codes.FailedPrecondition, "", "failed", "", true},
-		{config.VerifyWarn, codes.OK, "", "mismatch", registry.SysctlsMismatch, false},
+		{config.VerifyWarn, codes.OK, "", "mismatch", sysctl.ResultMismatch, false},
 	} {
 		// The pause process found in the sandbox's cgroup (containerd's layout: verified during
 		// RunPodSandbox), or not (verified once the sandbox's status is read: in the background
@@ -187,8 +185,8 @@ func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, t
 		if waited := histogramCount(t, a.registry, "podgate_sysctl_duration_seconds", "phase", "wait"); inCgroup && waited != 0 {
 			t.Errorf("CreateContainer waited %d times for a verification, want none: it was done in RunPodSandbox", waited)
 		}
-		if rec, _ := proxyOf(t, a).state.sandboxes.Sandbox("sb1"); inCgroup && rec.Sysctls.Verification != tc.recorded {
-			t.Errorf("sandbox's verification %q when RunPodSandbox answered, want %q", rec.Sysctls.Verification, tc.recorded)
+		if rec, _ := proxyOf(t, a).state.sysctls.Sandbox("sb1"); inCgroup && rec.Verification != tc.recorded {
+			t.Errorf("sandbox's verification %q when RunPodSandbox answered, want %q", rec.Verification, tc.recorded)
 		}
 	}
 	got, err := sysctl.Read(sysctl.ForPID(rt.pid), []sysctl.Name{name})
@@ -208,32 +206,30 @@ func testSysctlVerifyPolicy(t *testing.T, name sysctl.Name, want, host string, t
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	checkRecorded(t, proxyOf(t, a).state.sandboxes, cfg.StateDir, "sb1", tc.recorded)
+	checkRecorded(t, proxyOf(t, a).state, cfg.StateDir, "sb1", tc.recorded)
 	if now, _ := sysctl.ReadNode(name); now != host {
 		t.Errorf("host %s changed to %s", name, now)
 	}
 }
 
-// checkRecorded checks that the registry and its checkpoint hold sandbox id with this sysctl
-// verification result, or, when verification is "", that neither holds it.
-func checkRecorded(t *testing.T, reg *registry.Registry, stateDir, id, verification string) {
+// checkRecorded checks that the registry (of running, its sysctl records) and its checkpoint
+// hold sandbox id with this sysctl verification result, or, when verification is "", that
+// neither holds it.
+func checkRecorded(t *testing.T, running *state, stateDir, id, verification string) {
 	t.Helper()
-	onDisk, err := registry.NewCheckpoint(stateDir).Read()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, c := range []struct {
 		where string
-		recs  []registry.SandboxRecord
-	}{{"registry", reg.Sandboxes()}, {"checkpoint", onDisk}} {
-		i := slices.IndexFunc(c.recs, func(r registry.SandboxRecord) bool { return r.ID == id })
+		st    *state
+	}{{"registry", running}, {"checkpoint", openTestState(t, stateDir)}} {
+		_, ok := c.st.sandboxes.Sandbox(id)
+		rec, _ := c.st.sysctls.Sandbox(id)
 		switch {
-		case verification == "" && i >= 0:
-			t.Errorf("%s still holds sandbox %s: %+v", c.where, id, c.recs[i])
-		case verification != "" && i < 0:
-			t.Errorf("%s lacks sandbox %s: %+v", c.where, id, c.recs)
-		case verification != "" && c.recs[i].Sysctls.Verification != verification:
-			t.Errorf("%s: sandbox %s sysctl verification %q, want %q", c.where, id, c.recs[i].Sysctls.Verification, verification)
+		case verification == "" && ok:
+			t.Errorf("%s still holds sandbox %s, sysctls %+v", c.where, id, rec)
+		case verification != "" && !ok:
+			t.Errorf("%s lacks sandbox %s: %+v", c.where, id, c.st.sandboxes.Sandboxes())
+		case verification != "" && rec.Verification != verification:
+			t.Errorf("%s: sandbox %s sysctl verification %q, want %q", c.where, id, rec.Verification, verification)
 		}
 	}
 }

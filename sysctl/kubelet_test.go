@@ -97,8 +97,8 @@ func TestCheckStageVerifiesKubeletDefaults(t *testing.T) {
 	if sb.Req != sent {
 		t.Errorf("request replaced though it held every default: %v", sb.Req.GetConfig().GetLinux().GetSysctls())
 	}
-	if got := sb.Rec.Sysctls.Applied["net.ipv4.tcp_keepalive_time"]; got != "120" {
-		t.Errorf("read back net.ipv4.tcp_keepalive_time = %q, want the kubelet's 120 (applied: %v)", got, sb.Rec.Sysctls.Applied)
+	if got := g.held(sb).Applied["net.ipv4.tcp_keepalive_time"]; got != "120" {
+		t.Errorf("read back net.ipv4.tcp_keepalive_time = %q, want the kubelet's 120 (applied: %v)", got, g.held(sb).Applied)
 	}
 
 	lacking := req(map[string]string{"net.ipv4.tcp_syncookies": "1"})
@@ -108,8 +108,8 @@ func TestCheckStageVerifiesKubeletDefaults(t *testing.T) {
 	}
 	fwd := sb.Req.GetConfig().GetLinux().GetSysctls()
 	for k, v := range map[string]string{"net.ipv4.tcp_keepalive_time": "120", "kernel.shm_rmid_forced": "1"} {
-		if fwd[k] != v || sb.Rec.Sysctls.Applied[k] != v {
-			t.Errorf("%s: forwarded %q, read back %q; want the kubelet's %q", k, fwd[k], sb.Rec.Sysctls.Applied[k], v)
+		if fwd[k] != v || g.held(sb).Applied[k] != v {
+			t.Errorf("%s: forwarded %q, read back %q; want the kubelet's %q", k, fwd[k], g.held(sb).Applied[k], v)
 		}
 	}
 	if len(lacking.GetConfig().GetLinux().GetSysctls()) != 1 {

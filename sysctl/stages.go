@@ -14,7 +14,6 @@ import (
 
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/pipeline"
-	"github.com/podgate/podgate/cri/registry"
 )
 
 // VerifyMode is what podgate does when a pod's sysctl does not hold the value asked for once
@@ -39,14 +38,18 @@ const (
 // status, image checks), and CreateContainer for the sandbox waits for it, so no container of
 // the pod starts before its sysctls are verified and repaired.
 type Stages struct {
-	policy   *Policy
-	verify   VerifyMode
-	registry *registry.Registry
+	policy *Policy
+	verify VerifyMode
+	// records are the sandboxes' sysctl records, the feature's section of the checkpoint.
+	records *Records
 	// cgroupProcs lists a cgroup's processes; nil: the pause process is never looked up there.
 	cgroupProcs func(cgroupsPath string) ([]int, error)
 
 	mu      sync.Mutex
 	pending map[string]chan struct{} // sandbox ID -> closed when its verification is done
+	// calls hold what the check stage made of each RunPodSandbox on its way to the
+	// verification, which records it once the sandbox has its ID.
+	calls map[*pipeline.Sandbox]Record
 	// background holds the verifications running after their RunPodSandbox answered.
 	background *pipeline.Background
 
@@ -68,13 +71,14 @@ func WithCgroupProcs(procs func(cgroupsPath string) ([]int, error)) StagesOption
 }
 
 // NewStages builds the sysctl stages for the pod policy and verify mode: they record each
-// sandbox's sysctls in sandboxes and register their metrics with reg.
-func NewStages(policy *Policy, verify VerifyMode, sandboxes *registry.Registry, reg prometheus.Registerer, opts ...StagesOption) *Stages {
+// sandbox's sysctls in records and register their metrics with reg.
+func NewStages(policy *Policy, verify VerifyMode, records *Records, reg prometheus.Registerer, opts ...StagesOption) *Stages {
 	g := &Stages{
 		policy:     policy,
 		verify:     verify,
-		registry:   sandboxes,
+		records:    records,
 		pending:    map[string]chan struct{}{},
+		calls:      map[*pipeline.Sandbox]Record{},
 		background: pipeline.NewBackground("sysctl verifications"),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "podgate", Subsystem: "sysctl", Name: "pods_rejected_total",
@@ -126,10 +130,11 @@ func (g *Stages) check(ctx context.Context, sb *pipeline.Sandbox) error {
 		logger.Info("Refused pod sandbox: sysctl", "err", err)
 		return err
 	}
-	sb.Rec.Sysctls = registry.SysctlRecord{Asked: maps.Clone(asked), Applied: want, Verification: registry.SysctlsNone}
+	rec := Record{Asked: maps.Clone(asked), Applied: want, Verification: ResultNone}
 	if len(want) > 0 {
-		sb.Rec.Sysctls.Verification = registry.SysctlsPending
+		rec.Verification = ResultPending
 	}
+	g.hold(sb, rec)
 	if len(added) > 0 {
 		// A changed copy: the cri package forwards the kubelet's bytes when req is unchanged.
 		req := proto.Clone(sb.Req).(*runtimeapi.RunPodSandboxRequest)
@@ -142,6 +147,25 @@ func (g *Stages) check(ctx context.Context, sb *pipeline.Sandbox) error {
 		logger.V(2).Info("Added node default sysctls", "sysctls", added)
 	}
 	return nil
+}
+
+// hold keeps what the check made of a call for its verification, until the call ends.
+func (g *Stages) hold(sb *pipeline.Sandbox, rec Record) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls[sb] = rec
+	sb.OnEnd(func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		delete(g.calls, sb)
+	})
+}
+
+// held is what the check made of a call; the empty record when it did not run.
+func (g *Stages) held(sb *pipeline.Sandbox) Record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls[sb]
 }
 
 // CreateContainer is CreateContainer's hook: it holds a container of a sandbox whose sysctls

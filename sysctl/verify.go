@@ -20,41 +20,54 @@ import (
 const verifyTimeout = 30 * time.Second
 
 // VerifyStage reads the sandbox's sysctls back inside the pod: now with verify: fail, whose
-// failure rolls the sandbox back; in the background otherwise.
+// failure rolls the sandbox back; in the background otherwise. It records the sandbox's
+// sysctls (Records), which the registry shows once it records the sandbox; its undo forgets
+// them.
 func (g *Stages) VerifyStage() pipeline.Stage {
 	return pipeline.Stage{Name: "sysctl-verify", Run: g.verifyRun,
+		Undo:  func(_ context.Context, sb *pipeline.Sandbox) error { g.records.forget(sb.Rec.ID); return nil },
 		Holds: "reading the pod's sysctls back in its network namespace", RefusedReason: "FailedSysctlVerify"}
 }
 
 func (g *Stages) verifyRun(ctx context.Context, sb *pipeline.Sandbox) error {
-	want := sb.Rec.Sysctls.Applied
-	if len(want) == 0 {
-		return nil
+	rec := g.held(sb)
+	if len(rec.Applied) > 0 {
+		if err := g.verifyNowOrLater(ctx, sb, &rec); err != nil {
+			return err // the sandbox is rolled back: nothing to record
+		}
 	}
+	g.records.set(sb.Rec.ID, rec)
+	return nil
+}
+
+// verifyNowOrLater verifies the sandbox's sysctls into rec: now with verify: fail, whose
+// failure it returns, or when the pause process is found in the sandbox's cgroup; otherwise
+// once RunPodSandbox answers, in the background (rec stays pending).
+func (g *Stages) verifyNowOrLater(ctx context.Context, sb *pipeline.Sandbox, rec *Record) error {
+	want := rec.Applied
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", sb.Rec.ID)
 	if g.verify == VerifyFail {
 		if err := sb.FromRuntime(); err != nil {
 			// Without the sandbox's namespaces nothing can be verified; the runtime's error
 			// keeps its class (Unavailable, DeadlineExceeded) on its way to the kubelet.
-			verifyResult{verification: registry.SysctlsError, errText: err.Error()}.record(&sb.Rec.Sysctls)
 			g.verified.WithLabelValues("error").Inc()
 			return fmt.Errorf("verify sysctls of sandbox %s: %w", sb.Rec.ID, err)
 		}
 		res := g.timedVerify(ctx, logger, sb.Rec, want)
-		res.record(&sb.Rec.Sysctls)
+		res.record(rec)
 		if res.failure != nil {
 			logger.Info("Failing pod sandbox: sysctl verification failed", "err", res.failure)
 		}
 		return res.failure
 	}
-	if rec, ok := g.pauseFromCgroup(logger, sb.Rec); ok {
+	if sbRec, ok := g.pauseFromCgroup(logger, sb.Rec); ok {
 		// A few file reads: done now, so that CreateContainer has nothing to wait for and
 		// nothing of it runs beside the kubelet's next calls. Repair and warn never fail it.
-		g.timedVerify(ctx, logger, rec, want).record(&sb.Rec.Sysctls)
+		g.timedVerify(ctx, logger, sbRec, want).record(rec)
 		return nil
 	}
-	rec, view := sb.Rec.Clone(), sb.RuntimeView()
-	sb.OnAnswer(func() { g.verifyInBackground(ctx, logger, rec, view, want) })
+	sbRec, view := sb.Rec.Clone(), sb.RuntimeView()
+	sb.OnAnswer(func() { g.verifyInBackground(ctx, logger, sbRec, view, want) })
 	return nil
 }
 
@@ -95,7 +108,7 @@ func (g *Stages) verifyInBackground(ctx context.Context, logger klog.Logger, rec
 			rec.FillFromRuntime(&v)
 		}
 		res := g.timedVerify(vctx, logger, rec, want) // repair and warn never fail the sandbox
-		g.registry.Update(rec.ID, func(r *registry.SandboxRecord) { res.record(&r.Sysctls) })
+		g.records.update(rec.ID, func(r *Record) { res.record(r) })
 		g.mu.Lock()
 		delete(g.pending, rec.ID)
 		g.mu.Unlock()
@@ -103,8 +116,8 @@ func (g *Stages) verifyInBackground(ctx context.Context, logger klog.Logger, rec
 	})
 }
 
-// verifyResult is a verification's outcome: the registry's verification result and
-// mismatches, and, with verify: fail, the error that fails the sandbox.
+// verifyResult is a verification's outcome: the recorded verification result and mismatches,
+// and, with verify: fail, the error that fails the sandbox.
 type verifyResult struct {
 	verification string
 	mismatches   []string
@@ -112,7 +125,7 @@ type verifyResult struct {
 	failure      error
 }
 
-func (res verifyResult) record(r *registry.SysctlRecord) {
+func (res verifyResult) record(r *Record) {
 	r.Verification, r.Mismatches, r.Error = res.verification, res.mismatches, res.errText
 }
 
@@ -136,7 +149,7 @@ func (g *Stages) verifyPod(ctx context.Context, logger klog.Logger, rec registry
 	mismatch, target, err := mismatches(ctx, rec, wantByName)
 	if err != nil {
 		g.verified.WithLabelValues("error").Inc()
-		res := verifyResult{verification: registry.SysctlsError, errText: err.Error()}
+		res := verifyResult{verification: ResultError, errText: err.Error()}
 		if g.verify == VerifyFail {
 			res.failure = classOr(errdefs.ErrFailedPrecondition, fmt.Errorf("verify sysctls of sandbox %s: %w", rec.ID, err))
 			return res
@@ -146,7 +159,7 @@ func (g *Stages) verifyPod(ctx context.Context, logger klog.Logger, rec registry
 	}
 	if len(mismatch) == 0 {
 		g.verified.WithLabelValues("ok").Inc()
-		return verifyResult{verification: registry.SysctlsOK}
+		return verifyResult{verification: ResultOK}
 	}
 	res := verifyResult{mismatches: make([]string, len(mismatch))}
 	for i, m := range mismatch {
@@ -161,20 +174,20 @@ func (g *Stages) verifyPod(ctx context.Context, logger klog.Logger, rec registry
 		if err := Write(target, fix); err != nil {
 			g.verified.WithLabelValues("error").Inc()
 			logger.Error(err, "Could not repair pod sysctls", "mismatches", res.mismatches)
-			res.verification, res.errText = registry.SysctlsError, err.Error()
+			res.verification, res.errText = ResultError, err.Error()
 			return res
 		}
 		g.verified.WithLabelValues("repaired").Inc()
 		logger.Info("Repaired pod sysctls inside the pod", "mismatches", res.mismatches)
-		res.verification = registry.SysctlsRepaired
+		res.verification = ResultRepaired
 	case VerifyFail:
 		g.verified.WithLabelValues("failed").Inc()
-		res.verification = registry.SysctlsMismatch
+		res.verification = ResultMismatch
 		res.failure = errdefs.ErrFailedPrecondition.WithMessage(fmt.Sprintf("verify sysctls of sandbox %s: they do not hold in the pod: %v", rec.ID, mismatch))
 	default:
 		g.verified.WithLabelValues("mismatch").Inc()
 		logger.Info("Pod sysctls do not hold in the pod", "mismatches", res.mismatches)
-		res.verification = registry.SysctlsMismatch
+		res.verification = ResultMismatch
 	}
 	return res
 }

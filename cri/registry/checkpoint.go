@@ -11,7 +11,10 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
+	"sync"
 )
 
 // CheckpointVersion is the format of the pod registry's checkpoint file: v3 adds the intents to
@@ -50,42 +53,46 @@ type Checkpoint struct {
 	path string
 }
 
-// CheckpointData is what the checkpoint holds: the sandboxes, and each feature's section
-// (the DRA claims podgate holds, one record each, and what each pod uses of them; the DRA
-// network devices podgate is moving into pods), kept raw: the features decode their own.
+// CheckpointData is what the checkpoint holds: the sandboxes, and each feature's section (the
+// DRA claims podgate holds, one record each, and what each pod uses of them; the DRA network
+// devices podgate is moving into pods; each sandbox's sysctl results and attached devices),
+// kept raw: the features decode their own.
 type CheckpointData struct {
 	Sandboxes []SandboxRecord
+	// SandboxFields are the keys of each sandbox object beside the registry's own, raw, by
+	// sandbox ID then key: the features' records of the sandbox ("sysctls", "attached").
+	SandboxFields map[string]map[string]json.RawMessage
 	// Sections are the data keys beside "sandboxes", raw.
 	Sections map[string]json.RawMessage
 	// Version is the format: read, the file's (1, 2 or 3); written, 3 for v3, else v2.
 	Version int
 }
 
-// MarshalJSON writes the data object: "sandboxes" first, then the sections by key.
+// sandboxFieldOrder is the order of the features' keys in each sandbox object, after the
+// registry's own keys (SandboxRecord's, in its order): the order podgate wrote them in when
+// the registry held them itself, so that the same state makes the same bytes whoever owns
+// the keys. A key not listed (a later podgate's) comes after these, keys by name.
+var sandboxFieldOrder = []string{"sysctls", "attached"}
+
+// MarshalJSON writes the data object: "sandboxes" first, each sandbox's own keys then its
+// fields (sandboxFieldOrder), then the sections by key.
 func (d CheckpointData) MarshalJSON() ([]byte, error) {
-	sandboxes := d.Sandboxes
-	if sandboxes == nil {
-		sandboxes = []SandboxRecord{}
-	}
 	var buf bytes.Buffer
-	buf.WriteString(`{"sandboxes":`)
-	b, err := json.Marshal(sandboxes)
-	if err != nil {
-		return nil, err
+	buf.WriteString(`{"sandboxes":[`)
+	for i := range d.Sandboxes {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		if err := writeSandbox(&buf, &d.Sandboxes[i], d.SandboxFields[d.Sandboxes[i].ID]); err != nil {
+			return nil, err
+		}
 	}
-	buf.Write(b)
+	buf.WriteByte(']')
 	for _, k := range slices.Sorted(maps.Keys(d.Sections)) {
 		if k == sandboxesKey {
 			continue
 		}
-		kb, err := json.Marshal(k)
-		if err != nil {
-			return nil, err
-		}
-		buf.WriteByte(',')
-		buf.Write(kb)
-		buf.WriteByte(':')
-		if err := json.Compact(&buf, d.Sections[k]); err != nil {
+		if err := writeKey(&buf, k, d.Sections[k]); err != nil {
 			return nil, fmt.Errorf("section %q: %w", k, err)
 		}
 	}
@@ -93,16 +100,66 @@ func (d CheckpointData) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// UnmarshalJSON reads the data object: the sandboxes, and every other key raw. Version is
-// left as it is (the file's, not the data's).
+// writeSandbox writes one sandbox object: the record's keys, then its fields.
+func writeSandbox(buf *bytes.Buffer, rec *SandboxRecord, fields map[string]json.RawMessage) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if len(fields) == 0 {
+		buf.Write(b)
+		return nil
+	}
+	buf.Write(b[:len(b)-1]) // the record's object, still open
+	for _, k := range fieldOrder(fields) {
+		if err := writeKey(buf, k, fields[k]); err != nil {
+			return fmt.Errorf("sandbox %s key %q: %w", rec.ID, k, err)
+		}
+	}
+	buf.WriteByte('}')
+	return nil
+}
+
+// fieldOrder is the order fields' keys are written in: sandboxFieldOrder, then the others by
+// name.
+func fieldOrder(fields map[string]json.RawMessage) []string {
+	out := make([]string, 0, len(fields))
+	for _, k := range sandboxFieldOrder {
+		if _, ok := fields[k]; ok {
+			out = append(out, k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		if !slices.Contains(sandboxFieldOrder, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// writeKey writes ,"k":raw into an object being written.
+func writeKey(buf *bytes.Buffer, k string, raw json.RawMessage) error {
+	kb, err := json.Marshal(k)
+	if err != nil {
+		return err
+	}
+	buf.WriteByte(',')
+	buf.Write(kb)
+	buf.WriteByte(':')
+	return json.Compact(buf, raw)
+}
+
+// UnmarshalJSON reads the data object: the sandboxes, each one's keys that are not the
+// registry's raw, and every other key raw. Version is left as it is (the file's, not the
+// data's).
 func (d *CheckpointData) UnmarshalJSON(b []byte) error {
 	var keys map[string]json.RawMessage
 	if err := json.Unmarshal(b, &keys); err != nil {
 		return err
 	}
-	d.Sandboxes = nil
+	d.Sandboxes, d.SandboxFields = nil, nil
 	if raw, ok := keys[sandboxesKey]; ok {
-		if err := json.Unmarshal(raw, &d.Sandboxes); err != nil {
+		if err := d.readSandboxes(raw); err != nil {
 			return fmt.Errorf("sandboxes: %w", err)
 		}
 		delete(keys, sandboxesKey)
@@ -110,6 +167,48 @@ func (d *CheckpointData) UnmarshalJSON(b []byte) error {
 	d.Sections = keys
 	return nil
 }
+
+func (d *CheckpointData) readSandboxes(raw json.RawMessage) error {
+	var objs []json.RawMessage
+	if err := json.Unmarshal(raw, &objs); err != nil {
+		return err
+	}
+	if objs == nil {
+		return nil // null, as podgate never wrote it
+	}
+	d.Sandboxes = make([]SandboxRecord, len(objs))
+	for i, obj := range objs {
+		if err := json.Unmarshal(obj, &d.Sandboxes[i]); err != nil {
+			return err
+		}
+		var all map[string]json.RawMessage
+		if err := json.Unmarshal(obj, &all); err != nil {
+			return err
+		}
+		for _, k := range recordKeys() {
+			delete(all, k)
+		}
+		if len(all) == 0 {
+			continue
+		}
+		if d.SandboxFields == nil {
+			d.SandboxFields = map[string]map[string]json.RawMessage{}
+		}
+		d.SandboxFields[d.Sandboxes[i].ID] = all
+	}
+	return nil
+}
+
+// recordKeys are the keys of a sandbox object that are the registry's own: SandboxRecord's.
+var recordKeys = sync.OnceValue(func() []string {
+	var keys []string
+	t := reflect.TypeFor[SandboxRecord]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		keys = append(keys, name)
+	}
+	return keys
+})
 
 // checkpointFile is the file's layout. Data is kept raw so the checksum covers the very bytes
 // on disk.

@@ -1,48 +1,60 @@
 package registry
 
 import (
-	"slices"
-	"time"
-
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// Cgroup verification results of a container, as recorded (and the result label of
-// podgate_resources_verifications_total).
-const (
-	CgroupPending    = "pending"    // created, not started: nothing to check yet
-	CgroupUnverified = "unverified" // found running at start-up: checked at the next recheck
-	CgroupOK         = "ok"
-	CgroupMismatch   = "mismatch"
-	CgroupError      = "error"
-)
-
-// ContainerRecord is what podgate knows of one container's resources. A container belongs to
-// a sandbox and goes with it.
+// ContainerRecord is the registry's record of one container: its identity, its sandbox, and
+// its cgroup. What a feature knows of it (the resources it asks for, what its cgroup held) is
+// the feature's own. A container belongs to a sandbox and goes with it.
 type ContainerRecord struct {
 	ID, Name, SandboxID string
 	PodUID              types.UID
 	// Origin is OriginStarted (podgate saw CreateContainer) or OriginAdopted (found in the
 	// runtime at start-up).
 	Origin string
-	// Asked is what the container's resources should be, as the runtime spec says them: the
-	// CRI request's, or for an adopted container the runtime's own spec.
-	Asked       *specs.LinuxResources
+	// CgroupsPath is the container's linux.cgroupsPath; empty until known.
 	CgroupsPath string
-	Held        *CgroupHeld
-	// Verification is one of the Cgroup* results; Mismatches and Error say more.
-	Verification string
-	Mismatches   []string
-	Error        string
-	VerifiedAt   time.Time
 }
 
-// Clone returns a copy of c that shares nothing with it but the read-only Asked and Held.
-func (c *ContainerRecord) Clone() ContainerRecord {
-	out := *c
-	out.Mismatches = slices.Clone(c.Mismatches)
-	return out
+// Clone returns a copy of c.
+func (c *ContainerRecord) Clone() ContainerRecord { return *c }
+
+// ContainerWatcher is a feature told of the containers the registry learns of from the runtime
+// and of those it forgets, under the registry's lock (it must not call the registry): a
+// feature keeps its own records of containers, and drops them with the registry's.
+type ContainerWatcher interface {
+	// ContainerAdopted is told of a container the start-up rebuild found in the runtime
+	// without podgate having seen it created, with what the runtime says of it.
+	ContainerAdopted(c *ContainerRecord, a AdoptedContainer)
+	// ContainerGone is told of a container the registry forgets: removed, gone from the
+	// runtime, or gone with its sandbox.
+	ContainerGone(id string)
+}
+
+// AdoptedContainer is what the runtime says of a container the rebuild adopts.
+type AdoptedContainer struct {
+	// Created: the container is created and not started yet.
+	Created bool
+	// Resources are what its runtime spec asks for (linux.resources); nil when it asks none or
+	// could not be read.
+	Resources *specs.LinuxResources
+	// Err says why its runtime spec could not be read; nil when it was.
+	Err error
+}
+
+// runtimeContainer is a container as the rebuild found it in the runtime.
+type runtimeContainer struct {
+	ContainerRecord
+	AdoptedContainer
+}
+
+// WatchContainers tells w of the containers adopted and gone from now on.
+func (r *Registry) WatchContainers(w ContainerWatcher) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ctrWatchers = append(r.ctrWatchers, w)
 }
 
 // AddContainer records a container. A container whose sandbox the registry does not hold is
@@ -82,8 +94,19 @@ func (r *Registry) UpdateContainer(id string, fn func(*ContainerRecord)) bool {
 func (r *Registry) RemoveContainer(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.containers, id)
+	r.forgetContainerLocked(id)
 	r.touchLocked(id)
+}
+
+// forgetContainerLocked forgets a container, telling the watchers.
+func (r *Registry) forgetContainerLocked(id string) {
+	if _, ok := r.containers[id]; !ok {
+		return
+	}
+	delete(r.containers, id)
+	for _, w := range r.ctrWatchers {
+		w.ContainerGone(id)
+	}
 }
 
 // Containers returns copies of the records of the containers fn keeps (all with nil), in no
@@ -116,15 +139,16 @@ func (r *Registry) ContainerCount() int {
 func (r *Registry) dropContainersOfLocked(sandboxID string) {
 	for id, c := range r.containers {
 		if c.SandboxID == sandboxID {
-			delete(r.containers, id)
+			r.forgetContainerLocked(id)
 		}
 	}
 }
 
 // reconcileContainersLocked makes the registry's containers those the runtime listed (seen),
 // keeping what it knew of each and leaving alone those the CRI calls touched since the rebuild
-// began. It returns how many it added and dropped.
-func (r *Registry) reconcileContainersLocked(seen []ContainerRecord) (added, dropped int) {
+// began; the watchers are told of those it adopts and drops. It returns how many it added and
+// dropped.
+func (r *Registry) reconcileContainersLocked(seen []runtimeContainer) (added, dropped int) {
 	inRuntime := make(map[string]bool, len(seen))
 	for i := range seen {
 		c := seen[i]
@@ -140,16 +164,19 @@ func (r *Registry) reconcileContainersLocked(seen []ContainerRecord) (added, dro
 		}
 		cc := c.Clone()
 		r.containers[c.ID] = &cc
+		for _, w := range r.ctrWatchers {
+			w.ContainerAdopted(&cc, c.AdoptedContainer)
+		}
 		added++
 	}
 	for id, c := range r.containers {
 		if !inRuntime[id] && !r.touched[id] {
-			delete(r.containers, id)
+			r.forgetContainerLocked(id)
 			dropped++
 			continue
 		}
 		if _, ok := r.entries[c.SandboxID]; !ok && !r.touched[c.SandboxID] && !r.touched[id] {
-			delete(r.containers, id) // its sandbox is gone
+			r.forgetContainerLocked(id) // its sandbox is gone
 			dropped++
 		}
 	}

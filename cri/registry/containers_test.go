@@ -3,6 +3,8 @@ package registry
 import (
 	"slices"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 func containerIDs(r *Registry) []string {
@@ -27,7 +29,7 @@ func TestContainersGoWithTheirSandbox(t *testing.T) {
 	}
 	// The runtime lost sandbox c (removed straight at containerd) and container b1's listing
 	// still shows it.
-	added, dropped := reg.reconcile([]SandboxRecord{sampleRecord("b")}, []ContainerRecord{{ID: "b1", SandboxID: "b"}})
+	added, dropped := reg.reconcile(inRuntime(sampleRecord("b")), []runtimeContainer{{ContainerRecord: ContainerRecord{ID: "b1", SandboxID: "b"}}})
 	if added != 0 || dropped != 1 {
 		t.Errorf("reconcile added %d, dropped %d sandboxes; want 0, 1", added, dropped)
 	}
@@ -44,12 +46,46 @@ func TestReconcileKeepsContainersTheCallsTouched(t *testing.T) {
 	end := reg.beginRebuild()
 	reg.AddContainer(ContainerRecord{ID: "new", SandboxID: "a", Origin: OriginStarted})
 	reg.RemoveContainer("old")
-	reg.reconcile([]SandboxRecord{sampleRecord("a")}, []ContainerRecord{{ID: "old", SandboxID: "a", Origin: OriginAdopted}})
+	reg.reconcile(inRuntime(sampleRecord("a")), []runtimeContainer{{ContainerRecord: ContainerRecord{ID: "old", SandboxID: "a", Origin: OriginAdopted}}})
 	end()
 	if got := containerIDs(reg); !slices.Equal(got, []string{"new"}) {
 		t.Errorf("containers %v, want new only", got)
 	}
 	if c, _ := reg.Container("new"); c.Origin != OriginStarted {
 		t.Errorf("new container's origin %q, want started", c.Origin)
+	}
+}
+
+// ctrWatcher records what the registry tells it of containers.
+type ctrWatcher struct {
+	adopted map[string]AdoptedContainer
+	gone    []string
+}
+
+func (w *ctrWatcher) ContainerAdopted(c *ContainerRecord, a AdoptedContainer) { w.adopted[c.ID] = a }
+func (w *ctrWatcher) ContainerGone(id string)                                 { w.gone = append(w.gone, id) }
+
+// TestContainerWatchersTold: a container watcher is told of each container the rebuild adopts,
+// with what the runtime says of it, and of each container the registry forgets, however.
+func TestContainerWatchersTold(t *testing.T) {
+	reg := NewRegistry(nil, CheckpointData{Sandboxes: []SandboxRecord{sampleRecord("a"), sampleRecord("b")}})
+	w := &ctrWatcher{adopted: map[string]AdoptedContainer{}}
+	reg.WatchContainers(w)
+	reg.AddContainer(ContainerRecord{ID: "a1", SandboxID: "a", Origin: OriginStarted})
+	reg.AddContainer(ContainerRecord{ID: "gone", SandboxID: "b", Origin: OriginStarted})
+	limit := int64(64 << 20)
+	seen := []runtimeContainer{
+		{ContainerRecord: ContainerRecord{ID: "a1", SandboxID: "a"}},
+		{ContainerRecord: ContainerRecord{ID: "b1", SandboxID: "b", Origin: OriginAdopted},
+			AdoptedContainer: AdoptedContainer{Created: true, Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}}},
+	}
+	reg.reconcile(inRuntime(sampleRecord("a"), sampleRecord("b")), seen)
+	if len(w.adopted) != 1 || !w.adopted["b1"].Created || *w.adopted["b1"].Resources.Memory.Limit != limit {
+		t.Errorf("told of adopted %+v, want b1 created with its resources", w.adopted)
+	}
+	reg.RemoveContainer("a1")
+	reg.Remove("b")
+	if slices.Sort(w.gone); !slices.Equal(w.gone, []string{"a1", "b1", "gone"}) {
+		t.Errorf("told gone %v, want gone (not in the runtime), a1 (removed), b1 (with its sandbox)", w.gone)
 	}
 }

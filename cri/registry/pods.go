@@ -6,22 +6,30 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// PodState is everything the registry holds of one pod: its sandboxes, oldest first, and its
-// DRA claims. A pod is known while it has either.
+// PodState is everything the registry holds of one pod: its sandboxes, oldest first, and what
+// the features that show their records with it (PodViewer) hold of it. A pod is known while it
+// has sandboxes, or records a section keeps it by (PodKeeper: its DRA claims).
 type PodState struct {
 	UID       types.UID
 	Sandboxes []SandboxRecord
-	// Claims is nil when podgate prepares no claims for the pod.
-	Claims *PodClaims
+	// Views are the features' records of the pod, by the name of their view (PodViewer.ViewKey),
+	// each of that feature's own type (the feature exports its reader: e.g. sysctl.InPod); a
+	// feature with none is absent.
+	Views map[string]any
+	// kept is the pod as a section that keeps it names it.
+	kept PodRef
 }
 
-// Ref names the pod, from its newest sandbox or else its claims.
+// View is the records the view of that name holds of the pod; nil when none.
+func (p *PodState) View(key string) any { return p.Views[key] }
+
+// Ref names the pod, from its newest sandbox or else the section that keeps it.
 func (p *PodState) Ref() PodRef {
 	if n := len(p.Sandboxes); n > 0 {
 		return p.Sandboxes[n-1].Pod
 	}
-	if p.Claims != nil {
-		return p.Claims.Pod
+	if p.kept.UID != "" {
+		return p.kept
 	}
 	return PodRef{UID: p.UID}
 }
@@ -43,11 +51,7 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// One pass over the sandboxes, not one per pod: List asks for every pod of a full node.
-	var claimPods []PodRef
-	if r.claims != nil {
-		claimPods = r.claims.ClaimPods()
-	}
-	pods := make(map[types.UID]*PodState, len(claimPods)+len(r.entries))
+	pods := make(map[types.UID]*PodState, len(r.entries))
 	state := func(uid types.UID) *PodState {
 		p, ok := pods[uid]
 		if !ok {
@@ -56,9 +60,9 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 		}
 		return p
 	}
-	for _, ref := range claimPods {
-		if c, ok := r.claims.PodClaims(ref.UID); ok {
-			state(ref.UID).Claims = &c
+	for _, k := range r.keepers {
+		for _, ref := range k.KeptPods() {
+			state(ref.UID).kept = ref
 		}
 	}
 	for _, e := range r.entries {
@@ -68,10 +72,22 @@ func (r *Registry) Pods() ([]PodState, uint64) {
 	out := make([]PodState, 0, len(pods))
 	for _, p := range pods {
 		slices.SortFunc(p.Sandboxes, compareSandboxes)
+		p.Views = r.viewsLocked(p.UID, p.Sandboxes)
 		out = append(out, *p)
 	}
 	slices.SortFunc(out, func(a, b PodState) int { return compareStrings(string(a.UID), string(b.UID)) })
 	return out, r.revision
+}
+
+// Pod returns the pod with this UID.
+func (r *Registry) Pod(uid types.UID) (PodState, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.podStateLocked(uid)
+	if p == nil {
+		return PodState{}, false
+	}
+	return *p, true
 }
 
 // PodByName returns the pod named namespace/name; of two pods of one name (one being
@@ -90,8 +106,8 @@ func (r *Registry) PodByName(namespace, name string) (PodState, bool) {
 			best = p
 		}
 	}
-	if r.claims != nil {
-		for _, p := range r.claims.ClaimPods() {
+	for _, k := range r.keepers {
+		for _, p := range k.KeptPods() {
 			if p.Namespace == namespace && p.Name == name {
 				consider(p.UID)
 			}
@@ -122,13 +138,31 @@ func newerPod(a, b *PodState) bool {
 // podStateLocked builds the state of the pod with this UID; nil when it is not known.
 func (r *Registry) podStateLocked(uid types.UID) *PodState {
 	p := &PodState{UID: uid, Sandboxes: r.sortedLocked(func(e *SandboxRecord) bool { return e.Pod.UID == uid })}
-	if c, ok := r.podClaimsLocked(uid); ok {
-		p.Claims = &c
+	kept := false
+	for _, k := range r.keepers {
+		if ref, ok := k.KeptPod(uid); ok {
+			p.kept, kept = ref, true
+		}
 	}
-	if len(p.Sandboxes) == 0 && p.Claims == nil {
+	if len(p.Sandboxes) == 0 && !kept {
 		return nil
 	}
+	p.Views = r.viewsLocked(uid, p.Sandboxes)
 	return p
+}
+
+// viewsLocked are the sections' views of the pod with these sandboxes; nil when none has one.
+func (r *Registry) viewsLocked(uid types.UID, sandboxes []SandboxRecord) map[string]any {
+	var out map[string]any
+	for _, v := range r.viewers {
+		if view := v.PodView(uid, sandboxes); view != nil {
+			if out == nil {
+				out = make(map[string]any, len(r.viewers))
+			}
+			out[v.ViewKey()] = view
+		}
+	}
+	return out
 }
 
 // beforeLocked is the pod's state before a change, for the change function; nil when none
@@ -146,18 +180,4 @@ func (r *Registry) changedLocked(uid types.UID, before *PodState) {
 	if r.onChange != nil {
 		r.onChange(r.revision, before, r.podStateLocked(uid))
 	}
-}
-
-// PodClaims implements PodClaimsGetter with the claims' section (none: no pod has claims).
-func (r *Registry) PodClaims(uid types.UID) (PodClaims, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.podClaimsLocked(uid)
-}
-
-func (r *Registry) podClaimsLocked(uid types.UID) (PodClaims, bool) {
-	if r.claims == nil {
-		return PodClaims{}, false
-	}
-	return r.claims.PodClaims(uid)
 }

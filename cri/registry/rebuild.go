@@ -75,59 +75,58 @@ func runtimeLists(ctx context.Context, rt runtimeapi.RuntimeServiceClient) ([]*r
 // sandboxRecords reads each sandbox's status, statusWorkers at a time, into adopted records in
 // the list's order. A sandbox removed between the list and its status is left out. read is
 // false when ctx ended before every status was asked for.
-func sandboxRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sbs []*runtimeapi.PodSandbox) (seen []SandboxRecord, read bool) {
-	recs := make([]runtimeRecord, len(sbs))
+func sandboxRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sbs []*runtimeapi.PodSandbox) (seen []runtimeSandbox, read bool) {
+	recs := make([]runtimeSandbox, len(sbs))
 	var asked atomic.Int64
 	workqueue.ParallelizeUntil(ctx, statusWorkers, len(sbs), func(i int) {
 		asked.Add(1)
 		recs[i] = recordFromRuntime(ctx, rt, sbs[i])
 	})
-	seen = make([]SandboxRecord, 0, len(recs))
+	seen = make([]runtimeSandbox, 0, len(recs))
 	for i := range recs {
 		if !recs[i].gone {
-			seen = append(seen, recs[i].SandboxRecord)
+			seen = append(seen, recs[i])
 		}
 	}
 	return seen, asked.Load() == int64(len(sbs))
 }
 
-// containerRecords reads what each live container's runtime spec asks, statusWorkers at a
-// time, into adopted records in the list's order. A container removed between the list and its
-// status is left out; one whose status could not be read is kept with the error, verified (and
-// so read again) at the next recheck. read is false when ctx ended before every status was
-// asked for.
-func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []SandboxRecord, live []*runtimeapi.Container) (out []ContainerRecord, read bool) {
+// containerRecords reads each live container's runtime spec, statusWorkers at a time, into
+// adopted records in the list's order, with what the spec asks. A container removed between
+// the list and its status is left out; one whose status could not be read is kept with the
+// error (its features read it again later). read is false when ctx ended before every status
+// was asked for.
+func containerRecords(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sandboxes []runtimeSandbox, live []*runtimeapi.Container) (out []runtimeContainer, read bool) {
 	pods := make(map[string]types.UID, len(sandboxes))
 	for i := range sandboxes {
 		pods[sandboxes[i].ID] = sandboxes[i].Pod.UID
 	}
-	recs := make([]ContainerRecord, len(live))
+	recs := make([]runtimeContainer, len(live))
 	gone := make([]bool, len(live))
 	var asked atomic.Int64
 	workqueue.ParallelizeUntil(ctx, statusWorkers, len(live), func(i int) {
 		asked.Add(1)
 		c := live[i]
-		verification := CgroupUnverified
-		if c.GetState() == runtimeapi.ContainerState_CONTAINER_CREATED {
-			verification = CgroupPending
-		}
-		rec := ContainerRecord{
-			ID: c.GetId(), Name: c.GetMetadata().GetName(), SandboxID: c.GetPodSandboxId(),
-			PodUID: cmp.Or(pods[c.GetPodSandboxId()], types.UID(c.GetLabels()[podUIDLabel])),
-			Origin: OriginAdopted, Verification: verification,
+		rec := runtimeContainer{
+			ContainerRecord: ContainerRecord{
+				ID: c.GetId(), Name: c.GetMetadata().GetName(), SandboxID: c.GetPodSandboxId(),
+				PodUID: cmp.Or(pods[c.GetPodSandboxId()], types.UID(c.GetLabels()[podUIDLabel])),
+				Origin: OriginAdopted,
+			},
+			AdoptedContainer: AdoptedContainer{Created: c.GetState() == runtimeapi.ContainerState_CONTAINER_CREATED},
 		}
 		spec, err := containerSpec(ctx, rt, c.GetId())
 		switch {
 		case status.Code(err) == codes.NotFound:
 			gone[i] = true // removed meanwhile
 		case err != nil:
-			rec.Error = err.Error()
+			rec.Err = err
 		default:
-			rec.Asked, rec.CgroupsPath = spec.Linux.Resources, spec.Linux.CgroupsPath
+			rec.Resources, rec.CgroupsPath = spec.Linux.Resources, spec.Linux.CgroupsPath
 		}
 		recs[i] = rec
 	})
-	out = make([]ContainerRecord, 0, len(recs))
+	out = make([]runtimeContainer, 0, len(recs))
 	for i := range recs {
 		if !gone[i] {
 			out = append(out, recs[i])

@@ -171,6 +171,8 @@ func TestRebuildStreams30000Containers(t *testing.T) {
 	}
 	rt.listed.Store(0)
 	reg := NewRegistry(nil, CheckpointData{})
+	w := &ctrWatcher{adopted: map[string]AdoptedContainer{}}
+	reg.WatchContainers(w)
 	known, added, dropped, err := reg.Rebuild(t.Context(), cri.StreamingLists(client))
 	if err != nil {
 		t.Fatal(err)
@@ -187,8 +189,10 @@ func TestRebuildStreams30000Containers(t *testing.T) {
 		case !ok:
 			t.Errorf("container %s not recorded", c.GetId())
 		case rec.SandboxID != c.GetPodSandboxId() || rec.PodUID != types.UID(c.GetLabels()["io.kubernetes.pod.uid"]) ||
-			rec.CgroupsPath != cgroupOf(c.GetId()) || rec.Origin != OriginAdopted || rec.Error != "":
+			rec.CgroupsPath != cgroupOf(c.GetId()) || rec.Origin != OriginAdopted:
 			t.Errorf("container %s recorded as %+v", c.GetId(), rec)
+		case w.adopted[c.GetId()].Err != nil:
+			t.Errorf("container %s adopted with %v", c.GetId(), w.adopted[c.GetId()].Err)
 		}
 	}
 	if n := rt.listed.Load(); n != 0 {

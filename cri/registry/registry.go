@@ -3,7 +3,6 @@ package registry
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -22,17 +21,6 @@ const (
 	OriginAdopted = "adopted"
 )
 
-// Sysctl verification results, as recorded per sandbox.
-const (
-	SysctlsNone       = "none"       // the sandbox has no sysctls: nothing to verify
-	SysctlsPending    = "pending"    // the verification runs in the background
-	SysctlsOK         = "ok"         // every sysctl held inside the pod
-	SysctlsRepaired   = "repaired"   // mismatches were written inside the pod (verify: repair)
-	SysctlsMismatch   = "mismatch"   // mismatches were left (verify: warn)
-	SysctlsError      = "error"      // the sysctls could not be read back
-	SysctlsUnverified = "unverified" // podgate did not see the sandbox start
-)
-
 // PodRef names the pod a sandbox belongs to, as the kubelet's sandbox metadata does.
 type PodRef struct {
 	UID       types.UID `json:"uid"`
@@ -41,22 +29,10 @@ type PodRef struct {
 	Attempt   uint32    `json:"attempt,omitempty"`
 }
 
-// SysctlRecord is what the sysctl stages did for one sandbox.
-type SysctlRecord struct {
-	// Asked are the sysctls the pod asked for, as the kubelet sent them.
-	Asked map[string]string `json:"asked,omitempty"`
-	// Applied are the sysctls forwarded to the runtime: Asked plus the node defaults.
-	Applied map[string]string `json:"applied,omitempty"`
-	// Verification is the result of reading them back inside the pod (Sysctls* constants).
-	Verification string `json:"verification"`
-	// Mismatches lists what did not hold, as name="got" (want "value").
-	Mismatches []string `json:"mismatches,omitempty"`
-	// Error says why the sysctls could not be verified (Verification is error).
-	Error string `json:"error,omitempty"`
-}
-
-// SandboxRecord is what podgate knows of one pod sandbox. Records are values: the registry
-// hands out copies.
+// SandboxRecord is the registry's own record of one pod sandbox: its identity and lifecycle.
+// What a feature did for the sandbox is the feature's record (its sysctls, the devices
+// attached to it), kept in the feature's section. Records are values: the registry hands out
+// copies.
 type SandboxRecord struct {
 	ID             string `json:"id"`
 	Pod            PodRef `json:"pod"`
@@ -78,24 +54,13 @@ type SandboxRecord struct {
 	CgroupsPath string   `json:"cgroupsPath,omitempty"`
 	IPs         []string `json:"ips,omitempty"`
 	// Status is why the runtime-derived fields above are missing, when they are.
-	Status  string       `json:"status,omitempty"`
-	Sysctls SysctlRecord `json:"sysctls"`
-	// Attached are the DRA network devices podgate moved into the pod, to give back when the
-	// sandbox stops.
-	Attached []AttachedDevice `json:"attached,omitempty"`
+	Status string `json:"status,omitempty"`
 }
 
 // Clone returns a deep copy of r.
 func (r *SandboxRecord) Clone() SandboxRecord {
 	c := *r
 	c.IPs = slices.Clone(r.IPs)
-	c.Sysctls.Asked = maps.Clone(r.Sysctls.Asked)
-	c.Sysctls.Applied = maps.Clone(r.Sysctls.Applied)
-	c.Sysctls.Mismatches = slices.Clone(r.Sysctls.Mismatches)
-	c.Attached = slices.Clone(r.Attached)
-	for i := range c.Attached {
-		c.Attached[i].Interface.Addresses = slices.Clone(r.Attached[i].Interface.Addresses)
-	}
 	return c
 }
 
@@ -120,8 +85,9 @@ type PodSandboxLister interface {
 }
 
 // Registry is podgate's pod registry: a record per pod sandbox, written by the sandbox
-// pipeline, kept in a checkpoint in stateDir, and rebuilt from the runtime at start-up. It is
-// safe for concurrent use.
+// pipeline, kept in a checkpoint in stateDir, and rebuilt from the runtime at start-up. The
+// features keep their own records of the sandboxes and pods, as sections of the same
+// checkpoint (Register). It is safe for concurrent use.
 type Registry struct {
 	checkpoint *Checkpoint // nil: memory only (tests)
 
@@ -131,15 +97,22 @@ type Registry struct {
 	// runtime holds them, and the start-up rebuild reads them from it.
 	containers map[string]*ContainerRecord
 	// sections are the features' parts of the checkpoint (Register); raw holds the data keys
-	// of the checkpoint read at start-up that no section took up, carried through every write.
-	// loadedVersion is that file's format.
+	// of the checkpoint read at start-up that no section took up, fields the keys of its
+	// sandbox objects that no section took up (by sandbox ID, then key), both carried through
+	// every write. loadedVersion is that file's format.
 	sections      []Section
 	raw           map[string]json.RawMessage
+	fields        map[string]map[string]json.RawMessage
 	loadedVersion int
-	// watchers are the sections told of sandbox records set and gone; claims the one that
-	// holds the pods' DRA claims (nil: none).
-	watchers []SandboxWatcher
-	claims   PodClaimsSource
+	// The sections by what else they do (section.go): told of sandbox records set and gone,
+	// of sandboxes adopted, of containers; asked whether a record is an obligation, for their
+	// view of a pod, for the pods they keep.
+	watchers    []SandboxWatcher
+	adopters    []AdoptWatcher
+	obligations []Obligations
+	viewers     []PodViewer
+	keepers     []PodKeeper
+	ctrWatchers []ContainerWatcher
 	// touched holds the IDs the pipeline added or removed while a rebuild from the runtime is
 	// under way: the rebuild's older view of those must not win.
 	touched    map[string]bool
@@ -175,7 +148,6 @@ var (
 	_ SandboxGetter    = (*Registry)(nil)
 	_ SandboxLister    = (*Registry)(nil)
 	_ PodSandboxLister = (*Registry)(nil)
-	_ PodClaimsGetter  = (*Registry)(nil)
 )
 
 // NewRegistry creates a registry that persists to cp (nil: memory only), holding what it
@@ -185,13 +157,16 @@ var (
 func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
 	r := &Registry{
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
-		raw: maps.Clone(d.Sections), loadedVersion: d.Version,
+		raw: maps.Clone(d.Sections), fields: map[string]map[string]json.RawMessage{}, loadedVersion: d.Version,
 		writeFailed: func(error) {}, writeDelay: WriteDelay,
 	}
 	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {
 		rec := d.Sandboxes[i].Clone()
 		r.entries[rec.ID] = &rec
+		if f := d.SandboxFields[rec.ID]; len(f) > 0 {
+			r.fields[rec.ID] = maps.Clone(f)
+		}
 	}
 	return r
 }
@@ -254,21 +229,20 @@ func compareStrings(a, b string) int {
 // obligation: what a crash loses of it, the start-up rebuild finds again in the runtime (as
 // adopted), so a pod start never waits for the disk, nor fails because of it.
 //
-// A record holding DRA devices podgate attached to the pod (Attached) is one: nothing else
-// finds them after a crash — the rebuild adopts the sandbox without them, and its stop gives
-// back only what its record holds, so a virtual interface would be destroyed with the pod's
-// namespace and a physical one come back to the host under its pod name. Such a record counts
-// only once the checkpoint holds it, as the DRA claims' changes do (Commit): Add returns after
-// the write, and changes nothing when the write fails. The same write holds the record in place
-// of the devices' attach intents (the attach section saves no intent of a device a record holds
-// as attached), and the section, told of the record (SandboxWatcher), drops them: the record
-// now holds the obligation.
+// Unless a section's records of the sandbox are one (Obligations): DRA devices podgate
+// attached to the pod, which nothing else finds after a crash — the rebuild adopts the sandbox
+// without them, and its stop gives back only what its record holds, so a virtual interface
+// would be destroyed with the pod's namespace and a physical one come back to the host under
+// its pod name. Such a record counts only once the checkpoint holds it, as the DRA claims'
+// changes do (Commit): Add returns after the write, and changes nothing when the write fails.
+// The sections are told of the record (SandboxWatcher) once it is published: the attach
+// section drops the intents the record's write replaced.
 func (r *Registry) Add(rec SandboxRecord) error {
 	if rec.ID == "" {
 		return errors.New("registry: record without a sandbox ID")
 	}
 	c := rec.Clone()
-	durable := len(c.Attached) > 0 && r.checkpoint != nil
+	durable := r.checkpoint != nil && r.obliged(rec.ID)
 	if durable {
 		// Held until the record is published: a background write in between would snapshot
 		// the registry of before and overwrite this one.
@@ -298,6 +272,13 @@ func (r *Registry) Add(rec SandboxRecord) error {
 	return nil
 }
 
+// obliged reports whether a section's records of sandbox id are an obligation (see Add).
+func (r *Registry) obliged(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.obligations, func(o Obligations) bool { return o.Obliged(id) })
+}
+
 // Update changes a sandbox's record with fn; the checkpoint follows in the background. It
 // reports false when the sandbox is not (or no longer) recorded.
 func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
@@ -317,61 +298,17 @@ func (r *Registry) Update(id string, fn func(*SandboxRecord)) bool {
 	return ok
 }
 
-// UpdateDurable changes a sandbox's record with fn and returns once the checkpoint holds the
-// change, for a change that is an obligation (a device recorded as attached: see Add). It
-// reports false, changing nothing, when the sandbox is not (or, once written, no longer)
-// recorded; when the write fails it changes nothing either. The sections are told of the record
-// (SandboxWatcher), as by Add: the write that holds a device as attached drops its intent.
-func (r *Registry) UpdateDurable(id string, fn func(*SandboxRecord)) (bool, error) {
-	if r.checkpoint != nil {
-		r.persistMu.Lock()
-		defer r.persistMu.Unlock()
-		r.mu.Lock()
-		e, ok := r.entries[id]
-		if !ok {
-			r.mu.Unlock()
-			return false, nil
-		}
-		rec := e.Clone()
-		fn(&rec)
-		rec.Pod.UID = e.Pod.UID // a sandbox never moves to another pod
-		snap, err := r.snapshotLocked(&rec, nil, nil)
-		r.mu.Unlock()
-		if err != nil {
-			return false, err
-		}
-		if err := r.checkpoint.Write(snap); err != nil {
-			return false, fmt.Errorf("pod registry: %w", err)
-		}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.entries[id]
-	if !ok {
-		return false, nil // Remove took it meanwhile, telling the sections
-	}
-	uid := e.Pod.UID
-	before := r.beforeLocked(uid)
-	fn(e)
-	e.Pod.UID = uid
-	for _, w := range r.watchers {
-		w.SandboxSet(e)
-	}
-	r.changedLocked(uid, before)
-	return true, nil
-}
-
-// Remove forgets a sandbox; the checkpoint follows in the background. Forgetting an unknown
-// sandbox is not an error: Stop and Remove are idempotent. The sections are told the record goes
-// (SandboxWatcher): devices it still holds as attached (the sandbox was stopped past podgate)
-// become left attach intents, to be given back.
+// Remove forgets a sandbox, and what the checkpoint carries for it that no section owns; the
+// checkpoint follows in the background. Forgetting an unknown sandbox is not an error: Stop
+// and Remove are idempotent. The sections are told the record goes (SandboxWatcher): devices
+// attached to it (the sandbox was stopped past podgate) become left attach intents, to be
+// given back.
 func (r *Registry) Remove(id string) {
 	r.mu.Lock()
 	e, ok := r.entries[id]
 	if ok {
 		before := r.beforeLocked(e.Pod.UID)
-		r.goneLocked(e)
-		delete(r.entries, id)
+		r.dropLocked(e)
 		r.changedLocked(e.Pod.UID, before)
 	}
 	r.dropContainersOfLocked(id)
@@ -382,11 +319,13 @@ func (r *Registry) Remove(id string) {
 	}
 }
 
-// goneLocked tells the sections that rec goes.
-func (r *Registry) goneLocked(rec *SandboxRecord) {
+// dropLocked forgets rec, telling the sections it goes.
+func (r *Registry) dropLocked(rec *SandboxRecord) {
 	for _, w := range r.watchers {
 		w.SandboxGone(rec)
 	}
+	delete(r.entries, rec.ID)
+	delete(r.fields, rec.ID)
 }
 
 func (r *Registry) touchLocked(id string) {
@@ -410,13 +349,14 @@ func (r *Registry) beginRebuild() (end func()) {
 }
 
 // reconcile makes the registry hold exactly the sandboxes the runtime listed (seen), keeping
-// what the registry already knew of each: a sandbox it knew keeps its origin and pipeline
-// results with the runtime's view refreshed; one it did not know is added as adopted; one the
-// runtime no longer has is dropped, the sections told it goes (the devices it holds as attached
-// become left attach intents). Sandboxes the pipeline touched since beginRebuild are left as the pipeline made
-// them. The containers are reconciled the same way with containers, and those of a sandbox
-// that is gone go with it. It returns how many sandbox records it added and dropped.
-func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord) (added, dropped int) {
+// what the registry already knew of each: a sandbox it knew keeps its origin with the
+// runtime's view refreshed; one it did not know is added as adopted, the sections told of it
+// with what the runtime holds of it (AdoptWatcher); one the runtime no longer has is dropped,
+// the sections told it goes (the devices attached to it become left attach intents).
+// Sandboxes the pipeline touched since beginRebuild are left as the pipeline made them. The
+// containers are reconciled the same way with containers, and those of a sandbox that is gone
+// go with it. It returns how many sandbox records it added and dropped.
+func (r *Registry) reconcile(seen []runtimeSandbox, containers []runtimeContainer) (added, dropped int) {
 	r.mu.Lock()
 	// The pods it changes, with their states before, to tell the change function after.
 	befores := map[types.UID]*PodState{}
@@ -433,7 +373,7 @@ func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord)
 	}
 	inRuntime := make(map[string]bool, len(seen))
 	for i := range seen {
-		rec := seen[i]
+		rec := seen[i].SandboxRecord
 		inRuntime[rec.ID] = true
 		if r.touched[rec.ID] {
 			continue
@@ -446,12 +386,14 @@ func (r *Registry) reconcile(seen []SandboxRecord, containers []ContainerRecord)
 		}
 		c := rec.Clone()
 		r.entries[rec.ID] = &c
+		for _, w := range r.adopters {
+			w.SandboxAdopted(&c, seen[i].config)
+		}
 		added++
 	}
 	for id, e := range r.entries {
 		if !inRuntime[id] && !r.touched[id] {
-			r.goneLocked(e)
-			delete(r.entries, id)
+			r.dropLocked(e)
 			dropped++
 		}
 	}

@@ -23,11 +23,6 @@ func sampleRecord(id string) SandboxRecord {
 		NetNS:     "/var/run/netns/cni-" + id,
 		PID:       42,
 		IPs:       []string{"10.88.0.7"},
-		Sysctls: SysctlRecord{
-			Asked:        map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Applied:      map[string]string{"net.ipv4.tcp_keepalive_time": "600"},
-			Verification: SysctlsOK,
-		},
 	}
 }
 
@@ -154,7 +149,7 @@ func TestReconcileLeavesWhatThePipelineTouched(t *testing.T) {
 	seenKnown.Origin, seenKnown.Ready, seenKnown.IPs = OriginAdopted, false, []string{"10.88.0.9"}
 	seenFailed := sampleRecord("failed")
 	seenFailed.Origin = OriginAdopted
-	added, dropped := reg.reconcile([]SandboxRecord{seenKnown, seenFailed}, nil)
+	added, dropped := reg.reconcile(inRuntime(seenKnown, seenFailed), nil)
 	end()
 	if added != 0 || dropped != 1 {
 		t.Errorf("reconcile added %d, dropped %d; want 0 and 1 (gone)", added, dropped)
@@ -181,7 +176,7 @@ func TestSandboxWritesWaitAndCoalesce(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.Update("a", func(r *SandboxRecord) { r.IPs = []string{"10.88.0.8"} })
-	reg.Update("a", func(r *SandboxRecord) { r.Sysctls.Verification = SysctlsRepaired })
+	reg.Update("a", func(r *SandboxRecord) { r.Status = "status read late" })
 	if _, err := os.Stat(reg.checkpoint.Path()); !os.IsNotExist(err) {
 		t.Fatalf("checkpoint written before its delay: %v", err)
 	}
@@ -190,7 +185,7 @@ func TestSandboxWritesWaitAndCoalesce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(onDisk) != 1 || onDisk[0].IPs[0] != "10.88.0.8" || onDisk[0].Sysctls.Verification != SysctlsRepaired {
+	if len(onDisk) != 1 || onDisk[0].IPs[0] != "10.88.0.8" || onDisk[0].Status != "status read late" {
 		t.Fatalf("checkpoint after Flush: %+v; want sandbox a with both updates", onDisk)
 	}
 	// The next background write waits WriteInterval from this one.
@@ -230,53 +225,13 @@ func TestFlushWritesWhatIsQueuedMeanwhile(t *testing.T) {
 	}
 }
 
-// TestAttachedRecordIsDurableBeforeItCounts: a sandbox record holding devices podgate attached
-// to the pod is on disk when Add returns (nothing else finds those devices after a crash), and
-// not recorded at all when it cannot be written; a record without any waits for the background
-// write as before.
-func TestAttachedRecordIsDurableBeforeItCounts(t *testing.T) {
-	dir := t.TempDir()
-	reg := NewRegistry(NewCheckpoint(dir), CheckpointData{})
-	reg.SetWriteDelay(time.Hour) // only Add's own write, or Flush, writes during the test
-	if err := reg.Add(sampleRecord("plain")); err != nil {
-		t.Fatal(err)
+// inRuntime are records as the runtime reports them to a rebuild.
+func inRuntime(recs ...SandboxRecord) []runtimeSandbox {
+	out := make([]runtimeSandbox, len(recs))
+	for i := range recs {
+		out[i] = runtimeSandbox{SandboxRecord: recs[i]}
 	}
-	if _, err := os.Stat(reg.checkpoint.Path()); !os.IsNotExist(err) {
-		t.Fatalf("a record without attached devices was written at once: %v", err)
-	}
-	attached := sampleRecord("net")
-	attached.Attached = []AttachedDevice{{ClaimNamespace: "ns", ClaimName: "c", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev",
-		Interface: AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: []string{"192.0.2.7/24"}}}}
-	if err := reg.Add(attached); err != nil {
-		t.Fatal(err)
-	}
-	onDisk, err := reg.checkpoint.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(onDisk) != 2 || onDisk[0].ID != "net" || !sameJSON(t, onDisk[0].Attached, attached.Attached) {
-		t.Fatalf("checkpoint when Add returned: %+v; want both sandboxes, net with its attached device", onDisk)
-	}
-
-	// The checkpoint cannot be written: the record is refused and not recorded.
-	if err := os.Remove(reg.checkpoint.Path()); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(reg.checkpoint.Path(), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	other := attached
-	other.ID = "net2"
-	if err := reg.Add(other); err == nil || !strings.Contains(err.Error(), "pod registry") {
-		t.Errorf("Add with the checkpoint not writable: %v, want its failure", err)
-	}
-	if _, ok := reg.Sandbox("net2"); ok {
-		t.Error("a record with attached devices counts although it is not on disk")
-	}
-	if err := os.Remove(reg.checkpoint.Path()); err != nil {
-		t.Fatal(err)
-	}
-	reg.Flush()
+	return out
 }
 
 // Background writes start WriteDelay after the change that queued them, and WriteInterval at

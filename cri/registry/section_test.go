@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // noteSection is a section of one key holding a list of notes, each of a pod; it asks for v3
@@ -24,7 +25,7 @@ type noteSection struct {
 	// saved are the sandboxes of the last Save; set and gone the records told.
 	saved      []SandboxRecord
 	set, gone  []string
-	loaded     map[string]json.RawMessage
+	loaded     Loaded
 	failToLoad error
 	// as is the section registered (the noteSection itself unless a wrapper is).
 	as Section
@@ -36,36 +37,36 @@ func newNoteSection(key string) *noteSection {
 
 func (s *noteSection) Keys() []string { return []string{s.key} }
 
-func (s *noteSection) Save(sandboxes []SandboxRecord) (map[string]json.RawMessage, int, error) {
+func (s *noteSection) Save(sandboxes []SandboxRecord) (Saved, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.saved = slices.Clone(sandboxes)
 	return encodeNotes(s.key, s.notes)
 }
 
-func encodeNotes(key string, notes map[types.UID]string) (map[string]json.RawMessage, int, error) {
+func encodeNotes(key string, notes map[types.UID]string) (Saved, error) {
 	if len(notes) == 0 {
-		return nil, checkpointV2, nil
+		return Saved{Version: checkpointV2}, nil
 	}
 	b, err := json.Marshal(notes)
 	if err != nil {
-		return nil, 0, err
+		return Saved{}, err
 	}
 	v := checkpointV2
 	if slices.Contains(slices.Collect(maps.Values(notes)), "v3") {
 		v = checkpointV3
 	}
-	return map[string]json.RawMessage{key: b}, v, nil
+	return Saved{Keys: map[string]json.RawMessage{key: b}, Version: v}, nil
 }
 
-func (s *noteSection) load(raw map[string]json.RawMessage) error {
+func (s *noteSection) load(l Loaded) error {
 	if s.failToLoad != nil {
 		return s.failToLoad
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.loaded = raw
-	if b, ok := raw[s.key]; ok {
+	s.loaded = l
+	if b, ok := l.Keys[s.key]; ok {
 		return json.Unmarshal(b, &s.notes)
 	}
 	return nil
@@ -93,7 +94,7 @@ func (s *noteSection) note(reg *Registry, uid types.UID, text string) error {
 	if as == nil {
 		as = s
 	}
-	return reg.Commit(as, func([]SandboxRecord) (map[string]json.RawMessage, int, error) { return encodeNotes(s.key, next) },
+	return reg.Commit(as, func([]SandboxRecord) (Saved, error) { return encodeNotes(s.key, next) },
 		func() { s.mu.Lock(); s.notes = next; s.mu.Unlock() }, []types.UID{uid})
 }
 
@@ -104,25 +105,133 @@ func (s *noteSection) get(uid types.UID) (string, bool) {
 	return n, ok
 }
 
-// claimSource is a noteSection that shows each note as the pod's claim of that name.
-type claimSource struct{ *noteSection }
+// keeperSection is a noteSection whose notes make their pods known, as the DRA claims do, and
+// show with them.
+type keeperSection struct{ *noteSection }
 
-func (c claimSource) PodClaims(uid types.UID) (PodClaims, bool) {
-	n, ok := c.get(uid)
-	if !ok {
-		return PodClaims{}, false
+var _ PodKeeper = keeperSection{}
+
+func (k keeperSection) ViewKey() string { return k.key }
+
+func (k keeperSection) PodView(uid types.UID, _ []SandboxRecord) any {
+	if n, ok := k.get(uid); ok {
+		return n
 	}
-	return PodClaims{Pod: PodRef{UID: uid, Name: string(uid), Namespace: "ns"}, Claims: []ClaimRecord{{Name: n}}}, true
+	return nil
 }
 
-func (c claimSource) ClaimPods() []PodRef {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (k keeperSection) KeptPods() []PodRef {
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	var out []PodRef
-	for uid := range c.notes {
+	for uid := range k.notes {
 		out = append(out, PodRef{UID: uid, Name: string(uid), Namespace: "ns"})
 	}
 	return out
+}
+
+func (k keeperSection) KeptPod(uid types.UID) (PodRef, bool) {
+	_, ok := k.get(uid)
+	return PodRef{UID: uid, Name: string(uid), Namespace: "ns"}, ok
+}
+
+// fieldSection keeps a note per sandbox in the sandbox's object under its key, as a feature
+// keeps its records of each sandbox; a note "oblige" is an obligation, and an adopted sandbox
+// gets a note of its runtime configuration's hostname.
+type fieldSection struct {
+	key string
+	mu  sync.Mutex
+	// notes are by sandbox ID.
+	notes map[string]string
+}
+
+var (
+	_ SandboxFields = (*fieldSection)(nil)
+	_ Obligations   = (*fieldSection)(nil)
+	_ PodViewer     = (*fieldSection)(nil)
+	_ AdoptWatcher  = (*fieldSection)(nil)
+)
+
+func newFieldSection(t *testing.T, reg *Registry, key string) *fieldSection {
+	t.Helper()
+	s := &fieldSection{key: key, notes: map[string]string{}}
+	if err := reg.Register(s, s.load); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *fieldSection) Keys() []string   { return nil }
+func (s *fieldSection) Fields() []string { return []string{s.key} }
+func (s *fieldSection) ViewKey() string  { return s.key }
+
+func (s *fieldSection) Save(sandboxes []SandboxRecord) (Saved, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := Saved{Fields: map[string]map[string]json.RawMessage{}}
+	for _, sb := range sandboxes {
+		if n, ok := s.notes[sb.ID]; ok {
+			b, err := json.Marshal(n)
+			if err != nil {
+				return Saved{}, err
+			}
+			out.Fields[sb.ID] = map[string]json.RawMessage{s.key: b}
+		}
+	}
+	return out, nil
+}
+
+func (s *fieldSection) load(l Loaded) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, f := range l.Fields {
+		var n string
+		if err := json.Unmarshal(f[s.key], &n); err != nil {
+			return err
+		}
+		s.notes[id] = n
+	}
+	return nil
+}
+
+func (s *fieldSection) Obliged(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notes[id] == "oblige"
+}
+
+func (s *fieldSection) PodView(_ types.UID, sandboxes []SandboxRecord) any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	for _, sb := range sandboxes {
+		if n, ok := s.notes[sb.ID]; ok {
+			out[sb.ID] = n
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func (s *fieldSection) SandboxAdopted(rec *SandboxRecord, cfg *runtimeapi.PodSandboxConfig) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notes[rec.ID] = "adopted " + cfg.GetHostname()
+}
+
+// set notes sandbox id's note, not telling the registry (before the sandbox is recorded).
+func (s *fieldSection) set(id, note string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notes[id] = note
+}
+
+func (s *fieldSection) get(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.notes[id]
 }
 
 func readData(t *testing.T, cp *Checkpoint) CheckpointData {
@@ -145,13 +254,13 @@ func TestRegisterHandsTheLoadedKeys(t *testing.T) {
 	if err := reg.Register(s, s.load); err != nil {
 		t.Fatal(err)
 	}
-	if len(s.loaded) != 1 || string(s.loaded["notes"]) != `{"uid-a":"hello"}` {
-		t.Errorf("handed %s, want the notes key alone", s.loaded)
+	if len(s.loaded.Keys) != 1 || string(s.loaded.Keys["notes"]) != `{"uid-a":"hello"}` || len(s.loaded.Fields) != 0 {
+		t.Errorf("handed %+v, want the notes key alone", s.loaded)
 	}
 	if n, _ := s.get("uid-a"); n != "hello" {
 		t.Errorf("loaded note %q, want hello", n)
 	}
-	if err := reg.Register(newNoteSection("notes"), func(map[string]json.RawMessage) error { return nil }); err == nil {
+	if err := reg.Register(newNoteSection("notes"), func(Loaded) error { return nil }); err == nil {
 		t.Error("a second section of the key registered")
 	}
 	bad := newNoteSection("other")
@@ -167,9 +276,29 @@ func TestRegisterHandsTheLoadedKeys(t *testing.T) {
 	}
 }
 
+// TestRegisterRefusesTheRegistrysKeys: no section owns "sandboxes" or a key of the registry's
+// own sandbox record, and two sections do not own one sandbox key.
+func TestRegisterRefusesTheRegistrysKeys(t *testing.T) {
+	reg := NewRegistry(nil, CheckpointData{})
+	if err := reg.Register(newNoteSection(sandboxesKey), func(Loaded) error { return nil }); err == nil {
+		t.Error(`a section owns "sandboxes"`)
+	}
+	for _, key := range []string{"id", "pod", "netns", "status"} {
+		s := &fieldSection{key: key, notes: map[string]string{}}
+		if err := reg.Register(s, s.load); err == nil {
+			t.Errorf("a section owns the record's key %q", key)
+		}
+	}
+	newFieldSection(t, reg, "sysctls")
+	s := &fieldSection{key: "sysctls", notes: map[string]string{}}
+	if err := reg.Register(s, s.load); err == nil {
+		t.Error("a second section of a sandbox key registered")
+	}
+}
+
 // TestUnknownKeysCarriedThrough: data keys no section owns are written back unchanged, by
-// background writes, durable writes (Add of a record with attached devices) and commits; a
-// section's key is written as the section saves it.
+// background writes, durable writes (Add of a record a section holds an obligation in) and
+// commits; a section's key is written as the section saves it.
 func TestUnknownKeysCarriedThrough(t *testing.T) {
 	cp := NewCheckpoint(t.TempDir())
 	future := json.RawMessage(`{"from":"a later podgate","n":[1,2,3]}`)
@@ -186,9 +315,9 @@ func TestUnknownKeysCarriedThrough(t *testing.T) {
 	}
 	reg.Flush()
 	check("background write")
-	attached := sampleRecord("b")
-	attached.Attached = []AttachedDevice{{ClaimUID: "claim-1", Interface: AttachedInterface{HostName: "veth7"}}}
-	if err := reg.Add(attached); err != nil {
+	devices := newFieldSection(t, reg, "attached")
+	devices.set("b", "oblige")
+	if err := reg.Add(sampleRecord("b")); err != nil {
 		t.Fatal(err)
 	}
 	check("durable Add")
@@ -205,13 +334,56 @@ func TestUnknownKeysCarriedThrough(t *testing.T) {
 	}
 }
 
+// TestSandboxFieldsLoadedAndCarried: each sandbox's keys beside the registry's own go to the
+// section that owns them, per sandbox; those no section owns are carried through writes and go
+// with their sandbox. The fields are written after the record's keys, sysctls before attached
+// (as podgate wrote them when the registry held them), then the others by name.
+func TestSandboxFieldsLoadedAndCarried(t *testing.T) {
+	cp := NewCheckpoint(t.TempDir())
+	d := CheckpointData{
+		Sandboxes: []SandboxRecord{sampleRecord("a"), sampleRecord("b")},
+		SandboxFields: map[string]map[string]json.RawMessage{
+			"a": {"sysctls": json.RawMessage(`"a's"`), "attached": json.RawMessage(`["eth5"]`), "zNext": json.RawMessage(`{"n":1}`), "qos": json.RawMessage(`"guaranteed"`)},
+			"b": {"sysctls": json.RawMessage(`"b's"`)},
+		},
+	}
+	if err := cp.Write(d); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(cp.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantA := `"ips":["10.88.0.7"],"sysctls":"a's","attached":["eth5"],"qos":"guaranteed","zNext":{"n":1}}`
+	if !strings.Contains(string(raw), wantA) {
+		t.Fatalf("sandbox a written as\n%s\nwant its fields in the order\n%s", raw, wantA)
+	}
+
+	reg := NewRegistry(cp, readData(t, cp))
+	sysctls := newFieldSection(t, reg, "sysctls")
+	if got := sysctls.get("a") + "," + sysctls.get("b"); got != "a's,b's" {
+		t.Errorf("sysctls loaded per sandbox as %q, want a's,b's", got)
+	}
+	// The attached devices' section is not registered (a podgate without it): carried.
+	reg.PersistSoon()
+	reg.Flush()
+	if again, _ := os.ReadFile(cp.Path()); string(again) != string(raw) {
+		t.Errorf("written back as\n%s\nwant\n%s", again, raw)
+	}
+	reg.Remove("a")
+	reg.Flush()
+	if d := readData(t, cp); d.SandboxFields["a"] != nil || string(d.SandboxFields["b"]["sysctls"]) != `"b's"` {
+		t.Errorf("after a went, the fields are %s", d.SandboxFields)
+	}
+}
+
 // TestFailedCommitPublishesNothing: a commit whose write fails returns the error, and neither
 // the section nor the pod views change; once the file can be written, the next commit holds
 // the change.
 func TestFailedCommitPublishesNothing(t *testing.T) {
 	cp := NewCheckpoint(t.TempDir())
 	reg := NewRegistry(cp, CheckpointData{})
-	s := claimSource{newNoteSection("notes")}
+	s := keeperSection{newNoteSection("notes")}
 	s.as = s
 	if err := reg.Register(s, s.load); err != nil {
 		t.Fatal(err)
@@ -227,7 +399,7 @@ func TestFailedCommitPublishesNothing(t *testing.T) {
 	if _, ok := s.get("uid-a"); ok {
 		t.Error("the section's change counts although it is not on disk")
 	}
-	if _, ok := reg.PodClaims("uid-a"); ok || len(told) != 0 {
+	if _, ok := reg.Pod("uid-a"); ok || len(told) != 0 {
 		t.Errorf("pod view after the failed commit: %t, told %d changes; want nothing", ok, len(told))
 	}
 	if err := os.Remove(cp.Path()); err != nil {
@@ -236,8 +408,14 @@ func TestFailedCommitPublishesNothing(t *testing.T) {
 	if err := s.note(reg, "uid-a", "hello"); err != nil {
 		t.Fatal(err)
 	}
-	if pc, ok := reg.PodClaims("uid-a"); !ok || pc.Claims[0].Name != "hello" || len(told) != 1 || told[0].Claims == nil {
-		t.Errorf("pod view after the commit: %+v %t, told %+v; want the claim hello, told once", pc, ok, told)
+	if st, ok := reg.Pod("uid-a"); !ok || st.View("notes") != "hello" || st.Ref().Name != "uid-a" || len(told) != 1 || told[0].View("notes") != "hello" {
+		t.Errorf("pod after the commit: %+v %t, told %+v; want the pod kept by its note hello, told once", st, ok, told)
+	}
+	if pods, _ := reg.Pods(); len(pods) != 1 || pods[0].Ref().Name != "uid-a" {
+		t.Errorf("Pods: %+v, want the pod kept by its note", pods)
+	}
+	if st, ok := reg.PodByName("ns", "uid-a"); !ok || st.UID != "uid-a" {
+		t.Errorf("PodByName: %+v %t, want the pod kept by its note", st, ok)
 	}
 	if got := readData(t, cp).Sections["notes"]; string(got) != `{"uid-a":"hello"}` {
 		t.Errorf("section on disk %s", got)
@@ -281,38 +459,156 @@ func TestVersionV3WhileASectionAsksForIt(t *testing.T) {
 	}
 }
 
-// TestWatchersToldOfRecords: a section watching sandboxes is told of a record set (Add,
-// UpdateDurable) and gone (Remove), and saves for the checkpoint the sandboxes it is written
-// with, the new record included in a durable write.
+// TestWatchersToldOfRecords: a section watching sandboxes is told of a record set (Add) and
+// gone (Remove, or gone from the runtime), of one the rebuild adopts with the runtime's
+// configuration, and saves for the checkpoint the sandboxes it is written with.
 func TestWatchersToldOfRecords(t *testing.T) {
-	cp := NewCheckpoint(t.TempDir())
-	reg := NewRegistry(cp, CheckpointData{})
+	reg := NewRegistry(NewCheckpoint(t.TempDir()), CheckpointData{})
 	reg.SetWriteDelay(time.Hour)
 	s := newNoteSection("notes")
 	if err := reg.Register(s, s.load); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg.Add(sampleRecord("a")); err != nil {
-		t.Fatal(err)
-	}
-	ok, err := reg.UpdateDurable("a", func(r *SandboxRecord) {
-		r.Attached = []AttachedDevice{{ClaimUID: "claim-1", Interface: AttachedInterface{HostName: "veth7"}}}
-	})
-	if !ok || err != nil {
-		t.Fatalf("UpdateDurable: %t, %v", ok, err)
-	}
-	if len(s.saved) != 1 || len(s.saved[0].Attached) != 1 {
-		t.Errorf("the durable write saved the section with sandboxes %+v, want a with its device", s.saved)
-	}
-	if d := readData(t, cp); len(d.Sandboxes) != 1 || len(d.Sandboxes[0].Attached) != 1 {
-		t.Errorf("checkpoint when UpdateDurable returned: %+v", d.Sandboxes)
-	}
-	if ok, err := reg.UpdateDurable("nope", func(*SandboxRecord) {}); ok || err != nil {
-		t.Errorf("UpdateDurable of a sandbox not recorded: %t, %v; want false, nil", ok, err)
+	adopting := newFieldSection(t, reg, "sysctls")
+	for _, id := range []string{"a", "b"} {
+		if err := reg.Add(sampleRecord(id)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	reg.Remove("a")
-	if !slices.Equal(s.set, []string{"a", "a"}) || !slices.Equal(s.gone, []string{"a"}) {
-		t.Errorf("told set %v, gone %v; want a set twice (Add, UpdateDurable) and gone once", s.set, s.gone)
+	seen := inRuntime(sampleRecord("c"))
+	seen[0].config = &runtimeapi.PodSandboxConfig{Hostname: "c-host"}
+	if added, dropped := reg.reconcile(seen, nil); added != 1 || dropped != 1 {
+		t.Errorf("reconcile added %d, dropped %d; want c added, b dropped", added, dropped)
 	}
 	reg.Flush()
+	if !slices.Equal(s.set, []string{"a", "b"}) || !slices.Equal(s.gone, []string{"a", "b"}) {
+		t.Errorf("told set %v, gone %v; want a and b set, then gone", s.set, s.gone)
+	}
+	if n := adopting.get("c"); n != "adopted c-host" {
+		t.Errorf("adopted sandbox's note %q, want the runtime's configuration's", n)
+	}
+	if len(s.saved) != 1 || s.saved[0].ID != "c" {
+		t.Errorf("the last write saved the section with sandboxes %+v, want c", s.saved)
+	}
+}
+
+// TestObligedRecordIsDurableBeforeItCounts: a sandbox record a section holds an obligation in
+// (devices podgate attached to the pod) is on disk, with the section's record of it, when Add
+// returns (nothing else finds those devices after a crash), and not recorded at all when it
+// cannot be written; a record without any waits for the background write as before.
+func TestObligedRecordIsDurableBeforeItCounts(t *testing.T) {
+	dir := t.TempDir()
+	reg := NewRegistry(NewCheckpoint(dir), CheckpointData{})
+	reg.SetWriteDelay(time.Hour) // only Add's own write, or Flush, writes during the test
+	devices := newFieldSection(t, reg, "attached")
+	if err := reg.Add(sampleRecord("plain")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(reg.checkpoint.Path()); !os.IsNotExist(err) {
+		t.Fatalf("a record without obligations was written at once: %v", err)
+	}
+	devices.set("net", "oblige")
+	if err := reg.Add(sampleRecord("net")); err != nil {
+		t.Fatal(err)
+	}
+	d := readData(t, reg.checkpoint)
+	if len(d.Sandboxes) != 2 || d.Sandboxes[0].ID != "net" || string(d.SandboxFields["net"]["attached"]) != `"oblige"` {
+		t.Fatalf("checkpoint when Add returned: %+v %s; want both sandboxes, net with its section's record", d.Sandboxes, d.SandboxFields)
+	}
+
+	// The checkpoint cannot be written: the record is refused and not recorded.
+	if err := os.Remove(reg.checkpoint.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(reg.checkpoint.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	devices.set("net2", "oblige")
+	if err := reg.Add(sampleRecord("net2")); err == nil || !strings.Contains(err.Error(), "pod registry") {
+		t.Errorf("Add with the checkpoint not writable: %v, want its failure", err)
+	}
+	if _, ok := reg.Sandbox("net2"); ok {
+		t.Error("a record with an obligation counts although it is not on disk")
+	}
+	if err := os.Remove(reg.checkpoint.Path()); err != nil {
+		t.Fatal(err)
+	}
+	reg.Flush()
+}
+
+// TestCommitSandbox: a durable change of a section's record of one sandbox is on disk when it
+// is published, and the sandbox's pod is told of it; it publishes nothing when the sandbox is
+// not recorded, nor when the write fails.
+func TestCommitSandbox(t *testing.T) {
+	cp := NewCheckpoint(t.TempDir())
+	reg := NewRegistry(cp, CheckpointData{Sandboxes: []SandboxRecord{sampleRecord("a")}})
+	reg.SetWriteDelay(time.Hour)
+	devices := newFieldSection(t, reg, "attached")
+	var told []string
+	reg.OnPodChange(func(_ uint64, before, after *PodState) {
+		told = append(told, string(after.UID)+":"+after.View("attached").(map[string]string)["a"])
+		if before.View("attached") != nil {
+			t.Errorf("state before the change shows %v, want nothing", before.View("attached"))
+		}
+	})
+	commit := func(id string) (bool, error) {
+		next := func([]SandboxRecord) (Saved, error) {
+			return Saved{Fields: map[string]map[string]json.RawMessage{id: {"attached": json.RawMessage(`"eth5"`)}}}, nil
+		}
+		return reg.CommitSandbox(devices, id, next, func() { devices.set(id, "eth5") })
+	}
+	if ok, err := commit("nope"); ok || err != nil || devices.get("nope") != "" {
+		t.Errorf("CommitSandbox of a sandbox not recorded: %t, %v; want false, nothing published", ok, err)
+	}
+	if err := os.Mkdir(cp.Path(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := commit("a"); ok || err == nil || devices.get("a") != "" {
+		t.Errorf("CommitSandbox with the checkpoint not writable: %t, %v; want its failure, nothing published", ok, err)
+	}
+	if err := os.Remove(cp.Path()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := commit("a"); !ok || err != nil {
+		t.Fatalf("CommitSandbox: %t, %v", ok, err)
+	}
+	if d := readData(t, cp); string(d.SandboxFields["a"]["attached"]) != `"eth5"` {
+		t.Errorf("checkpoint when CommitSandbox returned: %s", d.SandboxFields)
+	}
+	if !slices.Equal(told, []string{"uid-a:eth5"}) {
+		t.Errorf("told %v, want pod uid-a's change once", told)
+	}
+}
+
+// TestChangeSandboxShowsInThePodState: a section's change of its record of a sandbox is told as
+// a change of the sandbox's pod, the section's view before and after it; the checkpoint follows
+// in the background; a sandbox not recorded is not changed.
+func TestChangeSandboxShowsInThePodState(t *testing.T) {
+	cp := NewCheckpoint(t.TempDir())
+	reg := NewRegistry(cp, CheckpointData{Sandboxes: []SandboxRecord{sampleRecord("a")}})
+	reg.SetWriteDelay(time.Hour)
+	sysctls := newFieldSection(t, reg, "sysctls")
+	sysctls.set("a", "pending")
+	var views [][2]any
+	reg.OnPodChange(func(_ uint64, before, after *PodState) {
+		views = append(views, [2]any{before.View("sysctls"), after.View("sysctls")})
+	})
+	if !reg.ChangeSandbox("a", func() { sysctls.set("a", "ok") }) {
+		t.Fatal("ChangeSandbox of a recorded sandbox: false")
+	}
+	if len(views) != 1 || views[0][0].(map[string]string)["a"] != "pending" || views[0][1].(map[string]string)["a"] != "ok" {
+		t.Errorf("told %v, want the view from pending to ok", views)
+	}
+	if reg.ChangeSandbox("nope", func() { t.Error("publish called for a sandbox not recorded") }) {
+		t.Error("ChangeSandbox of a sandbox not recorded: true")
+	}
+	reg.Flush()
+	if d := readData(t, cp); string(d.SandboxFields["a"]["sysctls"]) != `"ok"` {
+		t.Errorf("checkpoint after the change: %s", d.SandboxFields)
+	}
+	states, _ := reg.Pods()
+	if len(states) != 1 || states[0].View("sysctls").(map[string]string)["a"] != "ok" {
+		t.Errorf("Pods: %+v, want a's note ok", states)
+	}
 }

@@ -77,11 +77,18 @@ type sandboxInfo struct {
 // knows of it: readiness, IPs, network namespace, pause PID, cgroup parent. What rec already
 // holds from the pipeline (the pod, the runtime handler asked for) is kept.
 func InspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec *SandboxRecord) error {
+	_, err := inspectSandbox(ctx, rt, rec)
+	return err
+}
+
+// inspectSandbox is InspectSandbox, returning also the sandbox's configuration as the runtime
+// holds it (nil when its verbose status does not say).
+func inspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec *SandboxRecord) (*runtimeapi.PodSandboxConfig, error) {
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
 	st, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: rec.ID, Verbose: true})
 	if err != nil {
-		return fmt.Errorf("sandbox status: %w", err)
+		return nil, fmt.Errorf("sandbox status: %w", err)
 	}
 	s := st.GetStatus()
 	rec.Ready = s.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY
@@ -95,7 +102,7 @@ func InspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec
 	}
 	var info sandboxInfo
 	if err := decodeInfo("sandbox status", st.GetInfo(), &info); err != nil {
-		return err
+		return nil, err
 	}
 	rec.PID = info.PID
 	if rec.RuntimeHandler == "" {
@@ -103,10 +110,6 @@ func InspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec
 	}
 	if rec.CgroupParent == "" {
 		rec.CgroupParent = info.Config.GetLinux().GetCgroupParent()
-	}
-	if rec.Origin == OriginAdopted && rec.Sysctls.Applied == nil {
-		// What the runtime was given; what the pod itself asked for is lost with the call.
-		rec.Sysctls.Applied = info.Config.GetLinux().GetSysctls()
 	}
 	rec.NetNS = ""
 	if info.RuntimeSpec != nil && info.RuntimeSpec.Linux != nil {
@@ -120,19 +123,21 @@ func InspectSandbox(ctx context.Context, rt runtimeapi.RuntimeServiceClient, rec
 	if rec.NetNS == "" && !rec.HostNetwork && info.PID > 0 {
 		rec.NetNS = fmt.Sprintf("/proc/%d/ns/net", info.PID)
 	}
-	return nil
+	return info.Config, nil
 }
 
-// runtimeRecord is a sandbox as the runtime reports it; gone when it was removed before its
-// status could be read.
-type runtimeRecord struct {
+// runtimeSandbox is a sandbox as the runtime reports it, with the configuration it holds for
+// it (nil when its status could not be read); gone when it was removed before its status could
+// be read.
+type runtimeSandbox struct {
 	SandboxRecord
-	gone bool
+	config *runtimeapi.PodSandboxConfig
+	gone   bool
 }
 
 // recordFromRuntime makes the record of a sandbox podgate finds in the runtime without having
 // seen it start, from ListPodSandbox's entry and its verbose status.
-func recordFromRuntime(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb *runtimeapi.PodSandbox) runtimeRecord {
+func recordFromRuntime(ctx context.Context, rt runtimeapi.RuntimeServiceClient, sb *runtimeapi.PodSandbox) runtimeSandbox {
 	md := sb.GetMetadata()
 	rec := SandboxRecord{
 		ID:             sb.GetId(),
@@ -141,13 +146,13 @@ func recordFromRuntime(ctx context.Context, rt runtimeapi.RuntimeServiceClient, 
 		Origin:         OriginAdopted,
 		Ready:          sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY,
 		CreatedAt:      time.Unix(0, sb.GetCreatedAt()).UTC(),
-		Sysctls:        SysctlRecord{Verification: SysctlsUnverified},
 	}
-	if err := InspectSandbox(ctx, rt, &rec); err != nil {
+	cfg, err := inspectSandbox(ctx, rt, &rec)
+	if err != nil {
 		if status.Code(err) == codes.NotFound {
-			return runtimeRecord{gone: true}
+			return runtimeSandbox{gone: true}
 		}
 		rec.Status = err.Error()
 	}
-	return runtimeRecord{SandboxRecord: rec}
+	return runtimeSandbox{SandboxRecord: rec, config: cfg}
 }

@@ -8,18 +8,20 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
+	"github.com/podgate/podgate/dra/manager"
 )
 
 // Attacher moves the prepared network devices of the drivers named in dra.attach into the
 // pod once CNI has run, and gives them back to the host when the sandbox stops, before its
 // network namespace goes (a veth end in a deleted namespace is destroyed with it). With
-// dra.attach empty it attaches nothing but still gives back what the registry holds as
+// dra.attach empty it attaches nothing but still gives back what its records hold as
 // attached, or as left attach intents: a device recorded while it was set is given back.
 type Attacher struct {
 	registry *registry.Registry
@@ -86,7 +88,11 @@ func (d *Attacher) Stage() pipeline.Stage {
 }
 
 func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
-	pc, ok := d.registry.PodClaims(sb.Rec.Pod.UID)
+	pod, ok := d.registry.Pod(sb.Rec.Pod.UID)
+	if !ok {
+		return nil
+	}
+	pc, ok := manager.InPod(&pod)
 	if !ok {
 		return nil
 	}
@@ -111,14 +117,15 @@ func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 		return nil
 	}
 	// Each move is an obligation to give the device back, on disk before the move (an attach
-	// intent, attachOne) and taken up by the sandbox's record, which the record stage writes
-	// before the sandbox counts (registry.Add writes a record with Attached at once, and
-	// the intents, a device held as attached, go from the same write). An intent that is still there when the call ends
+	// intent, attachOne) and taken up by the device's record as attached to the sandbox, which
+	// the record stage writes before the sandbox counts (registry.Add writes a sandbox with
+	// attached devices at once, and their intents go from the same write). An intent that is still there when the call ends
 	// (a give back failed), or that a crash left, is settled later (Settle): the
 	// device stays recorded when it is in the pod of a sandbox that still runs, and is given
 	// back otherwise, found by podgate's mark (dra.Attach).
 	id := sb.Rec.ID
 	sb.OnEnd(func() { d.intents.LeaveAttaches(id) })
+	var done []Device
 	for _, t := range todo {
 		dev, err := d.attachOne(ctx, sb.Rec, t)
 		if err != nil {
@@ -126,77 +133,78 @@ func (d *Attacher) attach(ctx context.Context, sb *pipeline.Sandbox) error {
 			err = fmt.Errorf("pod %s/%s claim %s/%s device %s/%s/%s: %w", sb.Rec.Pod.Namespace, sb.Rec.Pod.Name,
 				t.claim.Namespace, t.claim.Name, t.device.Driver, t.device.Pool, t.device.Device, err)
 			// A stage that fails leaves nothing behind: the devices moved before go back too.
-			if undo := d.giveBack(ctx, sb.Rec); undo != nil {
+			if undo := d.giveBack(ctx, sb.Rec, done); undo != nil {
 				err = errors.Join(err, fmt.Errorf("give back: %w", undo))
 			}
 			return err
 		}
 		d.count("attach", "success")
-		sb.Rec.Attached = append(sb.Rec.Attached, dev)
 		logger.Info("Attached DRA network device", "claim", klog.KRef(t.claim.Namespace, t.claim.Name), "device", t.device.Driver+"/"+t.device.Pool+"/"+t.device.Device,
 			"hostInterface", dev.Interface.HostName, "podInterface", dev.Interface.PodName, "addresses", dev.Interface.Addresses)
 		if d.publisher != nil {
-			d.publishOne(ctx, &sb.Rec.Attached[len(sb.Rec.Attached)-1])
+			d.publishOne(ctx, &dev)
 		}
+		done = append(done, dev)
 	}
+	d.intents.setAttached(id, done)
 	return nil
 }
 
 // attachTarget is one prepared device to move into the pod.
 type attachTarget struct {
-	claim  registry.ClaimRecord
-	device registry.DeviceRecord
+	claim  manager.ClaimRecord
+	device manager.DeviceRecord
 }
 
 // attachOne moves one device into the sandbox's network namespace, its attach intent on disk
 // before the move. When the move fails, the device is given back and the intent dropped; an
 // intent whose give back failed stays, to be settled once the call ends.
-func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t attachTarget) (registry.AttachedDevice, error) {
+func (d *Attacher) attachOne(ctx context.Context, rec registry.SandboxRecord, t attachTarget) (Device, error) {
 	claim, err := d.claims.Claim(ctx, t.claim.Namespace, t.claim.Name)
 	if err != nil {
-		return registry.AttachedDevice{}, err
+		return Device{}, err
 	}
 	result, ok := dra.AllocationResult(claim, t.device.Driver, t.device.Pool, t.device.Device)
 	if !ok {
-		return registry.AttachedDevice{}, errors.New("not in the claim's allocation")
+		return Device{}, errors.New("not in the claim's allocation")
 	}
 	cfg, _, err := dra.InterfaceConfigFor(claim, result)
 	if err != nil {
-		return registry.AttachedDevice{}, err
+		return Device{}, err
 	}
 	host, err := d.hostIfs.Name(ctx, t.device.Driver, t.device.Pool, t.device.Device)
 	if err != nil {
-		return registry.AttachedDevice{}, err
+		return Device{}, err
 	}
 	in := Intent{
 		SandboxID: rec.ID, Pod: rec.Pod, NetNS: rec.NetNS,
 		ClaimNamespace: t.claim.Namespace, ClaimName: t.claim.Name, ClaimUID: t.claim.UID,
 		Driver: t.device.Driver, Pool: t.device.Pool, Device: t.device.Device,
-		HostInterface: host, Config: configRecord(cfg),
+		HostInterface: host, Config: cfg,
 	}
 	// Settling a left intent gives back what carries the host interface's mark: not while
 	// this attach marks and moves it.
 	d.settling.RLock()
 	defer d.settling.RUnlock()
 	if err := d.intents.BeginAttach(in); err != nil {
-		return registry.AttachedDevice{}, err
+		return Device{}, err
 	}
 	att, err := d.links.Attach(ctx, host, rec.NetNS, cfg)
 	if err != nil {
 		// Attach gives the interface back when a step fails; Reclaim makes sure, from the
 		// mark, before the intent goes.
 		if undo := d.links.Reclaim(ctx, host, rec.NetNS); undo != nil {
-			return registry.AttachedDevice{}, errors.Join(err, fmt.Errorf("give back: %w", undo))
+			return Device{}, errors.Join(err, fmt.Errorf("give back: %w", undo))
 		}
 		d.intents.EndAttach(rec.ID, host)
-		return registry.AttachedDevice{}, err
+		return Device{}, err
 	}
-	return in.Attached(attachedRecord(att)), nil
+	return in.Attached(att), nil
 }
 
 // publishOne writes an attached device's network data into its claim's status. A failure is
 // reported, not fatal: the device works in the pod either way.
-func (d *Attacher) publishOne(ctx context.Context, dev *registry.AttachedDevice) {
+func (d *Attacher) publishOne(ctx context.Context, dev *Device) {
 	err := dra.PublishNetworkData(ctx, d.publisher, types.NamespacedName{Namespace: dev.ClaimNamespace, Name: dev.ClaimName}, dev.ClaimUID, []dra.DeviceNetwork{network(*dev)})
 	if err != nil {
 		d.count("publish", "error")
@@ -207,29 +215,31 @@ func (d *Attacher) publishOne(ctx context.Context, dev *registry.AttachedDevice)
 	dev.Published = true
 }
 
-// attachUndo gives back what the stage attached when a later stage fails.
+// attachUndo gives back what the stage attached when a later stage fails, and forgets the
+// devices' records: the intents of those it could not give back stay, left once the call
+// ends, to be settled.
 func (d *Attacher) attachUndo(ctx context.Context, sb *pipeline.Sandbox) error {
-	return d.giveBack(ctx, sb.Rec)
+	err := d.giveBack(ctx, sb.Rec, d.intents.Attached(sb.Rec.ID))
+	d.intents.forgetAttached(sb.Rec.ID)
+	return err
 }
 
-// detach gives the sandbox's devices back before StopPodSandbox is forwarded: those its record
-// holds, and those of attach intents a crash left for it that the start-up has not settled yet.
-// A device that cannot be given back is logged and counted, and the stop goes on: a pod's stop
-// is never held by podgate. It stays recorded: a second stop tries again, and once the sandbox
-// is removed the registry keeps it as a left intent, given back from its mark.
+// detach gives the sandbox's devices back before StopPodSandbox is forwarded: those recorded as
+// attached to it, and those of attach intents a crash left for it that the start-up has not
+// settled yet. A device that cannot be given back is logged and counted, and the stop goes on:
+// a pod's stop is never held by podgate. It stays recorded: a second stop tries again, and once
+// the sandbox is removed its record becomes a left intent, given back from its mark.
 func (d *Attacher) detach(ctx context.Context, rec registry.SandboxRecord) error {
 	d.settling.RLock()
 	defer d.settling.RUnlock()
-	// Settling a left intent may have recorded a device since rec was read.
-	if cur, ok := d.registry.Sandbox(rec.ID); ok {
-		rec = cur
-	}
+	// Read under settling: settling a left intent may record a device.
+	devs := d.intents.Attached(rec.ID)
 	intents := d.intents.AttachIntents(rec.ID)
-	if len(rec.Attached) == 0 && len(intents) == 0 {
+	if len(devs) == 0 && len(intents) == 0 {
 		return nil
 	}
 	logger := klog.FromContext(ctx).WithValues("podSandboxID", rec.ID)
-	kept, err := d.giveBackEach(ctx, rec)
+	kept, err := d.giveBackEach(ctx, rec, devs)
 	if err != nil {
 		logger.Error(err, "Give DRA network devices back to the host")
 	}
@@ -238,26 +248,24 @@ func (d *Attacher) detach(ctx context.Context, rec registry.SandboxRecord) error
 			logger.Error(err, "Give back DRA network device of an interrupted attach", "hostInterface", in.HostInterface)
 		}
 	}
-	// The background write will do: a crash that loses this leaves the devices recorded as
-	// attached, and giving them back again finds nothing to move and succeeds (dra.Detach).
-	d.registry.Update(rec.ID, func(r *registry.SandboxRecord) { r.Attached = kept })
+	d.intents.keepAttached(rec.ID, kept)
 	return nil
 }
 
-// giveBack gives back the devices rec holds as attached.
-func (d *Attacher) giveBack(ctx context.Context, rec registry.SandboxRecord) error {
-	_, err := d.giveBackEach(ctx, rec)
+// giveBack gives back devs, attached to the sandbox of rec.
+func (d *Attacher) giveBack(ctx context.Context, rec registry.SandboxRecord, devs []Device) error {
+	_, err := d.giveBackEach(ctx, rec, devs)
 	return err
 }
 
-// giveBackEach gives back the devices rec holds as attached, last first, and returns those it
-// could not give back. The intent of each device given back goes (an attach of this call
+// giveBackEach gives back devs, attached to the sandbox of rec, last first, and returns those
+// it could not give back. The intent of each device given back goes (an attach of this call
 // that failed or was undone).
-func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord) (kept []registry.AttachedDevice, _ error) {
+func (d *Attacher) giveBackEach(ctx context.Context, rec registry.SandboxRecord, devs []Device) (kept []Device, _ error) {
 	var errs []error
-	for i := len(rec.Attached) - 1; i >= 0; i-- {
-		dev := rec.Attached[i]
-		if err := d.links.Detach(ctx, attached(dev.Interface), rec.NetNS); err != nil {
+	for i := len(devs) - 1; i >= 0; i-- {
+		dev := devs[i]
+		if err := d.links.Detach(ctx, dev.Interface, rec.NetNS); err != nil {
 			d.count("detach", "error")
 			errs = append(errs, fmt.Errorf("device %s/%s/%s: %w", dev.Driver, dev.Pool, dev.Device, err))
 			kept = append(kept, dev)
@@ -307,13 +315,13 @@ func (d *Attacher) settleAttach(ctx context.Context, in Intent) error {
 		"claim", klog.KRef(in.ClaimNamespace, in.ClaimName), "hostInterface", in.HostInterface)
 	// A device of a driver dra.attach no longer names is given back, not set up.
 	if rec, ok := d.registry.Sandbox(in.SandboxID); ok && rec.Ready && slices.Contains(d.drivers, in.Driver) {
-		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, interfaceConfig(in.Config))
+		att, found, err := d.links.Resume(ctx, in.HostInterface, in.NetNS, in.Config)
 		switch {
 		case err != nil:
 			d.count("resume", "error")
 			logger.Error(err, "Finish interrupted attach of DRA network device: giving it back")
 		case found:
-			dev := in.Attached(attachedRecord(att))
+			dev := in.Attached(att)
 			if d.publisher != nil {
 				d.publishOne(ctx, &dev)
 			}
@@ -346,6 +354,11 @@ func (d *Attacher) reclaim(ctx context.Context, in Intent) error {
 	d.count("reclaim", "success")
 	d.intents.EndAttach(in.SandboxID, in.HostInterface)
 	return nil
+}
+
+// network is an attached device's network data, as the claim's status shows it.
+func network(dev Device) dra.DeviceNetwork {
+	return dev.Interface.DeviceNetwork(resourceapi.DeviceRequestAllocationResult{Driver: dev.Driver, Pool: dev.Pool, Device: dev.Device})
 }
 
 // count counts an operation on DRA network devices.

@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -31,7 +33,6 @@ func sampleRecord(id string) registry.SandboxRecord {
 		NetNS:     "/var/run/netns/cni-" + id,
 		PID:       42,
 		IPs:       []string{"10.88.0.7"},
-		Sysctls:   registry.SysctlRecord{Verification: registry.SysctlsOK},
 	}
 }
 
@@ -79,8 +80,30 @@ func sampleIntent(sandbox, hostIf string) Intent {
 	return Intent{
 		SandboxID: sandbox, Pod: registry.PodRef{UID: types.UID("uid-" + sandbox), Name: sandbox, Namespace: "ns"}, NetNS: "/var/run/netns/cni-" + sandbox,
 		ClaimNamespace: "ns", ClaimName: "net", ClaimUID: "claim-1", Driver: "net.example.com", Pool: "pool", Device: "dev-" + hostIf,
-		HostInterface: hostIf, Config: InterfaceConfig{Name: "net1", Addresses: []string{"192.0.2.7/24"}},
+		HostInterface: hostIf, Config: dra.InterfaceConfig{Name: "net1", Addresses: []string{"192.0.2.7/24"}},
 	}
+}
+
+// readAll is what the checkpoint holds.
+func readAll(t *testing.T, cp *registry.Checkpoint) registry.CheckpointData {
+	t.Helper()
+	d, err := cp.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// onDiskAttached are the devices the checkpoint data d holds as attached to the sandbox.
+func onDiskAttached(t *testing.T, d registry.CheckpointData, sandboxID string) []Device {
+	t.Helper()
+	var out []Device
+	if raw, ok := d.SandboxFields[sandboxID]["attached"]; ok {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
 }
 
 // fileVersion is the version the checkpoint file at path says.
@@ -139,17 +162,21 @@ func TestAttachIntentIsDurableBeforeTheMove(t *testing.T) {
 		t.Errorf("after a restart, left intents %+v, want %+v", left, in)
 	}
 
-	// The record stage: Add takes the device up and drops its intent in one write.
-	rec := sampleRecord("sb")
-	rec.Attached = []registry.AttachedDevice{in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1"})}
-	if err := reg.Add(rec); err != nil {
+	// The attach stage records the device as attached to the sandbox, not written yet: the
+	// sandbox is not recorded.
+	intents.setAttached("sb", []Device{in.Attached(dra.Attached{HostName: "veth7", PodName: "net1"})})
+	reg.PersistSoon()
+	reg.Flush()
+	if onDisk := readAll(t, cp); !sameJSON(t, onDiskIntents(t, onDisk), []Intent{in}) || len(onDisk.SandboxFields) != 0 {
+		t.Errorf("checkpoint before the sandbox is recorded: %+v; want the intent alone", onDisk)
+	}
+	// The record stage: Add writes the sandbox with its device and drops its intent in one
+	// write.
+	if err := reg.Add(sampleRecord("sb")); err != nil {
 		t.Fatal(err)
 	}
-	onDisk, err = cp.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(onDiskIntents(t, onDisk)) != 0 || len(onDisk.Sandboxes) != 1 || len(onDisk.Sandboxes[0].Attached) != 1 {
+	onDisk = readAll(t, cp)
+	if len(onDiskIntents(t, onDisk)) != 0 || len(onDisk.Sandboxes) != 1 || len(onDiskAttached(t, onDisk, "sb")) != 1 {
 		t.Errorf("checkpoint when Add returned: %+v; want the record with its device and no intent", onDisk)
 	}
 	if v := fileVersion(t, cp.Path()); v != checkpointVersionV2 {
@@ -198,33 +225,30 @@ func TestSettleAttach(t *testing.T) {
 	}
 
 	in := left[0]
-	dev := in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})
+	dev := in.Attached(dra.Attached{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})
 	if ok, err := intents.SettleAttach("sb", dev); !ok || err != nil {
 		t.Fatalf("SettleAttach: %t, %v", ok, err)
 	}
-	onDisk, err := cp.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(onDisk.Sandboxes) != 1 || !sameJSON(t, onDisk.Sandboxes[0].Attached, []registry.AttachedDevice{dev}) {
-		t.Errorf("checkpoint after SettleAttach: sandboxes %+v, want sb with the device", onDisk.Sandboxes)
+	onDisk := readAll(t, cp)
+	if len(onDisk.Sandboxes) != 1 || !sameJSON(t, onDiskAttached(t, onDisk, "sb"), []Device{dev}) {
+		t.Errorf("checkpoint after SettleAttach: sandboxes %+v %s, want sb with the device", onDisk.Sandboxes, onDisk.SandboxFields)
 	}
 	if got := slices.IndexFunc(onDiskIntents(t, onDisk), func(a Intent) bool { return a.HostInterface == "veth7" }); got >= 0 {
 		t.Errorf("settled intent still on disk: %+v", onDiskIntents(t, onDisk))
 	}
-	if rec, _ := reg.Sandbox("sb"); !sameJSON(t, rec.Attached, []registry.AttachedDevice{dev}) {
-		t.Errorf("record after SettleAttach: %+v", rec.Attached)
+	if got := intents.Attached("sb"); !sameJSON(t, got, []Device{dev}) {
+		t.Errorf("devices attached to sb after SettleAttach: %+v", got)
 	}
 	// Settling again replaces the device, not adds it.
 	if ok, err := intents.SettleAttach("sb", dev); !ok || err != nil {
 		t.Fatalf("SettleAttach again: %t, %v", ok, err)
 	}
-	if rec, _ := reg.Sandbox("sb"); len(rec.Attached) != 1 {
-		t.Errorf("record after settling twice: %+v", rec.Attached)
+	if got := intents.Attached("sb"); len(got) != 1 {
+		t.Errorf("devices attached to sb after settling twice: %+v", got)
 	}
 
 	gone := sampleIntent("gone", "veth8")
-	if ok, err := intents.SettleAttach("gone", gone.Attached(registry.AttachedInterface{HostName: "veth8", PodName: "net1"})); ok || err != nil {
+	if ok, err := intents.SettleAttach("gone", gone.Attached(dra.Attached{HostName: "veth8", PodName: "net1"})); ok || err != nil {
 		t.Errorf("SettleAttach of a sandbox not recorded: %t, %v; want false, nil", ok, err)
 	}
 	if !intents.HasAttachIntent("gone", "veth8") {
@@ -247,7 +271,7 @@ func TestRecordGoneLeavesItsDevices(t *testing.T) {
 			reg, intents := newIntents(t, nil, registry.CheckpointData{})
 			rec := sampleRecord("sb")
 			in := sampleIntent("sb", "veth7")
-			rec.Attached = []registry.AttachedDevice{in.Attached(registry.AttachedInterface{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})}
+			intents.setAttached("sb", []Device{in.Attached(dra.Attached{HostName: "veth7", PodName: "net1", Addresses: in.Config.Addresses})})
 			if err := reg.Add(rec); err != nil {
 				t.Fatal(err)
 			}
@@ -261,6 +285,9 @@ func TestRecordGoneLeavesItsDevices(t *testing.T) {
 			in.Pod = rec.Pod
 			if !sameJSON(t, left, []Intent{in}) {
 				t.Errorf("left intents %+v, want %+v", left, in)
+			}
+			if got := intents.Attached("sb"); len(got) != 0 {
+				t.Errorf("devices still attached to the sandbox gone: %+v", got)
 			}
 		})
 	}
@@ -299,5 +326,56 @@ func rebuildFromEmptyRuntime(t *testing.T, reg *registry.Registry) {
 	t.Cleanup(func() { conn.Close() })
 	if _, _, dropped, err := reg.Rebuild(t.Context(), runtimeapi.NewRuntimeServiceClient(conn)); err != nil || dropped != 1 {
 		t.Fatalf("Rebuild: dropped %d, %v; want the sandbox dropped", dropped, err)
+	}
+}
+
+// TestAttachedDevicesShownWithThePod: the devices attached to a sandbox are an obligation (the
+// sandbox is written before it counts), show with its pod from the record's publication on,
+// and a give back is a change of the pod, told with the devices before and after, and written
+// in the background; the devices of a call that failed before its sandbox was recorded are
+// forgotten.
+func TestAttachedDevicesShownWithThePod(t *testing.T) {
+	cp := registry.NewCheckpoint(t.TempDir())
+	reg, intents := newIntents(t, cp, registry.CheckpointData{})
+	reg.SetWriteDelay(time.Hour)
+	var told [][2]int // devices attached to sb before and after each change
+	reg.OnPodChange(func(_ uint64, before, after *registry.PodState) {
+		count := func(st *registry.PodState) int {
+			if st == nil {
+				return -1
+			}
+			return len(InPod(st)["sb"])
+		}
+		told = append(told, [2]int{count(before), count(after)})
+	})
+	in7, in8 := sampleIntent("sb", "veth7"), sampleIntent("sb", "veth8")
+	devs := []Device{in7.Attached(dra.Attached{HostName: "veth7", PodName: "net1"}), in8.Attached(dra.Attached{HostName: "veth8", PodName: "net2"})}
+	intents.setAttached("sb", devs)
+	if !intents.Obliged("sb") || intents.Obliged("other") {
+		t.Errorf("obliged: sb %t, other %t; want sb only", intents.Obliged("sb"), intents.Obliged("other"))
+	}
+	if err := reg.Add(sampleRecord("sb")); err != nil {
+		t.Fatal(err)
+	}
+	if got := onDiskAttached(t, readAll(t, cp), "sb"); !sameJSON(t, got, devs) {
+		t.Errorf("checkpoint when Add returned holds %+v, want both devices", got)
+	}
+	intents.keepAttached("sb", devs[:1])
+	intents.keepAttached("sb", nil)
+	if d := cmp.Diff([][2]int{{-1, 2}, {2, 1}, {1, 0}}, told); d != "" {
+		t.Errorf("changes told (-want +got):\n%s", d)
+	}
+	if intents.Obliged("sb") {
+		t.Error("a sandbox whose devices were all given back is still an obligation")
+	}
+	reg.Flush()
+	if d := readAll(t, cp); d.SandboxFields["sb"]["attached"] != nil {
+		t.Errorf("checkpoint after the give backs holds %s", d.SandboxFields["sb"]["attached"])
+	}
+
+	intents.setAttached("failed", devs)
+	intents.forgetAttached("failed")
+	if got := intents.Attached("failed"); len(got) != 0 {
+		t.Errorf("devices of a failed call still recorded: %+v", got)
 	}
 }

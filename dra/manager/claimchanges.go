@@ -14,7 +14,7 @@ import (
 // for them: a claim not recorded yet is recorded unprepared with the pod as its first user; one
 // recorded gains the pod as a user. It returns once the checkpoint holds it. Nothing is written
 // when the store already holds exactly this (a sandbox the kubelet re-creates).
-func (c *Claims) UseClaims(pod registry.PodRef, containers []registry.ContainerClaims, claims []ClaimUse) error {
+func (c *Claims) UseClaims(pod registry.PodRef, containers []ContainerClaims, claims []ClaimUse) error {
 	return c.change(func(st *claimState) (bool, error) {
 		changed := false
 		p, ok := st.pods[pod.UID]
@@ -23,7 +23,7 @@ func (c *Claims) UseClaims(pod registry.PodRef, containers []registry.ContainerC
 			st.pods[pod.UID] = p
 			changed = true
 		}
-		if !slices.EqualFunc(p.Containers, containers, func(a, b registry.ContainerClaims) bool { return a.Name == b.Name && slices.Equal(a.Claims, b.Claims) }) {
+		if !slices.EqualFunc(p.Containers, containers, func(a, b ContainerClaims) bool { return a.Name == b.Name && slices.Equal(a.Claims, b.Claims) }) {
 			p.Containers = slices.Clone(containers)
 			changed = true
 		}
@@ -53,17 +53,17 @@ func (c *Claims) UseClaims(pod registry.PodRef, containers []registry.ContainerC
 
 // SetPrepared records the devices the drivers returned for claims podgate prepared; claims no
 // longer recorded are left out. It returns once the checkpoint holds it.
-func (c *Claims) SetPrepared(devices map[types.UID][]registry.DeviceRecord) error {
+func (c *Claims) SetPrepared(devices map[types.UID][]DeviceRecord) error {
 	return c.setPrepared(devices, PreparedByPodgate)
 }
 
 // SetObserved records the devices of claims the kubelet prepared (from their allocation), unless
 // podgate prepared them itself. It returns once the checkpoint holds it.
-func (c *Claims) SetObserved(devices map[types.UID][]registry.DeviceRecord) error {
+func (c *Claims) SetObserved(devices map[types.UID][]DeviceRecord) error {
 	return c.setPrepared(devices, PreparedByKubelet)
 }
 
-func (c *Claims) setPrepared(devices map[types.UID][]registry.DeviceRecord, by string) error {
+func (c *Claims) setPrepared(devices map[types.UID][]DeviceRecord, by string) error {
 	return c.change(func(st *claimState) (bool, error) {
 		changed := false
 		for uid, devs := range devices {
@@ -71,7 +71,7 @@ func (c *Claims) setPrepared(devices map[types.UID][]registry.DeviceRecord, by s
 			if !ok || (by == PreparedByKubelet && ci.Prepared) {
 				continue
 			}
-			ci.Prepared, ci.Devices, ci.PreparedBy = true, registry.CloneDevices(devs), by
+			ci.Prepared, ci.Devices, ci.PreparedBy = true, CloneDevices(devs), by
 			st.touch("", ci)
 			changed = true
 		}

@@ -25,6 +25,85 @@ const (
 	podClaimsKey = "podClaims"
 )
 
+// DeviceRecord is one device a DRA driver prepared for a claim.
+type DeviceRecord struct {
+	Driver string `json:"driver"`
+	Pool   string `json:"pool"`
+	Device string `json:"device"`
+	// Requests are the claim's requests the device serves.
+	Requests     []string `json:"requests,omitempty"`
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// Network is the device's network interface, when it is one: what a CNI plugin needs to
+	// move it into the pod. Nil for other devices.
+	Network *DeviceNetworkRecord `json:"network,omitempty"`
+}
+
+// DeviceNetworkRecord is a prepared network device's interface: its host name (from the
+// driver's ResourceSlice) and what the claim's configuration asks of it in the pod.
+type DeviceNetworkRecord struct {
+	HostInterface string `json:"hostInterface,omitempty"`
+	// InterfaceName, MTU and Addresses are the claim's configuration (dra.InterfaceConfig).
+	InterfaceName string   `json:"interfaceName,omitempty"`
+	MTU           int      `json:"mtu,omitempty"`
+	Addresses     []string `json:"addresses,omitempty"`
+}
+
+// ContainerClaims names a container of the pod and the pod's claims it uses
+// (resources.claims), as the pod's spec had them when the claims were prepared.
+type ContainerClaims struct {
+	Name   string   `json:"name"`
+	Claims []string `json:"claims,omitempty"`
+}
+
+// ClaimRecord is one ResourceClaim of a pod that podgate prepares, as the pod sees it.
+type ClaimRecord struct {
+	UID       types.UID `json:"uid"`
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	// PodClaimName is the pod's name for the claim (spec.resourceClaims[].name).
+	PodClaimName string `json:"podClaimName"`
+	// Drivers are the drivers podgate calls for the claim.
+	Drivers []string `json:"drivers"`
+	// Prepared: every driver prepared the claim; Devices holds what they returned.
+	Prepared bool           `json:"prepared"`
+	Devices  []DeviceRecord `json:"devices,omitempty"`
+}
+
+// PodClaims is one pod's view of its DRA claims: each claim's shared record with the pod's name
+// for it, and the pod's containers. The store (one record per claim) builds it on demand;
+// checkpoints written before that (v1) kept one PodClaims per pod.
+type PodClaims struct {
+	Pod    registry.PodRef `json:"pod"`
+	Claims []ClaimRecord   `json:"claims"`
+	// Containers are the pod's containers (restartable init containers first), so that the
+	// PodResources service lists each claim under the right ones.
+	Containers []ContainerClaims `json:"containers,omitempty"`
+}
+
+// CloneDevices returns a deep copy of devs.
+func CloneDevices(devs []DeviceRecord) []DeviceRecord {
+	out := slices.Clone(devs)
+	for j := range out {
+		out[j].Requests = slices.Clone(out[j].Requests)
+		out[j].CDIDeviceIDs = slices.Clone(out[j].CDIDeviceIDs)
+		if n := out[j].Network; n != nil {
+			nc := *n
+			nc.Addresses = slices.Clone(n.Addresses)
+			out[j].Network = &nc
+		}
+	}
+	return out
+}
+
+// CloneContainers returns a deep copy of cs.
+func CloneContainers(cs []ContainerClaims) []ContainerClaims {
+	out := slices.Clone(cs)
+	for i := range out {
+		out[i].Claims = slices.Clone(out[i].Claims)
+	}
+	return out
+}
+
 // ClaimInfo is one ResourceClaim podgate holds for the pods of this node: one record per
 // claim, however many pods use it, as the kubelet's DRA manager keeps one ClaimInfo per claim.
 // It is recorded before any driver is called, so a crash never loses the obligation to
@@ -36,8 +115,8 @@ type ClaimInfo struct {
 	// Drivers are the drivers podgate calls for the claim.
 	Drivers []string `json:"drivers"`
 	// Prepared: every driver prepared the claim; Devices holds what they returned.
-	Prepared bool                    `json:"prepared"`
-	Devices  []registry.DeviceRecord `json:"devices,omitempty"`
+	Prepared bool           `json:"prepared"`
+	Devices  []DeviceRecord `json:"devices,omitempty"`
 	// PreparedBy says who prepared it (PreparedByPodgate, PreparedByKubelet): podgate
 	// unprepares only what it prepared. Empty while nobody has.
 	PreparedBy string `json:"preparedBy,omitempty"`
@@ -51,7 +130,7 @@ func (c *ClaimInfo) Clone() ClaimInfo {
 	out := *c
 	out.Drivers = slices.Clone(c.Drivers)
 	out.PodUIDs = slices.Clone(c.PodUIDs)
-	out.Devices = registry.CloneDevices(c.Devices)
+	out.Devices = CloneDevices(c.Devices)
 	return out
 }
 
@@ -74,14 +153,14 @@ type PodClaimRef struct {
 // PodDRA is what one pod of the node uses of DRA: its claims, and its containers with the
 // claims each uses. The claims themselves are ClaimInfos, shared by the pods using them.
 type PodDRA struct {
-	Pod        registry.PodRef            `json:"pod"`
-	Claims     []PodClaimRef              `json:"claims"`
-	Containers []registry.ContainerClaims `json:"containers,omitempty"`
+	Pod        registry.PodRef   `json:"pod"`
+	Claims     []PodClaimRef     `json:"claims"`
+	Containers []ContainerClaims `json:"containers,omitempty"`
 }
 
 // Clone returns a deep copy of p.
 func (p *PodDRA) Clone() PodDRA {
-	return PodDRA{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: registry.CloneContainers(p.Containers)}
+	return PodDRA{Pod: p.Pod, Claims: slices.Clone(p.Claims), Containers: CloneContainers(p.Containers)}
 }
 
 // ClaimUse is one claim a pod starting now uses, as resolved from the API server.
@@ -110,8 +189,8 @@ type Claims struct {
 }
 
 var (
-	_ registry.Section         = (*Claims)(nil)
-	_ registry.PodClaimsSource = (*Claims)(nil)
+	_ registry.Section   = (*Claims)(nil)
+	_ registry.PodKeeper = (*Claims)(nil)
 )
 
 // NewClaims returns the claim store of reg, holding what reg's checkpoint held (a v1
@@ -126,12 +205,12 @@ func NewClaims(reg *registry.Registry) (*Claims, error) {
 }
 
 // load takes up the claims of the checkpoint: a v1 file's migrated, then the current ones.
-func (c *Claims) load(raw map[string]json.RawMessage) error {
-	var old []registry.PodClaims
+func (c *Claims) load(l registry.Loaded) error {
+	var old []PodClaims
 	var claims []ClaimInfo
 	var pods []PodDRA
 	for key, v := range map[string]any{podClaimsKey: &old, claimsKey: &claims, draPodsKey: &pods} {
-		if b, ok := raw[key]; ok {
+		if b, ok := l.Keys[key]; ok {
 			if err := json.Unmarshal(b, v); err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
@@ -155,14 +234,14 @@ func (c *Claims) load(raw map[string]json.RawMessage) error {
 func (c *Claims) Keys() []string { return []string{claimsKey, draPodsKey, podClaimsKey} }
 
 // Save implements registry.Section: the published claims and pods (v2).
-func (c *Claims) Save([]registry.SandboxRecord) (map[string]json.RawMessage, int, error) {
+func (c *Claims) Save([]registry.SandboxRecord) (registry.Saved, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return encodeClaims(c.claims, c.pods)
 }
 
 // encodeClaims is the section's data for these claims and pods; an empty list is left out.
-func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (map[string]json.RawMessage, int, error) {
+func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (registry.Saved, error) {
 	out := map[string]json.RawMessage{}
 	put := func(key string, n int, v any) error {
 		if n == 0 {
@@ -176,39 +255,59 @@ func encodeClaims(claims map[types.UID]*ClaimInfo, pods map[types.UID]*PodDRA) (
 		return nil
 	}
 	if err := put(claimsKey, len(claims), sortedClaims(claims)); err != nil {
-		return nil, 0, err
+		return registry.Saved{}, err
 	}
 	if err := put(draPodsKey, len(pods), sortedPods(pods)); err != nil {
-		return nil, 0, err
+		return registry.Saved{}, err
 	}
-	return out, 2, nil
+	return registry.Saved{Keys: out, Version: 2}, nil
 }
 
-// PodClaims implements registry.PodClaimsGetter: the pod's view of its claims, each with its
-// shared state (prepared, devices).
-func (c *Claims) PodClaims(uid types.UID) (registry.PodClaims, bool) {
+// PodClaims returns the pod's view of its claims, each with its shared state (prepared,
+// devices).
+func (c *Claims) PodClaims(uid types.UID) (PodClaims, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.podClaimsLocked(uid)
+}
+
+func (c *Claims) podClaimsLocked(uid types.UID) (PodClaims, bool) {
 	p, ok := c.pods[uid]
 	if !ok {
-		return registry.PodClaims{}, false
+		return PodClaims{}, false
 	}
-	pc := registry.PodClaims{Pod: p.Pod, Containers: registry.CloneContainers(p.Containers), Claims: make([]registry.ClaimRecord, 0, len(p.Claims))}
+	pc := PodClaims{Pod: p.Pod, Containers: CloneContainers(p.Containers), Claims: make([]ClaimRecord, 0, len(p.Claims))}
 	for _, ref := range p.Claims {
 		ci, ok := c.claims[ref.UID]
 		if !ok {
 			continue // cannot be: a pod's claims are recorded with it
 		}
-		pc.Claims = append(pc.Claims, registry.ClaimRecord{
+		pc.Claims = append(pc.Claims, ClaimRecord{
 			UID: ci.UID, Namespace: ci.Namespace, Name: ci.Name, PodClaimName: ref.PodClaimName,
-			Drivers: slices.Clone(ci.Drivers), Prepared: ci.Prepared, Devices: registry.CloneDevices(ci.Devices),
+			Drivers: slices.Clone(ci.Drivers), Prepared: ci.Prepared, Devices: CloneDevices(ci.Devices),
 		})
 	}
 	return pc, true
 }
 
-// ClaimPods implements registry.PodClaimsSource.
-func (c *Claims) ClaimPods() []registry.PodRef {
+// ViewKey implements registry.PodViewer: the pods' view of their claims is named after the
+// section's pods' key.
+func (c *Claims) ViewKey() string { return draPodsKey }
+
+// PodView implements registry.PodViewer: the pod's view of its claims (a PodClaims; InPod
+// reads it), nil when it has none.
+func (c *Claims) PodView(uid types.UID, _ []registry.SandboxRecord) any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pc, ok := c.podClaimsLocked(uid); ok {
+		return pc
+	}
+	return nil
+}
+
+// KeptPods implements registry.PodKeeper: the pods that have claims, known from the DRA stage
+// on, before their sandbox exists (a meta-CNI plugin asks for their devices during CNI ADD).
+func (c *Claims) KeptPods() []registry.PodRef {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]registry.PodRef, 0, len(c.pods))
@@ -216,6 +315,23 @@ func (c *Claims) ClaimPods() []registry.PodRef {
 		out = append(out, p.Pod)
 	}
 	return out
+}
+
+// KeptPod implements registry.PodKeeper.
+func (c *Claims) KeptPod(uid types.UID) (registry.PodRef, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.pods[uid]; ok {
+		return p.Pod, true
+	}
+	return registry.PodRef{}, false
+}
+
+// InPod returns a pod's view of its claims as the registry read it with the pod's state; false
+// when the pod has none (or the claims' section is not registered).
+func InPod(st *registry.PodState) (PodClaims, bool) {
+	pc, ok := st.View(draPodsKey).(PodClaims)
+	return pc, ok
 }
 
 // Pods returns what every pod of the node uses of DRA, ordered by pod UID.
@@ -312,7 +428,7 @@ func (c *Claims) change(fn func(st *claimState) (bool, error)) error {
 	if err != nil || !changed {
 		return err
 	}
-	next := func([]registry.SandboxRecord) (map[string]json.RawMessage, int, error) {
+	next := func([]registry.SandboxRecord) (registry.Saved, error) {
 		return encodeClaims(st.claims, st.pods)
 	}
 	publish := func() {
@@ -326,7 +442,7 @@ func (c *Claims) change(fn func(st *claimState) (bool, error)) error {
 // migratePodClaims turns the claims of a checkpoint written by podgate before claims were kept
 // one record per claim (a copy of each claim in every pod using it) into ClaimInfos and PodDRAs:
 // a claim is prepared when some pod's copy says so, with that copy's devices.
-func migratePodClaims(old []registry.PodClaims) (map[types.UID]*ClaimInfo, map[types.UID]*PodDRA) {
+func migratePodClaims(old []PodClaims) (map[types.UID]*ClaimInfo, map[types.UID]*PodDRA) {
 	claims := map[types.UID]*ClaimInfo{}
 	pods := map[types.UID]*PodDRA{}
 	for _, pc := range old {
@@ -339,7 +455,7 @@ func migratePodClaims(old []registry.PodClaims) (map[types.UID]*ClaimInfo, map[t
 				claims[cr.UID] = c
 			}
 			if cr.Prepared && !c.Prepared {
-				c.Prepared, c.Devices, c.PreparedBy = true, registry.CloneDevices(cr.Devices), PreparedByPodgate
+				c.Prepared, c.Devices, c.PreparedBy = true, CloneDevices(cr.Devices), PreparedByPodgate
 			}
 			if i, found := slices.BinarySearch(c.PodUIDs, pc.Pod.UID); !found {
 				c.PodUIDs = slices.Insert(c.PodUIDs, i, pc.Pod.UID)

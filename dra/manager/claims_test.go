@@ -44,7 +44,7 @@ func onDiskClaims(t *testing.T, d registry.CheckpointData) []ClaimInfo {
 func sampleRecord(id string) registry.SandboxRecord {
 	return registry.SandboxRecord{
 		ID: id, Pod: registry.PodRef{UID: types.UID("uid-" + id), Name: id, Namespace: "ns"}, Origin: registry.OriginStarted, Ready: true,
-		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC), Sysctls: registry.SysctlRecord{Verification: registry.SysctlsOK},
+		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC),
 	}
 }
 
@@ -102,7 +102,7 @@ func TestClaimChangeNotWrittenChangesNothing(t *testing.T) {
 	if _, ok := store.Claim("claim-1"); ok {
 		t.Error("a claim counts although it is not on disk")
 	}
-	if _, ok := reg.PodClaims("uid-a"); ok || told != 0 {
+	if _, ok := reg.Pod("uid-a"); ok || told != 0 {
 		t.Errorf("the registry shows the pod's claims (%t) or told %d changes; want neither", ok, told)
 	}
 }
@@ -121,25 +121,33 @@ func TestClaimChangeTellsThePods(t *testing.T) {
 		}
 	}
 	changes = nil
-	if err := store.SetPrepared(map[types.UID][]registry.DeviceRecord{"claim-1": {{Driver: "d.example.com", Pool: "p", Device: "nic0"}}}); err != nil {
+	if err := store.SetPrepared(map[types.UID][]DeviceRecord{"claim-1": {{Driver: "d.example.com", Pool: "p", Device: "nic0"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(changes) != 2 {
 		t.Fatalf("changes told: %d, want both pods sharing the claim", len(changes))
 	}
 	for _, c := range changes {
-		if c.before == nil || c.before.Claims == nil || c.before.Claims.Claims[0].Prepared {
+		if pc, ok := inPod(c.before); !ok || pc.Claims[0].Prepared {
 			t.Errorf("before: %+v, want the claim not prepared", c.before)
 		}
-		if c.after == nil || c.after.Claims == nil || !c.after.Claims.Claims[0].Prepared {
+		if pc, ok := inPod(c.after); !ok || !pc.Claims[0].Prepared {
 			t.Errorf("after: %+v, want the claim prepared", c.after)
 		}
 	}
 	pods, _ := reg.Pods()
-	if len(pods) != 2 || pods[0].Claims == nil || pods[1].Claims == nil {
+	claimed := 0
+	for i := range pods {
+		if _, ok := InPod(&pods[i]); ok {
+			claimed++
+		}
+	}
+	if len(pods) != 2 || claimed != 2 {
 		t.Errorf("Pods: %+v, want both with their claims", pods)
 	}
-	if p, ok := reg.PodByName("ns", "uid-b"); !ok || p.UID != "uid-b" || p.Claims == nil {
+	if p, ok := reg.PodByName("ns", "uid-b"); !ok || p.UID != "uid-b" || p.Ref().Name != "uid-b" {
+		t.Errorf("PodByName: %+v %t, want uid-b with its claims", p, ok)
+	} else if _, claimed := InPod(&p); !claimed {
 		t.Errorf("PodByName: %+v %t, want uid-b with its claims", p, ok)
 	}
 }
@@ -152,4 +160,12 @@ func TestClaimsSectionDamaged(t *testing.T) {
 	if _, err := NewClaims(reg); err == nil || !strings.Contains(err.Error(), cp.Path()) || !strings.Contains(err.Error(), "damaged") {
 		t.Errorf("NewClaims: %v, want an error naming %s as damaged", err, cp.Path())
 	}
+}
+
+// inPod is the pod's view of its claims in st; false when st is nil or has none.
+func inPod(st *registry.PodState) (PodClaims, bool) {
+	if st == nil {
+		return PodClaims{}, false
+	}
+	return InPod(st)
 }

@@ -45,15 +45,15 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	}
 	claims := store.List()
 	want := []ClaimInfo{{UID: "claim-shared", Namespace: "ns", Name: "shared", Drivers: []string{"net.example"}, Prepared: true,
-		Devices: []registry.DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PreparedBy: PreparedByPodgate, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
+		Devices: []DeviceRecord{{Driver: "net.example", Pool: "p", Device: "nic0"}}, PreparedBy: PreparedByPodgate, PodUIDs: []types.UID{"uid-a", "uid-b"}}}
 	if !sameJSON(t, claims, want) {
 		t.Errorf("migrated claims %+v, want %+v", claims, want)
 	}
-	b, ok := reg.PodClaims("uid-b")
+	b, ok := store.PodClaims("uid-b")
 	if !ok || len(b.Claims) != 1 || b.Claims[0].PodClaimName != "nic" || !b.Claims[0].Prepared {
 		t.Errorf("pod b's view %+v: want the shared claim, prepared, under its own name nic", b)
 	}
-	if a, _ := reg.PodClaims("uid-a"); len(a.Containers) != 1 || a.Containers[0].Name != "app" {
+	if a, _ := store.PodClaims("uid-a"); len(a.Containers) != 1 || a.Containers[0].Name != "app" {
 		t.Errorf("pod a's containers %+v, want app", a.Containers)
 	}
 	reg.PersistSoon()

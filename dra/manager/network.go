@@ -6,16 +6,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
 )
 
 // SpecContainers lists a pod's containers as the kubelet's PodResources lists them (the
 // restartable init containers, then the containers), with the claims each uses.
-func SpecContainers(pod *corev1.Pod) []registry.ContainerClaims {
-	var out []registry.ContainerClaims
+func SpecContainers(pod *corev1.Pod) []ContainerClaims {
+	var out []ContainerClaims
 	add := func(c *corev1.Container) {
-		cc := registry.ContainerClaims{Name: c.Name}
+		cc := ContainerClaims{Name: c.Name}
 		for _, rc := range c.Resources.Claims {
 			cc.Claims = append(cc.Claims, rc.Name)
 		}
@@ -37,7 +36,7 @@ func SpecContainers(pod *corev1.Pod) []registry.ContainerClaims {
 // from the claim's configuration. A meta-CNI plugin reads them from the PodResources service
 // while CNI runs. A device that is no network interface (or whose data cannot be read) keeps
 // none; that is not an error of the prepare.
-func (d *Manager) describeNetwork(ctx context.Context, claims []registry.ClaimRecord) {
+func (d *Manager) describeNetwork(ctx context.Context, claims []ClaimRecord) {
 	if d.hostIfs == nil {
 		return
 	}
@@ -61,7 +60,7 @@ func (d *Manager) describeNetwork(ctx context.Context, claims []registry.ClaimRe
 			if !ok {
 				continue
 			}
-			n := &registry.DeviceNetworkRecord{HostInterface: host, InterfaceName: host}
+			n := &DeviceNetworkRecord{HostInterface: host, InterfaceName: host}
 			if result, ok := dra.AllocationResult(claim, dev.Driver, dev.Pool, dev.Device); ok {
 				cfg, _, err := dra.InterfaceConfigFor(claim, result)
 				if err != nil {

@@ -13,22 +13,21 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri/pipeline"
-	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/dra"
 )
 
 // observed are the devices of the claims the kubelet prepared and podgate has not recorded as
 // prepared yet, from their allocation, with their network data as podgate's own prepare
 // records it: what the PodResources extension shows a meta-CNI plugin during CNI ADD.
-func (d *Manager) observed(ctx context.Context, claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
+func (d *Manager) observed(ctx context.Context, claims []dra.PodClaim) map[types.UID][]DeviceRecord {
 	devices := allocatedDevices(claims)
-	var fresh []registry.ClaimRecord
+	var fresh []ClaimRecord
 	for _, c := range claims {
 		if info, ok := d.store.Claim(c.UID); ok && info.Prepared {
 			delete(devices, c.UID) // recorded already, with its network data
 			continue
 		}
-		fresh = append(fresh, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devices[c.UID]})
+		fresh = append(fresh, ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devices[c.UID]})
 	}
 	d.describeNetwork(ctx, fresh)
 	for _, c := range fresh {
@@ -39,16 +38,16 @@ func (d *Manager) observed(ctx context.Context, claims []dra.PodClaim) map[types
 
 // allocatedDevices are the devices of each claim's allocation that its drivers serve, as the
 // kubelet prepared them: what podgate shows and attaches without having called the drivers.
-func allocatedDevices(claims []dra.PodClaim) map[types.UID][]registry.DeviceRecord {
-	out := make(map[types.UID][]registry.DeviceRecord, len(claims))
+func allocatedDevices(claims []dra.PodClaim) map[types.UID][]DeviceRecord {
+	out := make(map[types.UID][]DeviceRecord, len(claims))
 	for _, c := range claims {
-		var devs []registry.DeviceRecord
+		var devs []DeviceRecord
 		for _, r := range c.Results {
-			i := slices.IndexFunc(devs, func(d registry.DeviceRecord) bool {
+			i := slices.IndexFunc(devs, func(d DeviceRecord) bool {
 				return d.Driver == r.Driver && d.Pool == r.Pool && d.Device == r.Device
 			})
 			if i < 0 {
-				devs = append(devs, registry.DeviceRecord{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
+				devs = append(devs, DeviceRecord{Driver: r.Driver, Pool: r.Pool, Device: r.Device})
 				i = len(devs) - 1
 			}
 			devs[i].Requests = append(devs[i].Requests, r.Request)
@@ -153,15 +152,15 @@ func (d *Manager) prepareMine(ctx context.Context, claims []dra.PodClaim, by str
 func (d *Manager) callAndRecord(ctx context.Context, claims []dra.PodClaim) error {
 	results, err := d.callDrivers(ctx, claims)
 	if len(results) > 0 {
-		var fresh []registry.ClaimRecord
+		var fresh []ClaimRecord
 		for _, c := range claims {
 			if devs, ok := results[c.UID]; ok {
-				fresh = append(fresh, registry.ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devs})
+				fresh = append(fresh, ClaimRecord{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Drivers: c.Drivers(), Prepared: true, Devices: devs})
 				klog.FromContext(ctx).Info("Prepared claim", "claim", klog.KRef(c.Namespace, c.Name), "drivers", c.Drivers(), "devices", deviceNames(devs))
 			}
 		}
 		d.describeNetwork(ctx, fresh)
-		devices := make(map[types.UID][]registry.DeviceRecord, len(fresh))
+		devices := make(map[types.UID][]DeviceRecord, len(fresh))
 		for _, c := range fresh {
 			devices[c.UID] = c.Devices
 		}
@@ -176,7 +175,7 @@ func (d *Manager) callAndRecord(ctx context.Context, claims []dra.PodClaim) erro
 
 // callDrivers prepares claims, each driver's in one call, the drivers in parallel. It returns
 // the devices of every claim all of whose drivers prepared it.
-func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]registry.DeviceRecord, error) {
+func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[types.UID][]DeviceRecord, error) {
 	byDriver := map[string][]dra.Claim{}
 	for _, c := range claims {
 		for _, name := range c.Drivers() {
@@ -203,7 +202,7 @@ func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[t
 			answers <- answer{driver: name, results: res, err: err}
 		}()
 	}
-	devices := map[types.UID][]registry.DeviceRecord{}
+	devices := map[types.UID][]DeviceRecord{}
 	failed := map[types.UID]bool{}
 	var errs []error
 	for range byDriver {
@@ -218,7 +217,7 @@ func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[t
 				continue
 			}
 			for _, dev := range res.Devices {
-				devices[c.UID] = append(devices[c.UID], registry.DeviceRecord{Driver: a.driver, Pool: dev.Pool, Device: dev.Name, Requests: dev.Requests, CDIDeviceIDs: dev.CDIDeviceIDs})
+				devices[c.UID] = append(devices[c.UID], DeviceRecord{Driver: a.driver, Pool: dev.Pool, Device: dev.Name, Requests: dev.Requests, CDIDeviceIDs: dev.CDIDeviceIDs})
 			}
 			if _, ok := devices[c.UID]; !ok {
 				devices[c.UID] = nil // prepared, with no device to show
@@ -231,7 +230,7 @@ func (d *Manager) callDrivers(ctx context.Context, claims []dra.PodClaim) (map[t
 	return devices, errors.Join(errs...)
 }
 
-func deviceNames(devs []registry.DeviceRecord) []string {
+func deviceNames(devs []DeviceRecord) []string {
 	out := make([]string, len(devs))
 	for i, d := range devs {
 		out[i] = d.Driver + "/" + d.Pool + "/" + d.Device

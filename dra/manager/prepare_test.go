@@ -53,11 +53,11 @@ func TestDRAPreparesBeforeForwarding(t *testing.T) {
 	if n := dr.Gets(); n != 1 {
 		t.Errorf("%d API GETs for a pod with one claim, want 1", n)
 	}
-	want := []registry.ClaimRecord{{
+	want := []manager.ClaimRecord{{
 		UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{rig.Driver}, Prepared: true,
-		Devices: []registry.DeviceRecord{{Driver: rig.Driver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
+		Devices: []manager.DeviceRecord{{Driver: rig.Driver, Pool: "pool", Device: "dev-net", Requests: []string{"req"}, CDIDeviceIDs: []string{"example.com/net=net"}}},
 	}}
-	got, ok := dr.Registry.PodClaims(pod.UID)
+	got, ok := dr.ClaimStore.PodClaims(pod.UID)
 	if !ok || !rig.SameJSON(t, got.Claims, want) {
 		t.Errorf("registry: %+v, want %+v", got, want)
 	}
@@ -93,7 +93,7 @@ func TestDRAPodWithoutClaimsCostsNothing(t *testing.T) {
 	if n, calls := dr.Gets(), dr.Driver.Calls(); n != 0 || len(calls) != 0 {
 		t.Errorf("pod without claims: %d API GETs, driver calls %v; want none", n, calls)
 	}
-	if _, ok := dr.Registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.ClaimStore.PodClaims(pod.UID); ok {
 		t.Error("a pod without claims has a claims record")
 	}
 }
@@ -167,7 +167,7 @@ func TestDRANoDriverCallWithoutTheObligationOnDisk(t *testing.T) {
 	if calls := dr.Driver.Calls(); len(calls) != 0 || dr.AtRun() != nil {
 		t.Errorf("driver calls %v, runtime reached %v; want neither", calls, dr.AtRun() != nil)
 	}
-	if _, ok := dr.Registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.ClaimStore.PodClaims(pod.UID); ok {
 		t.Error("claims recorded in memory although not on disk")
 	}
 }
@@ -199,7 +199,7 @@ func TestDRAUnprepareOnceThePodIsGone(t *testing.T) {
 	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"prepare default/net", "unprepare default/net"}) {
 		t.Errorf("driver calls %v, want one prepare and one unprepare", calls)
 	}
-	if _, ok := dr.Registry.PodClaims(pod.UID); ok {
+	if _, ok := dr.ClaimStore.PodClaims(pod.UID); ok {
 		t.Error("claims record kept after the unprepare")
 	}
 	dr.Registry.Flush()
@@ -236,9 +236,9 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	// checkpoint; the pod is gone since.
 	pod := rig.Pod("1", "net")
 	dr := newRig(t, 5*time.Second)
-	rig.RecordPodClaims(t, dr.ClaimStore, registry.PodClaims{
+	rig.RecordPodClaims(t, dr.ClaimStore, manager.PodClaims{
 		Pod:    registry.PodRef{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace},
-		Claims: []registry.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{rig.Driver}}},
+		Claims: []manager.ClaimRecord{{UID: "claim-net", Namespace: "default", Name: "net", PodClaimName: "net", Drivers: []string{rig.Driver}}},
 	})
 	restarted, store, _ := rig.ReadState(t, dr.StateDir)
 	d := manager.New(dr.Pods, dr.Drivers, dr.Claims, store, restarted, dr.RuntimeClient, prometheus.NewRegistry())
@@ -246,7 +246,7 @@ func TestDRAObligationSurvivesACrash(t *testing.T) {
 	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"unprepare default/net"}) {
 		t.Errorf("driver calls %v, want the recorded claim unprepared", calls)
 	}
-	if _, ok := restarted.PodClaims(pod.UID); ok {
+	if _, ok := store.PodClaims(pod.UID); ok {
 		t.Error("obligation kept after the unprepare")
 	}
 }

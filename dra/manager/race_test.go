@@ -81,7 +81,7 @@ func TestDRASharedClaimPreparedOnceUnderARace(t *testing.T) {
 		t.Fatalf("driver calls %v, want exactly one prepare for %d sandboxes", calls, n)
 	}
 	for i, p := range pods {
-		if pc, ok := dr.Registry.PodClaims(p.UID); !ok || len(pc.Claims) != 1 || !pc.Claims[0].Prepared || len(pc.Claims[0].Devices) != 1 {
+		if pc, ok := dr.ClaimStore.PodClaims(p.UID); !ok || len(pc.Claims) != 1 || !pc.Claims[0].Prepared || len(pc.Claims[0].Devices) != 1 {
 			t.Errorf("pod %d's view of its claims %+v: want the shared claim prepared, with its device", i, pc)
 		}
 	}
@@ -306,11 +306,11 @@ func TestDRAExtendedResourceClaim(t *testing.T) {
 	if calls := dr.Driver.Calls(); !slices.Equal(calls, []string{"prepare default/ext"}) {
 		t.Errorf("driver calls %v, want the extended-resource claim prepared", calls)
 	}
-	pc, ok := dr.Registry.PodClaims(pod.UID)
+	pc, ok := dr.ClaimStore.PodClaims(pod.UID)
 	if !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != manager.ExtendedClaimName || !pc.Claims[0].Prepared {
 		t.Fatalf("pod's claims %+v, want the extended-resource claim, prepared", pc)
 	}
-	want := []registry.ContainerClaims{{Name: "app", Claims: []string{manager.ExtendedClaimName}}, {Name: "side"}}
+	want := []manager.ContainerClaims{{Name: "app", Claims: []string{manager.ExtendedClaimName}}, {Name: "side"}}
 	if !rig.SameJSON(t, pc.Containers, want) {
 		t.Errorf("containers %+v, want the claim under app only: %+v", pc.Containers, want)
 	}

@@ -14,10 +14,6 @@ import (
 // exist (its controller is not there, e.g. memory on cgroup v2 of a hybrid node) is unset: a
 // nil pointer, an empty string, no map entry. Memory amounts are bytes; -1 is unlimited (cgroup
 // v1's largest page-aligned number, cgroup v2's "max").
-//
-// The pod registry keeps it as registry.CgroupHeld, a type of its own with the same fields in
-// the same order (package resources converts one to the other): a field changed here is
-// changed there too.
 type Held struct {
 	// Mode is the node's cgroup mode (ModeUnified, ModeHybrid, ModeLegacy).
 	Mode string

@@ -56,8 +56,10 @@ type Hooks struct {
 	// without a limit (ResolveAllocatable sets it; 0: unknown).
 	allocatable atomic.Int64
 	pageSize    int64
-	// containers are in the pod registry, with their sandboxes.
+	// containers are in the pod registry, with their sandboxes; records are what the feature
+	// knows of their resources.
 	containers *registry.Registry
+	records    *containers
 	background *pipeline.Background
 	// quiet waits until the CRI server has served no call for a moment; nil: no wait.
 	quiet func(context.Context) error
@@ -119,7 +121,7 @@ func New(cfg Config, node cgroup.Node, reg *registry.Registry, rt runtimeapi.Run
 	s := &Hooks{
 		node: node, factor: cfg.MemoryThrottlingFactor, policy: cfg.MemoryReservationPolicy, verifyFail: cfg.VerifyFail,
 		recheck: cfg.RecheckPeriod, runtime: rt,
-		pageSize: int64(os.Getpagesize()), containers: reg,
+		pageSize: int64(os.Getpagesize()), containers: reg, records: newContainers(),
 		background: pipeline.NewBackground("cgroup verifications"),
 		podLevel:   podLevels{bySandbox: map[string]*podLevel{}},
 		verifications: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -148,6 +150,7 @@ func New(cfg Config, node cgroup.Node, reg *registry.Registry, rt runtimeapi.Run
 	for _, o := range opts {
 		o(s)
 	}
+	reg.WatchContainers(s.records)
 	s.memoryQoS, s.qosOff = memoryQoSOn(cfg.MemoryQoS, node, s.pods)
 	info := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "podgate", Subsystem: "resources", Name: "cgroup_info",
@@ -209,11 +212,10 @@ func (s *Hooks) CreateContainer(ctx context.Context, req *runtimeapi.CreateConta
 		return resp, err
 	}
 	id := resp.GetContainerId()
+	s.records.set(id, container{asked: cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()), verification: ResultPending})
 	s.containers.AddContainer(registry.ContainerRecord{
 		ID: id, Name: name, SandboxID: req.GetPodSandboxId(), PodUID: uid, Origin: registry.OriginStarted,
-		Asked:        cgroup.SpecResources(req.GetConfig().GetLinux().GetResources()),
-		CgroupsPath:  registry.ContainerdCgroupsPath(req.GetSandboxConfig().GetLinux().GetCgroupParent(), id),
-		Verification: registry.CgroupPending,
+		CgroupsPath: registry.ContainerdCgroupsPath(req.GetSandboxConfig().GetLinux().GetCgroupParent(), id),
 	})
 	return resp, nil
 }
@@ -255,10 +257,13 @@ func (s *Hooks) UpdateContainerResources(ctx context.Context, req *runtimeapi.Up
 		return resp, err
 	}
 	asked := cgroup.SpecResources(req.GetLinux())
-	if !s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) { c.Asked = asked }) {
+	if !s.records.update(id, func(c *container) { c.asked = asked }) {
 		// Not rebuilt yet (podgate just started), or not a container of the runtime's own
 		// listing: learnt of here; the next rebuild or recheck corrects what is missing.
-		s.containers.AddContainer(registry.ContainerRecord{ID: id, Origin: registry.OriginAdopted, Asked: asked, Verification: registry.CgroupUnverified})
+		s.records.set(id, container{asked: asked, verification: ResultUnverified})
+		if !known {
+			s.containers.AddContainer(registry.ContainerRecord{ID: id, Origin: registry.OriginAdopted})
+		}
 	}
 	if !s.verifyFail {
 		bctx := context.WithoutCancel(ctx)

@@ -205,12 +205,16 @@ func TestRecheckForgetsContainersGoneFromTheRuntime(t *testing.T) {
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
 	s := New(Config{MemoryThrottlingFactor: 0.9},
 		cgroup.Detect(), reg, noStatus{}, prometheus.NewRegistry())
-	reg.AddContainer(registry.ContainerRecord{ID: "gone", SandboxID: "s", Verification: registry.CgroupOK})
+	reg.AddContainer(registry.ContainerRecord{ID: "gone", SandboxID: "s"})
+	s.records.set("gone", container{verification: ResultOK})
 	if err := s.verifyContainer(t.Context(), "gone", "recheck"); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := reg.Container("gone"); ok {
-		t.Error("a container the runtime no longer has is still recorded")
+		t.Error("a container the runtime no longer has is still in the registry")
+	}
+	if _, ok := s.records.get("gone"); ok || len(s.records.started()) != 0 {
+		t.Error("a container the runtime no longer has is still recorded, and rechecked")
 	}
 }
 
@@ -264,7 +268,8 @@ func TestUpdateVerifyFail(t *testing.T) {
 	reg := registry.NewRegistry(nil, registry.CheckpointData{})
 	s := New(Config{MemoryThrottlingFactor: 0.9, VerifyFail: true},
 		cgroup.Detect(), reg, nil, prometheus.NewRegistry())
-	reg.AddContainer(registry.ContainerRecord{ID: "ctr", CgroupsPath: name, Verification: registry.CgroupOK})
+	reg.AddContainer(registry.ContainerRecord{ID: "ctr", CgroupsPath: name})
+	s.records.set("ctr", container{verification: ResultOK})
 	ok := func(context.Context, *runtimeapi.UpdateContainerResourcesRequest) (*runtimeapi.UpdateContainerResourcesResponse, error) {
 		return &runtimeapi.UpdateContainerResourcesResponse{}, nil
 	}

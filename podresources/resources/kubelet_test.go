@@ -57,17 +57,20 @@ func TestOneMemoryQoSWriter(t *testing.T) {
 	}
 	// Verified like any cgroup value: the record holds the kubelet's values, and a cgroup that
 	// drifted from them is a mismatch naming the file.
-	rec, ok := s.containers.Container("by-kubelet")
-	if !ok {
-		t.Fatal("container not recorded")
+	if _, ok := s.containers.Container("by-kubelet"); !ok {
+		t.Fatal("container not in the registry")
 	}
-	if !maps.Equal(rec.Asked.Unified, kubelet) {
-		t.Errorf("recorded unified = %v, want the kubelet's %v", rec.Asked.Unified, kubelet)
+	rec, ok := s.records.get("by-kubelet")
+	if !ok {
+		t.Fatal("container's resources not recorded")
+	}
+	if !maps.Equal(rec.asked.Unified, kubelet) {
+		t.Errorf("recorded unified = %v, want the kubelet's %v", rec.asked.Unified, kubelet)
 	}
 	// Only the unified files are laid out here: the mismatches of memory QoS's files count.
 	qosMismatches := func(held *cgroup.Held) []cgroup.Mismatch {
 		var out []cgroup.Mismatch
-		for _, m := range cgroup.Compare(rec.Asked, held) {
+		for _, m := range cgroup.Compare(rec.asked, held) {
 			if _, qos := kubelet[m.Field]; qos {
 				out = append(out, m)
 			}

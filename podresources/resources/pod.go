@@ -20,7 +20,6 @@ import (
 
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/pipeline"
-	"github.com/podgate/podgate/cri/registry"
 	"github.com/podgate/podgate/podresources/cgroup"
 )
 
@@ -36,7 +35,7 @@ type podLevel struct {
 	resizes             uint32
 
 	verification string
-	held         *registry.CgroupHeld
+	held         *cgroup.Held
 	mismatches   []string
 	err          string
 	verifiedAt   time.Time
@@ -87,7 +86,7 @@ func (p *podLevels) verified() []string {
 	defer p.mu.Unlock()
 	var ids []string
 	for id, e := range p.bySandbox {
-		if e.verification != registry.CgroupUnverified {
+		if e.verification != ResultUnverified {
 			ids = append(ids, id)
 		}
 	}
@@ -108,7 +107,7 @@ func (s *Hooks) PodStage() pipeline.Stage {
 				return nil
 			}
 			e := &podLevel{
-				podUID: sb.Rec.Pod.UID, cgroupParent: lx.GetCgroupParent(), verification: registry.CgroupUnverified,
+				podUID: sb.Rec.Pod.UID, cgroupParent: lx.GetCgroupParent(), verification: ResultUnverified,
 				resources: cloneResources(lx.GetResources()), overhead: cloneResources(lx.GetOverhead()),
 			}
 			s.podLevel.update(sb.Rec.ID, func() *podLevel { return e }, func(*podLevel) {})
@@ -201,7 +200,7 @@ func (s *Hooks) recordPod(id, after string, held *cgroup.Held, mismatches []cgro
 	news := false
 	s.podLevel.update(id, nil, func(e *podLevel) {
 		prev := e.verification + "|" + strings.Join(e.mismatches, ";") + "|" + e.err
-		e.verification, e.held, e.mismatches, e.err, e.verifiedAt = result, (*registry.CgroupHeld)(held), mismatchStrings(mismatches), "", time.Now()
+		e.verification, e.held, e.mismatches, e.err, e.verifiedAt = result, held, mismatchStrings(mismatches), "", time.Now()
 		if err != nil {
 			e.err = err.Error()
 		}

@@ -88,7 +88,7 @@ func TestPodLevelResources(t *testing.T) {
 	if want := map[string]string{"cpu": "500m", "memory": "128Mi"}; !maps.Equal(got.GetLimits(), want) {
 		t.Errorf("limits %v, want %v", got.GetLimits(), want)
 	}
-	if got.GetVerification() != registry.CgroupUnverified || got.GetCgroupParent() != parent || got.GetResizes() != 0 {
+	if got.GetVerification() != ResultUnverified || got.GetCgroupParent() != parent || got.GetResizes() != 0 {
 		t.Errorf("after start: verification %q, parent %q, resizes %d; want unverified, %q, 0", got.GetVerification(), got.GetCgroupParent(), got.GetResizes(), parent)
 	}
 
@@ -115,7 +115,7 @@ func TestPodLevelResources(t *testing.T) {
 	writePodCgroup(t, parent, 512, 100000, 256<<20)
 	update()
 	got = s.describePod("sb1")
-	if got.GetVerification() != registry.CgroupOK || len(got.GetMismatches()) != 0 || got.GetResizes() != 1 {
+	if got.GetVerification() != ResultOK || len(got.GetMismatches()) != 0 || got.GetResizes() != 1 {
 		t.Errorf("cgroup as asked: verification %q, mismatches %v, resizes %d; want ok, none, 1 (error %q)", got.GetVerification(), got.GetMismatches(), got.GetResizes(), got.GetError())
 	}
 	if want := map[string]string{"cpu": "1", "memory": "256Mi"}; !maps.Equal(got.GetLimits(), want) {
@@ -124,7 +124,7 @@ func TestPodLevelResources(t *testing.T) {
 	if got.GetHeld().GetMemoryMax() != 256<<20 || got.GetHeld().GetCpuQuota() != 100000 {
 		t.Errorf("held %v, want the cgroup's memory limit and quota", got.GetHeld())
 	}
-	if n := testutil.ToFloat64(s.podVerifications.WithLabelValues("update", registry.CgroupOK)); n != 1 {
+	if n := testutil.ToFloat64(s.podVerifications.WithLabelValues("update", ResultOK)); n != 1 {
 		t.Errorf("pod_verifications_total{update,ok} = %v, want 1", n)
 	}
 
@@ -132,16 +132,16 @@ func TestPodLevelResources(t *testing.T) {
 	writePodCgroup(t, parent, 512, 100000, 64<<20)
 	update()
 	got = s.describePod("sb1")
-	if got.GetVerification() != registry.CgroupMismatch || len(got.GetMismatches()) != 1 || !strings.HasPrefix(got.GetMismatches()[0], "memory.limit_in_bytes") {
+	if got.GetVerification() != ResultMismatch || len(got.GetMismatches()) != 1 || !strings.HasPrefix(got.GetMismatches()[0], "memory.limit_in_bytes") {
 		t.Errorf("drifted cgroup: verification %q, mismatches %v; want one mismatch of memory.limit_in_bytes", got.GetVerification(), got.GetMismatches())
 	}
-	if n := testutil.ToFloat64(s.podVerifications.WithLabelValues("update", registry.CgroupMismatch)); n != 1 {
+	if n := testutil.ToFloat64(s.podVerifications.WithLabelValues("update", ResultMismatch)); n != 1 {
 		t.Errorf("pod_verifications_total{update,mismatch} = %v, want 1", n)
 	}
 	// A recheck reads it again.
 	writePodCgroup(t, parent, 512, 100000, 256<<20)
 	s.recheckPods(t.Context())
-	if got := s.describePod("sb1").GetVerification(); got != registry.CgroupOK {
+	if got := s.describePod("sb1").GetVerification(); got != ResultOK {
 		t.Errorf("after the recheck: verification %q, want ok", got)
 	}
 
@@ -169,7 +169,7 @@ func TestPodLevelResources(t *testing.T) {
 		}
 	}
 	update2()
-	if got := s.describePod("sb2").GetVerification(); got != registry.CgroupOK {
+	if got := s.describePod("sb2").GetVerification(); got != ResultOK {
 		t.Fatalf("sb2 after its resize: verification %q, want ok", got)
 	}
 	s.recheckPods(t.Context())
@@ -214,7 +214,7 @@ func TestPodResizeRuntimeAnswers(t *testing.T) {
 		t.Errorf("runtime without the call: %v; want 2 resizes recorded, memory limit 1Gi", got)
 	}
 	// Unknown to the registry too: no cgroup parent, an error, not a guess.
-	if got.GetVerification() != registry.CgroupError || !strings.Contains(got.GetError(), "cgroup parent") {
+	if got.GetVerification() != ResultError || !strings.Contains(got.GetError(), "cgroup parent") {
 		t.Errorf("no cgroup parent: verification %q, error %q; want error, saying why", got.GetVerification(), got.GetError())
 	}
 	// Known to the registry (podgate restarted since the sandbox started): its parent.

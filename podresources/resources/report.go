@@ -37,12 +37,13 @@ func (s *Hooks) Describe(p *pb.Pod) {
 		if c.CgroupsPath != "" && cg.Driver == "" {
 			cg.Driver = cgroup.Driver(c.CgroupsPath)
 		}
+		e, _ := s.records.get(c.ID)
 		m := &pb.Container{
-			Id: c.ID, Name: c.Name, Asked: askedResources(c.Asked), Held: heldResources(c.Held),
-			Verification: c.Verification, Mismatches: c.Mismatches, Error: c.Error, CgroupsPath: c.CgroupsPath,
+			Id: c.ID, Name: c.Name, Asked: askedResources(e.asked), Held: heldResources(e.held),
+			Verification: e.verification, Mismatches: e.mismatches, Error: e.err, CgroupsPath: c.CgroupsPath,
 		}
-		if !c.VerifiedAt.IsZero() {
-			m.VerifiedAt = timestamppb.New(c.VerifiedAt)
+		if !e.verifiedAt.IsZero() {
+			m.VerifiedAt = timestamppb.New(e.verifiedAt)
 		}
 		p.Containers = append(p.Containers, m)
 	}
@@ -95,7 +96,7 @@ func askedResources(r *specs.LinuxResources) *pb.Resources {
 }
 
 // heldResources shows what a container's cgroup held.
-func heldResources(h *registry.CgroupHeld) *pb.Resources {
+func heldResources(h *cgroup.Held) *pb.Resources {
 	if h == nil {
 		return nil
 	}

@@ -30,7 +30,8 @@ func (s *Hooks) verifyContainer(ctx context.Context, id, after string) (err erro
 	if !ok {
 		return nil // removed meanwhile
 	}
-	asked, path := rec.Asked, rec.CgroupsPath
+	e, _ := s.records.get(id) // none: nothing asked to compare with
+	asked, path := e.asked, rec.CgroupsPath
 	if path == "" {
 		var err error
 		if path, err = s.cgroupsPath(ctx, id); err != nil {
@@ -87,17 +88,13 @@ func (s *Hooks) record(id, after string, held *cgroup.Held, mismatches []cgroup.
 	result := verificationResult(mismatches, err)
 	s.verifications.WithLabelValues(after, result).Inc()
 	news := false
-	s.containers.UpdateContainer(id, func(c *registry.ContainerRecord) {
-		prev := c.Verification + "|" + strings.Join(c.Mismatches, ";") + "|" + c.Error
-		// The registry holds the same fields in a type of its own (nil stays nil).
-		c.Verification, c.Held, c.Mismatches, c.Error, c.VerifiedAt = result, (*registry.CgroupHeld)(held), nil, "", time.Now()
-		for _, m := range mismatches {
-			c.Mismatches = append(c.Mismatches, m.String())
-		}
+	s.records.update(id, func(c *container) {
+		prev := c.verification + "|" + strings.Join(c.mismatches, ";") + "|" + c.err
+		c.verification, c.held, c.mismatches, c.err, c.verifiedAt = result, held, mismatchStrings(mismatches), "", time.Now()
 		if err != nil {
-			c.Error = err.Error()
+			c.err = err.Error()
 		}
-		news = after != "recheck" || prev != c.Verification+"|"+strings.Join(c.Mismatches, ";")+"|"+c.Error
+		news = after != "recheck" || prev != c.verification+"|"+strings.Join(c.mismatches, ";")+"|"+c.err
 	})
 	return news
 }
@@ -128,8 +125,8 @@ func (s *Hooks) Run(ctx context.Context) {
 		case <-t.C:
 		}
 		// Started (checked once already, or found running at start-up), not pending.
-		for _, c := range s.containers.Containers(func(c *registry.ContainerRecord) bool { return c.Verification != registry.CgroupPending }) {
-			_ = s.verifyContainer(ctx, c.ID, "recheck") // recorded and logged there
+		for _, id := range s.records.started() {
+			_ = s.verifyContainer(ctx, id, "recheck") // recorded and logged there
 		}
 		s.recheckPods(ctx)
 	}
@@ -138,13 +135,13 @@ func (s *Hooks) Run(ctx context.Context) {
 // Wait waits for the background verifications, until ctx ends (shutdown, tests).
 func (s *Hooks) Wait(ctx context.Context) error { return s.background.Wait(ctx) }
 
-// verificationResult is a cgroup check's result as the registry and the metrics name it.
+// verificationResult is a cgroup check's result as the records and the metrics name it.
 func verificationResult(mismatches []cgroup.Mismatch, err error) string {
 	switch {
 	case err != nil:
-		return registry.CgroupError
+		return ResultError
 	case len(mismatches) > 0:
-		return registry.CgroupMismatch
+		return ResultMismatch
 	}
-	return registry.CgroupOK
+	return ResultOK
 }

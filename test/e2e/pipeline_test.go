@@ -18,6 +18,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/sysctl"
 	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -45,20 +46,35 @@ func roundedValue(t *testing.T) (asked, got string) {
 	return "", ""
 }
 
-func readCheckpoint(t *testing.T, p *harness.Podgate) []registry.SandboxRecord {
+func readCheckpoint(t *testing.T, p *harness.Podgate) []sandboxOnDisk {
 	t.Helper()
-	recs, err := registry.NewCheckpoint(filepath.Join(filepath.Dir(p.Socket), "state")).Read()
+	d, err := registry.NewCheckpoint(filepath.Join(filepath.Dir(p.Socket), "state")).ReadAll()
 	if err != nil {
 		t.Fatal(err)
+	}
+	recs := make([]sandboxOnDisk, len(d.Sandboxes))
+	for i, sb := range d.Sandboxes {
+		recs[i].SandboxRecord = sb
+		if raw, ok := d.SandboxFields[sb.ID]["sysctls"]; ok {
+			if err := json.Unmarshal(raw, &recs[i].Sysctls); err != nil {
+				t.Fatalf("sandbox %s sysctls: %v", sb.ID, err)
+			}
+		}
 	}
 	return recs
 }
 
+// sandboxOnDisk is a sandbox of the checkpoint with the sysctl feature's record of it.
+type sandboxOnDisk struct {
+	registry.SandboxRecord
+	Sysctls sysctl.Record
+}
+
 // waitCheckpoint waits until the checkpoint of a running podgate, which follows its registry
 // in the background, satisfies ok; it fails the test after a minute.
-func waitCheckpoint(t *testing.T, p *harness.Podgate, ok func([]registry.SandboxRecord) bool) []registry.SandboxRecord {
+func waitCheckpoint(t *testing.T, p *harness.Podgate, ok func([]sandboxOnDisk) bool) []sandboxOnDisk {
 	t.Helper()
-	var recs []registry.SandboxRecord
+	var recs []sandboxOnDisk
 	waitWithin(t, time.Minute, "the checkpoint as expected", func() bool {
 		recs = readCheckpoint(t, p)
 		return ok(recs)
@@ -104,8 +120,8 @@ sysctls:
 		t.Fatalf("RunPodSandbox asking %s=1000: %v", roundedSysctl, err)
 	}
 	// The failed sandbox never reaches the checkpoint; the good one does, verified.
-	waitCheckpoint(t, n.podgate, func(recs []registry.SandboxRecord) bool {
-		return len(recs) == 1 && recs[0].ID == id && recs[0].Sysctls.Verification == registry.SysctlsOK &&
+	waitCheckpoint(t, n.podgate, func(recs []sandboxOnDisk) bool {
+		return len(recs) == 1 && recs[0].ID == id && recs[0].Sysctls.Verification == sysctl.ResultOK &&
 			recs[0].NetNS != "" && recs[0].PID != 0 && len(recs[0].IPs) != 0
 	})
 	metrics, err := n.podgate.Metrics(ctx)
@@ -177,9 +193,9 @@ sysctls:
 	})
 	n.podgate = p
 	waitMetric(t, p, `podgate_registry_rebuilds_total{result="ok"} 1`)
-	after := waitCheckpoint(t, p, func(recs []registry.SandboxRecord) bool { return len(recs) == 3 })
-	i := slices.IndexFunc(after, func(r registry.SandboxRecord) bool { return r.ID == past })
-	if i < 0 || after[i].Origin != registry.OriginAdopted || after[i].Sysctls.Verification != registry.SysctlsUnverified || after[i].NetNS == "" {
+	after := waitCheckpoint(t, p, func(recs []sandboxOnDisk) bool { return len(recs) == 3 })
+	i := slices.IndexFunc(after, func(r sandboxOnDisk) bool { return r.ID == past })
+	if i < 0 || after[i].Origin != registry.OriginAdopted || after[i].Sysctls.Verification != sysctl.ResultUnverified || after[i].NetNS == "" {
 		t.Errorf("sandbox started past podgate: %+v; want adopted, sysctls unverified, its netns known", after)
 	} else {
 		after = slices.Delete(after, i, i+1)

@@ -56,10 +56,10 @@ func Claim(name string, pods ...*corev1.Pod) *resourceapi.ResourceClaim {
 
 // RecordPodClaims records pc in the claim store as the prepare stage does: the pod as a user
 // of its claims (durable), then the devices of those it holds prepared.
-func RecordPodClaims(t testing.TB, store *manager.Claims, pc registry.PodClaims) {
+func RecordPodClaims(t testing.TB, store *manager.Claims, pc manager.PodClaims) {
 	t.Helper()
 	uses := make([]manager.ClaimUse, len(pc.Claims))
-	prepared := map[types.UID][]registry.DeviceRecord{}
+	prepared := map[types.UID][]manager.DeviceRecord{}
 	for i, c := range pc.Claims {
 		uses[i] = manager.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
 		if c.Prepared {
