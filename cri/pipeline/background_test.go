@@ -1,43 +1,77 @@
-package pipeline
+package pipeline_test
 
 import (
 	"context"
 	"errors"
-	"runtime"
-	"strings"
 	"testing"
+
+	"github.com/podgate/podgate/cri/pipeline"
 )
 
-// TestBackgroundWorkWaitLeavesNothing: a wait that gives up leaves no goroutine behind, and a
-// later wait sees the work end, including work started while it waited.
-func TestBackgroundWorkWaitLeavesNothing(t *testing.T) {
-	b := NewBackground("test work")
-	release := make(chan struct{})
-	b.Go(func() { <-release })
-	before := runtime.NumGoroutine()
+// TestBackgroundWaitWaitsForTheWork: Wait returns at once when no work runs; otherwise it
+// returns once every piece of work has ended, work started after it began waiting included,
+// as the work's own ends show.
+func TestBackgroundWaitWaitsForTheWork(t *testing.T) {
+	b := pipeline.NewBackground("test work")
+	if err := b.Wait(t.Context()); err != nil {
+		t.Fatalf("wait without work: %v", err)
+	}
+	first, second := make(chan struct{}), make(chan struct{})
+	firstDone, secondDone := make(chan struct{}), make(chan struct{})
+	b.Go(func() { <-first; close(firstDone) })
+	waited := make(chan error, 1)
+	go func() { waited <- b.Wait(t.Context()) }()
+	b.Go(func() { <-second; close(secondDone) })
+	close(first)
+	<-firstDone
+	close(second)
+	if err := <-waited; err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	select {
+	case <-secondDone:
+	default:
+		t.Error("Wait returned before the work started while it waited had ended")
+	}
+}
+
+// TestBackgroundWaitGivesUp: a Wait whose context ends returns the cause, with the work still
+// running and left alone; giving up leaves nothing that changes a later Wait, which waits for
+// the same work and returns once it has ended.
+func TestBackgroundWaitGivesUp(t *testing.T) {
+	b := pipeline.NewBackground("test work")
+	release, done := make(chan struct{}), make(chan struct{})
+	b.Go(func() { <-release; close(done) })
+	over := errors.New("grace period over")
 	ctx, cancel := context.WithCancelCause(t.Context())
-	cancel(errors.New("grace period over"))
+	cancel(over)
 	for range 100 {
-		if err := b.Wait(ctx); err == nil || !strings.Contains(err.Error(), "test work still running (1): grace period over") {
+		if err := b.Wait(ctx); !errors.Is(err, over) || err.Error() != "test work still running (1): grace period over" {
 			t.Fatalf("wait = %v, want the work still running and the cause", err)
 		}
 	}
-	if after := runtime.NumGoroutine(); after > before {
-		t.Errorf("%d goroutines after 100 waits that gave up, %d before: waits left something behind", after, before)
-	}
-
+	// A context that ends while Wait waits.
+	ctx, cancel = context.WithCancelCause(t.Context())
 	waited := make(chan error, 1)
-	go func() { waited <- b.Wait(t.Context()) }()
-	second := make(chan struct{})
-	b.Go(func() { <-second })
-	close(release)
+	go func() { waited <- b.Wait(ctx) }()
+	cancel(over)
+	if err := <-waited; !errors.Is(err, over) {
+		t.Errorf("wait = %v, want the cause", err)
+	}
 	select {
-	case err := <-waited:
-		t.Fatalf("wait returned %v while work still ran", err)
+	case <-done:
+		t.Fatal("the work ended when the waits gave up")
 	default:
 	}
-	close(second)
+
+	go func() { waited <- b.Wait(t.Context()) }()
+	close(release)
 	if err := <-waited; err != nil {
-		t.Errorf("wait: %v", err)
+		t.Fatalf("wait: %v", err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Error("Wait returned before the work had ended")
 	}
 }
