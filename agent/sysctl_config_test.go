@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/podgate/podgate/agent/config"
-	"github.com/podgate/podgate/sysctl"
 )
 
 func TestSysctlsSection(t *testing.T) {
@@ -45,35 +44,5 @@ func TestSysctlsSection(t *testing.T) {
 	}
 	if c.Sysctls.Verify != config.VerifyRepair {
 		t.Errorf("verify defaults to %q, want repair", c.Sysctls.Verify)
-	}
-}
-
-// TestAllowedUnsafeUnsetTrustsTheKubelet: without allowedUnsafe a pod's unsafe namespaced
-// sysctls pass (the kubelet admitted them); with it they must be listed.
-func TestAllowedUnsafeUnsetTrustsTheKubelet(t *testing.T) {
-	pod := map[string]string{"kernel.msgmax": "10000", "fs.mqueue.msg_max": "100"}
-	for _, tc := range []struct {
-		doc, why string // why "" = accepted
-	}{
-		{"sysctls: {}", ""},
-		{"sysctls: {allowedUnsafe: []}", ""},
-		{"sysctls: {allowedUnsafe: [\"kernel.msg*\", \"fs.mqueue.*\"]}", ""},
-		{"sysctls: {allowedUnsafe: [\"kernel.msg*\"]}", "unsafe and not in sysctls.allowedUnsafe"},
-	} {
-		c, err := config.Parse([]byte(configHeader + tc.doc + "\n"))
-		if err != nil {
-			t.Fatalf("%s: %v", tc.doc, err)
-		}
-		policy, err := sysctlPolicy(&c.Sysctls, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", tc.doc, err)
-		}
-		_, _, err = policy.Complete(sysctl.Pod{}, pod)
-		switch {
-		case tc.why == "" && err != nil:
-			t.Errorf("%s: refused: %v", tc.doc, err)
-		case tc.why != "" && (err == nil || !strings.Contains(err.Error(), tc.why)):
-			t.Errorf("%s: got %v, want a refusal for %q", tc.doc, err, tc.why)
-		}
 	}
 }

@@ -373,3 +373,32 @@ func TestPodNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowedUnsafeUnsetTrustsTheKubelet: without allowedUnsafe, unset or empty, a pod's unsafe
+// namespaced sysctls pass (the kubelet admitted them); with it they must be listed.
+func TestAllowedUnsafeUnsetTrustsTheKubelet(t *testing.T) {
+	root := fakeProcSys(t)
+	pod := map[string]string{"kernel.msgmax": "10000", "fs.mqueue.msg_max": "100"}
+	for _, tc := range []struct {
+		name    string
+		allowed []string
+		why     string // "" = accepted
+	}{
+		{"unset", nil, ""},
+		{"empty", []string{}, ""},
+		{"both listed", []string{"kernel.msg*", "fs.mqueue.*"}, ""},
+		{"one listed", []string{"kernel.msg*"}, "unsafe and not in sysctls.allowedUnsafe"},
+	} {
+		policy, err := NewPolicy(Config{AllowedUnsafe: tc.allowed}, modern, root)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		_, _, err = policy.Complete(Pod{}, pod)
+		switch {
+		case tc.why == "" && err != nil:
+			t.Errorf("%s: refused: %v", tc.name, err)
+		case tc.why != "" && (err == nil || !strings.Contains(err.Error(), tc.why)):
+			t.Errorf("%s: got %v, want a refusal for %q", tc.name, err, tc.why)
+		}
+	}
+}
