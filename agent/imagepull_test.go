@@ -2,23 +2,32 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	contentapi "github.com/containerd/containerd/api/services/content/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/kube/kubetest"
+	"github.com/podgate/podgate/cri/imagepull"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -52,7 +61,46 @@ func (h *heldImages) images() []string {
 	return append([]string(nil), h.asked...)
 }
 
-// serveHeldImages serves a heldImages on dir/images.sock until the test ends.
+// fakeContentStore is containerd's content service holding one image's manifest, its config
+// committed and its one layer half written: what ListStatuses, List, Read and Info show while
+// containerd pulls it.
+type fakeContentStore struct {
+	contentapi.UnimplementedContentServer
+	manifest []byte
+}
+
+const (
+	fakeConfigDigest = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+	fakeLayerDigest  = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	fakeManifest     = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+)
+
+func (f *fakeContentStore) ListStatuses(context.Context, *contentapi.ListStatusesRequest) (*contentapi.ListStatusesResponse, error) {
+	return &contentapi.ListStatusesResponse{Statuses: []*contentapi.Status{
+		{Ref: "layer-" + fakeLayerDigest, Offset: 1 << 20, Total: 4 << 20, Expected: fakeLayerDigest},
+	}}, nil
+}
+
+func (f *fakeContentStore) List(_ *contentapi.ListContentRequest, s contentapi.Content_ListServer) error {
+	return s.Send(&contentapi.ListContentResponse{Info: []*contentapi.Info{{
+		Digest: fakeManifest, Size: int64(len(f.manifest)), UpdatedAt: timestamppb.Now(),
+		Labels: map[string]string{"containerd.io/distribution.source.example.com": "app", "containerd.io/gc.ref.content.config": fakeConfigDigest},
+	}}})
+}
+
+func (f *fakeContentStore) Read(_ *contentapi.ReadContentRequest, s contentapi.Content_ReadServer) error {
+	return s.Send(&contentapi.ReadContentResponse{Data: f.manifest})
+}
+
+func (f *fakeContentStore) Info(_ context.Context, req *contentapi.InfoRequest) (*contentapi.InfoResponse, error) {
+	if req.GetDigest() == fakeConfigDigest {
+		return &contentapi.InfoResponse{Info: &contentapi.Info{Digest: fakeConfigDigest, Size: 1024}}, nil
+	}
+	return nil, status.Error(codes.NotFound, "not found")
+}
+
+// serveHeldImages serves a heldImages on dir/images.sock until the test ends and, on the same
+// socket as containerd does, the content service.
 func serveHeldImages(t *testing.T, dir string) (*heldImages, string) {
 	t.Helper()
 	h := &heldImages{release: make(chan struct{}), pulling: make(chan string, 10)}
@@ -63,10 +111,61 @@ func serveHeldImages(t *testing.T, dir string) (*heldImages, string) {
 	}
 	s := grpc.NewServer()
 	runtimeapi.RegisterImageServiceServer(s, h)
+	contentapi.RegisterContentServer(s, &fakeContentStore{manifest: []byte(fmt.Sprintf(
+		`{"schemaVersion":2,"config":{"digest":%q,"size":1024},"layers":[{"digest":%q,"size":%d}]}`, fakeConfigDigest, fakeLayerDigest, 4<<20))})
 	served := make(chan struct{})
 	go func() { defer close(served); _ = s.Serve(l) }()
 	t.Cleanup(func() { s.Stop(); <-served })
 	return h, path
+}
+
+// podEvents returns the Events about pod that podgate wrote.
+func podEvents(t *testing.T, client *fake.Clientset, pod *corev1.Pod) []eventsv1.Event {
+	t.Helper()
+	list, err := client.EventsV1().Events(pod.Namespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, e := range list.Items {
+		if e.Regarding.UID == pod.UID {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// awaitEvent waits for an Event of reason about pod whose note has every one of parts.
+func awaitEvent(t *testing.T, client *fake.Clientset, pod *corev1.Pod, reason string, parts ...string) eventsv1.Event {
+	t.Helper()
+	var found eventsv1.Event
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
+		for _, e := range podEvents(t, client, pod) {
+			if e.Reason != reason {
+				continue
+			}
+			ok := true
+			for _, p := range parts {
+				ok = ok && strings.Contains(e.Note, p)
+			}
+			if ok {
+				found = e
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		var notes []string
+		for _, e := range podEvents(t, client, pod) {
+			notes = append(notes, e.Reason+": "+e.Note)
+		}
+		t.Fatalf("no %s Event about %s with %q; it has %q", reason, pod.Name, parts, notes)
+	}
+	if found.ReportingController != kube.ReportingController || found.ReportingInstance != "node-a" || found.Regarding.Kind != "Pod" {
+		t.Errorf("Event %s: reported by %s on %s about a %s", found.Name, found.ReportingController, found.ReportingInstance, found.Regarding.Kind)
+	}
+	return found
 }
 
 // gaugeValue is the value of the gauge name (its first series) in a's registry; -1
@@ -96,10 +195,26 @@ func waitGauge(t *testing.T, a *Agent, name string, want float64) {
 	}
 }
 
+// checkPodPulls asks the PodResources extension for the pulls of pod: its one pull, queued.
+func checkPodPulls(t *testing.T, socket string, pod *corev1.Pod) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := pb.NewPodResourcesClient(conn).PodPulls(t.Context(), &pb.PodPullsRequest{PodNamespace: pod.Namespace, PodName: pod.Name})
+	if err != nil || len(resp.GetPulls()) != 1 || resp.GetPulls()[0].GetState() != pb.ImagePull_QUEUED {
+		t.Errorf("PodPulls of %s: %v, %v; want its pull, queued", pod.Name, resp, err)
+	}
+}
+
 // TestAgentCancelsPullOfDeletedPod runs the whole agent with a fake API server: a pull queued
 // behind the cap leaves the queue, Aborted and without reaching the backend, when its pod is
-// deleted or marked for deletion. It goes through the agent's own wiring of the pod informer
-// to the pull governor, so it fails if that wiring is lost.
+// deleted or marked for deletion. It goes through the agent's own wiring of the image-pull
+// feature, so it fails if a part is lost: the pod informer (deletions), the Event recorder
+// (the pods' pull Events reach the API server), containerd's content store (progress) and the
+// PodResources extension (PodPulls). How the feature acts is cri/imagepull's to test.
 func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -122,14 +237,16 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 			dir := testfs.ShortDir(t)
 			_, runtimeSock := startFakeRuntime(t, dir)
 			images, imageSock := serveHeldImages(t, dir)
-			pod := kubetest.Pod("victim", "")
-			client := fake.NewClientset(pod)
+			pod, blocker := kubetest.Pod("victim", ""), kubetest.Pod("blocker", "")
+			client := fake.NewClientset(pod, blocker)
 
 			cfg := testConfig(dir, runtimeSock)
 			cfg.ImageEndpoint = "unix://" + imageSock
 			cfg.NodeName = "node-a"
 			one := int32(1)
 			cfg.ImagePulls.MaxParallel = &one
+			second := config.Duration{Duration: time.Second}
+			cfg.ImagePulls.WaitEventAfter, cfg.ImagePulls.ProgressEventAfter, cfg.ImagePulls.ProgressEventInterval = second, second, second
 			a := runAgentWithAPI(t, cfg, client)
 			conn, err := grpc.NewClient("unix://"+cfg.CRISocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -141,22 +258,29 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 			// A blocker holds the only slot until the test ends.
 			blocked := make(chan error, 1)
 			go func() {
-				_, err := pulls.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: "example.com/blocker"}})
+				_, err := pulls.PullImage(ctx, &runtimeapi.PullImageRequest{
+					Image:         &runtimeapi.ImageSpec{Image: "example.com/app:v1"},
+					SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Uid: string(blocker.UID), Namespace: blocker.Namespace, Name: blocker.Name}},
+				})
 				blocked <- err
 			}()
-			if got := <-images.pulling; got != "example.com/blocker" {
+			if got := <-images.pulling; got != "example.com/app:v1" {
 				t.Fatalf("backend pulls %s first, want the blocker", got)
 			}
 			victim := make(chan error, 1)
 			go func() {
 				_, err := pulls.PullImage(ctx, &runtimeapi.PullImageRequest{
-					Image:         &runtimeapi.ImageSpec{Image: "example.com/app"},
+					Image:         &runtimeapi.ImageSpec{Image: "example.com/other:v1"},
 					SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Uid: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}},
 				})
 				victim <- err
 			}()
 			// The deletion must find the pull queued.
 			waitGauge(t, a, "podgate_image_pull_queue_length", 1)
+			awaitEvent(t, client, pod, imagepull.ReasonPullQueued, `"example.com/other:v1"`, "place 1 of 1")
+			// 1 MiB of the 4 MiB layer written, the 1 KiB config committed.
+			awaitEvent(t, client, blocker, imagepull.ReasonPullProgress, `"example.com/app:v1"`, "1.0 MiB of 4.0 MiB (25%)")
+			checkPodPulls(t, *cfg.PodResources.Socket, pod)
 			if err := tt.delete(ctx, client, pod); err != nil {
 				t.Fatal(err)
 			}
@@ -168,6 +292,7 @@ func TestAgentCancelsPullOfDeletedPod(t *testing.T) {
 			case <-time.After(kubetest.Timeout):
 				t.Fatal("pull for the deleted pod still waits")
 			}
+			awaitEvent(t, client, pod, imagepull.ReasonPullCancelled, `"example.com/other:v1"`, "never reached the runtime")
 			if got := gaugeValue(t, a, "podgate_image_pull_queue_length"); got != 0 {
 				t.Errorf("queue holds %v after the deletion, want 0", got)
 			}

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -10,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
@@ -20,6 +18,7 @@ import (
 	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/podresources/resources"
 	"github.com/podgate/podgate/sysctl"
+	"github.com/podgate/podgate/test/protofill"
 )
 
 // noStatus is a runtime that knows no container: the cgroup check finds nothing to read.
@@ -93,8 +92,8 @@ func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks [
 		var zeroResp Resp
 		req := zeroReq.ProtoReflect().Type().New().Interface().(Req)
 		resp := zeroResp.ProtoReflect().Type().New().Interface().(Resp)
-		fillAll(req.ProtoReflect(), 0)
-		fillAll(resp.ProtoReflect(), 0)
+		protofill.Fill(req.ProtoReflect())
+		protofill.Fill(resp.ProtoReflect())
 		wantReq, wantResp := proto.Clone(req), proto.Clone(resp)
 		var sent Req
 		got, err := h.Fn(t.Context(), req, func(_ context.Context, r Req) (Resp, error) {
@@ -113,69 +112,4 @@ func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks [
 		}
 	}
 	return n
-}
-
-// fillAll sets every field of m, nested messages, lists and maps included (to depth 6), each to
-// a value of its own.
-func fillAll(m protoreflect.Message, depth int) {
-	fields := m.Descriptor().Fields()
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		switch {
-		case fd.IsMap():
-			mp := m.Mutable(fd).Map()
-			v := mp.NewValue()
-			if fd.MapValue().Kind() == protoreflect.MessageKind {
-				if depth < 6 {
-					fillAll(v.Message(), depth+1)
-				}
-			} else {
-				v = scalar(fd.MapValue(), i)
-			}
-			mp.Set(scalar(fd.MapKey(), i).MapKey(), v)
-		case fd.IsList():
-			l := m.Mutable(fd).List()
-			if fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind {
-				if depth < 6 {
-					v := l.NewElement()
-					fillAll(v.Message(), depth+1)
-					l.Append(v)
-				}
-				continue
-			}
-			l.Append(scalar(fd, i))
-		case fd.Kind() == protoreflect.MessageKind || fd.Kind() == protoreflect.GroupKind:
-			if depth < 6 {
-				fillAll(m.Mutable(fd).Message(), depth+1)
-			}
-		default:
-			m.Set(fd, scalar(fd, i))
-		}
-	}
-}
-
-// scalar is a non-zero value of fd's kind, told apart by i.
-func scalar(fd protoreflect.FieldDescriptor, i int) protoreflect.Value {
-	switch fd.Kind() {
-	case protoreflect.BoolKind:
-		return protoreflect.ValueOfBool(true)
-	case protoreflect.EnumKind:
-		vals := fd.Enum().Values()
-		return protoreflect.ValueOfEnum(vals.Get(vals.Len() - 1).Number())
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
-		return protoreflect.ValueOfInt32(int32(i + 1))
-	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return protoreflect.ValueOfInt64(int64(i + 1))
-	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
-		return protoreflect.ValueOfUint32(uint32(i + 1))
-	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return protoreflect.ValueOfUint64(uint64(i + 1))
-	case protoreflect.FloatKind:
-		return protoreflect.ValueOfFloat32(float32(i) + 0.5)
-	case protoreflect.DoubleKind:
-		return protoreflect.ValueOfFloat64(float64(i) + 0.5)
-	case protoreflect.BytesKind:
-		return protoreflect.ValueOfBytes([]byte{byte(i + 1)})
-	}
-	return protoreflect.ValueOfString(fmt.Sprintf("%s-%d", fd.Name(), i))
 }

@@ -63,6 +63,10 @@ func TestShutdownRecordsSysctlVerifications(t *testing.T) {
 	if running.Verification != sysctl.ResultError || onDisk.Verification != sysctl.ResultError {
 		t.Errorf("after the stop the registry holds %+v, the checkpoint %+v; want the verification's result, error", running, onDisk)
 	}
+	// The feature's metrics are the agent's.
+	if n := histogramCount(t, a.registry, "podgate_sysctl_duration_seconds", "phase", "verify"); n != 1 {
+		t.Errorf("podgate_sysctl_duration_seconds{phase=verify} has %d samples, want the one verification", n)
+	}
 }
 
 // TestVerifyModesMatchConfig: agent hands the configuration's sysctls.verify to package sysctl

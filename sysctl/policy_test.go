@@ -298,6 +298,8 @@ func TestDefaultsAreValidatedAtStart(t *testing.T) {
 		// let an unsafe one through.
 		{Config{NamespaceDefaults: map[string]map[string]string{"web": {"net.core.somaxconn": "1"}}}, "sysctls.namespaceDefaults.web"},
 		{Config{PodDefaults: map[string]string{"kernel.msgmax": "1"}}, "not in sysctls.allowedUnsafe"},
+		{Config{PodDefaults: map[string]string{"net.core.somaxconn": "1024"}}, "not in sysctls.allowedUnsafe"},
+		{Config{PodDefaults: map[string]string{"net.ipv4.tcp_keepalive_time": "10 minutes"}}, "not a plain decimal integer"},
 		{Config{NamespaceDefaults: map[string]map[string]string{"": {}}}, "empty namespace"},
 	} {
 		_, err := NewPolicy(tc.cfg, modern, t.TempDir())
@@ -399,6 +401,28 @@ func TestAllowedUnsafeUnsetTrustsTheKubelet(t *testing.T) {
 			t.Errorf("%s: refused: %v", tc.name, err)
 		case tc.why != "" && (err == nil || !strings.Contains(err.Error(), tc.why)):
 			t.Errorf("%s: got %v, want a refusal for %q", tc.name, err, tc.why)
+		}
+	}
+}
+
+// TestParseNode: the node sysctls (sysctls.node) must exist on this node and have a value the
+// kernel takes; each bad one is named.
+func TestParseNode(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "vm"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "vm", "swappiness"), []byte("60\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ParseNode(map[string]string{"vm/swappiness": "60"}, root)
+	if err != nil || got["vm.swappiness"] != "60" {
+		t.Errorf("ParseNode(vm/swappiness) = %v, %v; want vm.swappiness 60", got, err)
+	}
+	_, err = ParseNode(map[string]string{"net.netfilter.no_such": "1", "vm.swappiness": "1\n2"}, root)
+	for _, want := range []string{`sysctls.node "net.netfilter.no_such"`, `sysctls.node "vm.swappiness"`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseNode: %v, want an error with %s", err, want)
 		}
 	}
 }

@@ -1,0 +1,298 @@
+package imagepull_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	contentapi "github.com/containerd/containerd/api/services/content/v1"
+	"github.com/containerd/errdefs"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/cri/imagepull"
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// fakeContentStore is containerd's content service holding one image's manifest, its config
+// committed and its one layer half written: what ListStatuses, List, Read and Info show while
+// containerd pulls it.
+type fakeContentStore struct {
+	contentapi.UnimplementedContentServer
+	manifest []byte
+}
+
+const (
+	fakeConfigDigest = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
+	fakeLayerDigest  = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	fakeManifest     = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+)
+
+func (f *fakeContentStore) ListStatuses(context.Context, *contentapi.ListStatusesRequest) (*contentapi.ListStatusesResponse, error) {
+	return &contentapi.ListStatusesResponse{Statuses: []*contentapi.Status{
+		{Ref: "layer-" + fakeLayerDigest, Offset: 1 << 20, Total: 4 << 20, Expected: fakeLayerDigest},
+	}}, nil
+}
+
+func (f *fakeContentStore) List(_ *contentapi.ListContentRequest, s contentapi.Content_ListServer) error {
+	return s.Send(&contentapi.ListContentResponse{Info: []*contentapi.Info{{
+		Digest: fakeManifest, Size: int64(len(f.manifest)), UpdatedAt: timestamppb.Now(),
+		Labels: map[string]string{"containerd.io/distribution.source.example.com": "app", "containerd.io/gc.ref.content.config": fakeConfigDigest},
+	}}})
+}
+
+func (f *fakeContentStore) Read(_ *contentapi.ReadContentRequest, s contentapi.Content_ReadServer) error {
+	return s.Send(&contentapi.ReadContentResponse{Data: f.manifest})
+}
+
+func (f *fakeContentStore) Info(_ context.Context, req *contentapi.InfoRequest) (*contentapi.InfoResponse, error) {
+	if req.GetDigest() == fakeConfigDigest {
+		return &contentapi.InfoResponse{Info: &contentapi.Info{Digest: fakeConfigDigest, Size: 1024}}, nil
+	}
+	return nil, status.Error(codes.NotFound, "not found")
+}
+
+// serveContent serves the fake content store on a unix socket until the test ends and
+// returns the socket's path.
+func serveContent(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(testfs.ShortDir(t), "containerd.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	contentapi.RegisterContentServer(s, &fakeContentStore{manifest: []byte(fmt.Sprintf(
+		`{"schemaVersion":2,"config":{"digest":%q,"size":1024},"layers":[{"digest":%q,"size":%d}]}`, fakeConfigDigest, fakeLayerDigest, 4<<20))})
+	served := make(chan struct{})
+	go func() { defer close(served); _ = s.Serve(l) }()
+	t.Cleanup(func() { s.Stop(); <-served })
+	return path
+}
+
+// podEvent is one Event the feature told a pod.
+type podEvent struct {
+	pod                     imagepull.PodRef
+	eventType, reason, note string
+}
+
+// eventLog is an EventSink that keeps every Event and tells waiters of each new one.
+type eventLog struct {
+	mu     sync.Mutex
+	events []podEvent
+	added  chan struct{} // closed and replaced on each Event
+}
+
+func newEventLog() *eventLog { return &eventLog{added: make(chan struct{})} }
+
+func (l *eventLog) Eventf(pod imagepull.PodRef, eventType, reason, _, noteFormat string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, podEvent{pod, eventType, reason, fmt.Sprintf(noteFormat, args...)})
+	close(l.added)
+	l.added = make(chan struct{})
+}
+
+// await waits for an Event of reason about the pod named name whose note has every one of parts.
+func (l *eventLog) await(t *testing.T, name, reason string, parts ...string) {
+	t.Helper()
+	timeout := time.After(awaitTimeout)
+	for {
+		l.mu.Lock()
+		added := l.added
+		for _, e := range l.events {
+			if e.pod.Name == name && e.reason == reason && containsAll(e.note, parts) {
+				l.mu.Unlock()
+				return
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-added:
+		case <-timeout:
+			t.Fatalf("no %s Event about %s with %q; Events: %+v", reason, name, parts, l.all())
+		}
+	}
+}
+
+func (l *eventLog) all() []podEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]podEvent(nil), l.events...)
+}
+
+func containsAll(s string, parts []string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// podSet is the node's pods as the API server shows them; delete tells OnDeleted.
+type podSet struct {
+	mu        sync.Mutex
+	pods      map[types.UID]*corev1.Pod
+	onDeleted []func(*corev1.Pod)
+}
+
+var _ imagepull.Pods = (*podSet)(nil)
+
+func newPodSet(pods ...*corev1.Pod) *podSet {
+	s := &podSet{pods: map[types.UID]*corev1.Pod{}}
+	for _, p := range pods {
+		s.pods[p.UID] = p
+	}
+	return s
+}
+
+func (s *podSet) Get(uid types.UID) (*corev1.Pod, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.pods[uid]
+	return p, ok
+}
+
+func (s *podSet) OnDeleted(fn func(*corev1.Pod)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onDeleted = append(s.onDeleted, fn)
+}
+
+func (s *podSet) delete(p *corev1.Pod) {
+	s.mu.Lock()
+	delete(s.pods, p.UID)
+	fns := s.onDeleted
+	s.mu.Unlock()
+	for _, fn := range fns {
+		fn(p)
+	}
+}
+
+func testPod(name string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "pod-" + name, UID: types.UID("uid-" + name)}}
+}
+
+// heldBackend is the runtime's image service behind the feature: each pull waits until the
+// test releases one.
+type heldBackend struct {
+	pulling chan string
+	release chan struct{}
+}
+
+func (b *heldBackend) pull(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	image := req.GetImage().GetImage()
+	b.pulling <- image
+	select {
+	case <-b.release:
+		return &runtimeapi.PullImageResponse{ImageRef: "sha256:" + image}, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// TestFeaturePullEvents: with a cap of one pull, a backend that holds the pulls and
+// containerd's content store beside it, the pod whose pull runs gets progress Events with
+// bytes from the content store, the pod that waits a queue Event naming the cap and its place,
+// a pod asking for the same image a sharing Event naming the pod it shares with, and a pod
+// deleted while queued a cancellation Event; no Event is told twice. The pulls view (what
+// PodResources' PodPulls shows) says the same.
+func TestFeaturePullEvents(t *testing.T) {
+	ctx := t.Context()
+	running, waiting, sharing, deleted := testPod("running"), testPod("waiting"), testPod("sharing"), testPod("deleted")
+	pods, events := newPodSet(running, waiting, sharing, deleted), newEventLog()
+	f, err := imagepull.NewFeature(ctx, imagepull.Limits{MaxParallel: 1}, imagepull.SandboxPriority{}, prometheus.NewRegistry(),
+		imagepull.WithPods(pods), imagepull.WithEvents(events, time.Second, time.Second, time.Second),
+		imagepull.WithProgress(serveContent(t), "k8s.io"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); f.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-ran; f.Close() })
+	backend := &heldBackend{pulling: make(chan string, 10), release: make(chan struct{})}
+	pull := func(pod *corev1.Pod, image string) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := f.Interceptor()(ctx, &runtimeapi.PullImageRequest{
+				Image:         &runtimeapi.ImageSpec{Image: image},
+				SandboxConfig: &runtimeapi.PodSandboxConfig{Metadata: &runtimeapi.PodSandboxMetadata{Uid: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}},
+			}, backend.pull)
+			errc <- err
+		}()
+		return errc
+	}
+
+	runningDone := pull(running, "example.com/app:v1")
+	if got := <-backend.pulling; got != "example.com/app:v1" {
+		t.Fatalf("backend pulls %s, want example.com/app:v1", got)
+	}
+	waitingDone := pull(waiting, "example.com/other:v1")
+	events.await(t, waiting.Name, imagepull.ReasonPullQueued, `"example.com/other:v1"`, "imagePulls.maxParallel 1, 1 running", "place 1 of 1")
+	sharingDone := pull(sharing, "example.com/other:v1")
+	events.await(t, sharing.Name, imagepull.ReasonPullShared, "pod default/pod-waiting", "waiting in podgate's queue")
+	deletedDone := pull(deleted, "example.com/third:v1")
+	events.await(t, deleted.Name, imagepull.ReasonPullQueued, "place 2 of 2")
+	pods.delete(deleted)
+	if err := <-deletedDone; !errdefs.IsAborted(err) {
+		t.Errorf("pull of the deleted pod: %v, want Aborted", err)
+	}
+	events.await(t, deleted.Name, imagepull.ReasonPullCancelled, `"example.com/third:v1"`, "never reached the runtime")
+	// 1 MiB of the 4 MiB layer written, the 1 KiB config committed.
+	events.await(t, running.Name, imagepull.ReasonPullProgress, `"example.com/app:v1"`, "1.0 MiB of 4.0 MiB (25%)")
+	checkPulls(t, f)
+
+	for range 2 {
+		backend.release <- struct{}{}
+	}
+	for _, errc := range []<-chan error{runningDone, waitingDone, sharingDone} {
+		if err := <-errc; err != nil {
+			t.Errorf("pull: %v", err)
+		}
+	}
+	events.await(t, running.Name, imagepull.ReasonPullProgress, "Pulled image", "4.0 MiB of 4.0 MiB (100%)")
+	told := map[podEvent]bool{}
+	for _, e := range events.all() {
+		if told[e] {
+			t.Errorf("Event %s about %s told twice: %s", e.reason, e.pod.Name, e.note)
+		}
+		told[e] = true
+	}
+}
+
+// checkPulls checks the pulls view: the running one with its bytes, the waiting one held by
+// the node's cap, the sharing one naming the pod it shares with; one pod's pulls alone.
+func checkPulls(t *testing.T, f *imagepull.Feature) {
+	t.Helper()
+	got := map[string]*pb.ImagePull{}
+	for _, p := range f.Pulls("", "") {
+		got[p.GetPodName()] = p
+	}
+	if p := got["pod-running"]; p.GetState() != pb.ImagePull_PULLING || p.GetBytesDone() != 1<<20+1024 || p.GetBytesTotal() != 4<<20+1024 || p.GetStarted() == nil {
+		t.Errorf("running pull: %v", p)
+	}
+	if p := got["pod-waiting"]; p.GetState() != pb.ImagePull_QUEUED || p.GetPosition() != 1 || p.GetWaitingFor() != "node" || p.GetMaxParallel() != 1 || p.GetInFlight() != 1 {
+		t.Errorf("waiting pull: %v", p)
+	}
+	if p := got["pod-sharing"]; p.GetSharedWith() != "default/pod-waiting" || p.GetImage() != "example.com/other:v1" {
+		t.Errorf("sharing pull: %v", p)
+	}
+	if one := f.Pulls("default", "pod-waiting"); len(one) != 1 || one[0].GetPodName() != "pod-waiting" {
+		t.Errorf("pulls of pod-waiting: %v", one)
+	}
+}
