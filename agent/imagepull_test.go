@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -10,12 +9,10 @@ import (
 	"testing"
 	"time"
 
-	contentapi "github.com/containerd/containerd/api/services/content/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +25,7 @@ import (
 	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/cri/imagepull"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
+	"github.com/podgate/podgate/test/crifake"
 	"github.com/podgate/podgate/test/testfs"
 )
 
@@ -61,44 +59,6 @@ func (h *heldImages) images() []string {
 	return append([]string(nil), h.asked...)
 }
 
-// fakeContentStore is containerd's content service holding one image's manifest, its config
-// committed and its one layer half written: what ListStatuses, List, Read and Info show while
-// containerd pulls it.
-type fakeContentStore struct {
-	contentapi.UnimplementedContentServer
-	manifest []byte
-}
-
-const (
-	fakeConfigDigest = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"
-	fakeLayerDigest  = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-	fakeManifest     = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
-)
-
-func (f *fakeContentStore) ListStatuses(context.Context, *contentapi.ListStatusesRequest) (*contentapi.ListStatusesResponse, error) {
-	return &contentapi.ListStatusesResponse{Statuses: []*contentapi.Status{
-		{Ref: "layer-" + fakeLayerDigest, Offset: 1 << 20, Total: 4 << 20, Expected: fakeLayerDigest},
-	}}, nil
-}
-
-func (f *fakeContentStore) List(_ *contentapi.ListContentRequest, s contentapi.Content_ListServer) error {
-	return s.Send(&contentapi.ListContentResponse{Info: []*contentapi.Info{{
-		Digest: fakeManifest, Size: int64(len(f.manifest)), UpdatedAt: timestamppb.Now(),
-		Labels: map[string]string{"containerd.io/distribution.source.example.com": "app", "containerd.io/gc.ref.content.config": fakeConfigDigest},
-	}}})
-}
-
-func (f *fakeContentStore) Read(_ *contentapi.ReadContentRequest, s contentapi.Content_ReadServer) error {
-	return s.Send(&contentapi.ReadContentResponse{Data: f.manifest})
-}
-
-func (f *fakeContentStore) Info(_ context.Context, req *contentapi.InfoRequest) (*contentapi.InfoResponse, error) {
-	if req.GetDigest() == fakeConfigDigest {
-		return &contentapi.InfoResponse{Info: &contentapi.Info{Digest: fakeConfigDigest, Size: 1024}}, nil
-	}
-	return nil, status.Error(codes.NotFound, "not found")
-}
-
 // serveHeldImages serves a heldImages on dir/images.sock until the test ends and, on the same
 // socket as containerd does, the content service.
 func serveHeldImages(t *testing.T, dir string) (*heldImages, string) {
@@ -111,8 +71,7 @@ func serveHeldImages(t *testing.T, dir string) (*heldImages, string) {
 	}
 	s := grpc.NewServer()
 	runtimeapi.RegisterImageServiceServer(s, h)
-	contentapi.RegisterContentServer(s, &fakeContentStore{manifest: []byte(fmt.Sprintf(
-		`{"schemaVersion":2,"config":{"digest":%q,"size":1024},"layers":[{"digest":%q,"size":%d}]}`, fakeConfigDigest, fakeLayerDigest, 4<<20))})
+	crifake.RegisterContentStore(s)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = s.Serve(l) }()
 	t.Cleanup(func() { s.Stop(); <-served })

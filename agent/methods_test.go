@@ -3,15 +3,18 @@ package agent
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/kube/kubetest"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
@@ -112,4 +115,49 @@ func checkReadOnly[Req, Resp proto.Message](t *testing.T, method string, hooks [
 		}
 	}
 	return n
+}
+
+// TestHooksWired: the agent plugs its tables into the CRI server: CreateContainer waits while
+// the sandbox's sysctls are verified in the background (sysctl's hook; the runtime gives the
+// sandbox's status only when the test says so, once CreateContainer is in podgate) and records
+// the container (resources'); RemoveContainer forgets it.
+func TestHooksWired(t *testing.T) {
+	rt := newHeldStatus()
+	a, cfg, stop, sb, id := runSysctlPod(t, rt)
+	defer func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	client := criClient(t, cfg.CRISocket)
+	created := make(chan *runtimeapi.CreateContainerResponse, 1)
+	go func() {
+		resp, err := client.CreateContainer(t.Context(), &runtimeapi.CreateContainerRequest{PodSandboxId: id, SandboxConfig: sb,
+			Config: &runtimeapi.ContainerConfig{Metadata: &runtimeapi.ContainerMetadata{Name: "app"}, Image: &runtimeapi.ImageSpec{Image: "busybox"}}})
+		if err != nil {
+			t.Error(err)
+		}
+		created <- resp
+	}()
+	err := wait.PollUntilContextTimeout(t.Context(), time.Millisecond, kubetest.Timeout, true, func(context.Context) (bool, error) {
+		inFlight := findMetric(t, a.registry, "podgate_cri_requests_in_flight", "method", "CreateContainer").GetGauge().GetValue()
+		return inFlight == 1 || len(created) == 1, nil // held in podgate, or (the hook missing) answered
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer neither held nor answered: %v", err)
+	}
+	close(rt.release)
+	resp := <-created
+	if rt.early.Load() {
+		t.Error("CreateContainer reached the runtime before the sandbox's sysctls were verified")
+	}
+	if _, ok := proxyOf(t, a).state.sandboxes.Container(resp.GetContainerId()); !ok {
+		t.Errorf("container %s not recorded", resp.GetContainerId())
+	}
+	if _, err := client.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: resp.GetContainerId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := proxyOf(t, a).state.sandboxes.Container(resp.GetContainerId()); ok {
+		t.Errorf("removed container %s still recorded", resp.GetContainerId())
+	}
 }

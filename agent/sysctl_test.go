@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,22 +18,55 @@ import (
 	"github.com/podgate/podgate/test/testfs"
 )
 
-// lateStatus is a fake runtime that gives a sandbox's status only once podgate's CRI socket is
-// gone, i.e. once podgate has begun to stop.
-type lateStatus struct {
+// heldStatus is a fake runtime that gives a sandbox's status only once release is closed, and
+// notes a CreateContainer that comes before.
+type heldStatus struct {
 	*fake.RemoteRuntime
-	socket string
+	release chan struct{}
+	early   atomic.Bool
 }
 
-func (r lateStatus) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
-	err := wait.PollUntilContextCancel(ctx, time.Millisecond, true, func(context.Context) (bool, error) {
-		_, err := os.Stat(r.socket)
-		return errors.Is(err, os.ErrNotExist), nil
-	})
-	if err != nil {
-		return nil, err
+func newHeldStatus() *heldStatus {
+	return &heldStatus{RemoteRuntime: fake.NewFakeRemoteRuntime(), release: make(chan struct{})}
+}
+
+func (r *heldStatus) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	return r.RemoteRuntime.PodSandboxStatus(ctx, req)
+}
+
+func (r *heldStatus) CreateContainer(ctx context.Context, req *runtimeapi.CreateContainerRequest) (*runtimeapi.CreateContainerResponse, error) {
+	select {
+	case <-r.release:
+	default:
+		r.early.Store(true)
+	}
+	return r.RemoteRuntime.CreateContainer(ctx, req)
+}
+
+// runSysctlPod starts an agent whose runtime is rt and asks it for a sandbox whose sysctl is
+// verified in the background (verify: warn, no pause process in a cgroup here).
+func runSysctlPod(t *testing.T, rt runtimeapi.RuntimeServiceServer) (a *Agent, cfg *config.Configuration, stop func() error, sb *runtimeapi.PodSandboxConfig, id string) {
+	t.Helper()
+	dir := testfs.ShortDir(t)
+	cfg = testConfig(dir, "")
+	cfg.RuntimeEndpoint = "unix://" + serveRuntime(t, dir, rt)
+	cfg.Sysctls.Verify = config.VerifyWarn
+	a = newAgent(t, cfg)
+	stop = runAgentOf(t, a)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	sb = podConfig("p")
+	sb.Linux = &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}}
+	resp, err := criClient(t, cfg.CRISocket).RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sb}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, cfg, stop, sb, resp.PodSandboxId
 }
 
 // TestShutdownRecordsSysctlVerifications: the sysctl stages are in the agent's pipeline, and a
@@ -41,25 +75,20 @@ func (r lateStatus) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSan
 // and the checkpoint (here "error": the fake runtime gives no namespace to read the sysctls
 // in), never "pending". How each verify mode acts is package sysctl's to test.
 func TestShutdownRecordsSysctlVerifications(t *testing.T) {
-	dir := testfs.ShortDir(t)
-	cfg := testConfig(dir, "")
-	cfg.RuntimeEndpoint = "unix://" + serveRuntime(t, dir, lateStatus{fake.NewFakeRemoteRuntime(), cfg.CRISocket})
-	cfg.Sysctls.Verify = config.VerifyWarn
-	a := newAgent(t, cfg)
-	stop := runAgentOf(t, a)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	sbConfig := podConfig("p")
-	sbConfig.Linux = &runtimeapi.LinuxPodSandboxConfig{Sysctls: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}}
-	resp, err := criClient(t, cfg.CRISocket).RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sbConfig}, grpc.WaitForReady(true))
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := newHeldStatus()
+	a, cfg, stop, _, id := runSysctlPod(t, rt)
+	go func() { // the runtime answers once podgate's CRI socket is gone: podgate is stopping
+		_ = wait.PollUntilContextCancel(t.Context(), time.Millisecond, true, func(context.Context) (bool, error) {
+			_, err := os.Stat(cfg.CRISocket)
+			return errors.Is(err, os.ErrNotExist), nil
+		})
+		close(rt.release)
+	}()
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	running, _ := proxyOf(t, a).state.sysctls.Sandbox(resp.PodSandboxId)
-	onDisk, _ := openTestState(t, cfg.StateDir).sysctls.Sandbox(resp.PodSandboxId)
+	running, _ := proxyOf(t, a).state.sysctls.Sandbox(id)
+	onDisk, _ := openTestState(t, cfg.StateDir).sysctls.Sandbox(id)
 	if running.Verification != sysctl.ResultError || onDisk.Verification != sysctl.ResultError {
 		t.Errorf("after the stop the registry holds %+v, the checkpoint %+v; want the verification's result, error", running, onDisk)
 	}
