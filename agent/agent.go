@@ -19,13 +19,13 @@ import (
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/kubeletinfo"
+	"github.com/podgate/podgate/agent/podview"
+	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/agent/tracing"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/pipeline"
 	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/dra/attach"
-	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/podresources/cgroup"
 	"github.com/podgate/podgate/podresources/resources"
@@ -122,7 +122,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // state on disk and the Kubernetes API (each on its own), the pod Events (from the API), then
 // the CRI server with every feature (from all three and tracing), then the listeners.
 func (a *Agent) open(ctx context.Context) (*proxy, []service, error) {
-	st, err := a.openState(klog.FromContext(ctx))
+	changes := a.newChanges()
+	st, err := a.openState(klog.FromContext(ctx), changes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -135,7 +136,7 @@ func (a *Agent) open(ctx context.Context) (*proxy, []service, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := a.buildProxy(ctx, st, pods, events, tr)
+	p, err := a.buildProxy(ctx, st, changes, pods, events, tr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -163,7 +164,7 @@ func (a *Agent) runnables(p *proxy, services []service) []runnable {
 			list = append(list, runnable{name: "last calls' work", stop: waitAll(p.core.Wait, p.sysctls.Wait, p.resources.Wait)})
 		}
 	}
-	sandboxes := p.state.sandboxes
+	sandboxes := p.state.Sandboxes
 	list = append(list, runnable{name: "tracing", release: p.tracing.Shutdown})
 	if pods := p.pods; pods != nil {
 		list = append(list, runnable{name: "kubernetes", run: loop(func(ctx context.Context) { runKube(ctx, pods) }),
@@ -202,26 +203,11 @@ func (a *Agent) logServing(logger klog.Logger) {
 	}
 }
 
-// state is podgate's state on disk: the pod registry and the features' sections of its
-// checkpoint.
-type state struct {
-	sandboxes *registry.Registry
-	// claims are the DRA claims, intents the DRA devices attached to sandboxes or being
-	// attached, sysctls each sandbox's sysctl results: each a section of the checkpoint.
-	claims  *manager.Claims
-	intents *attach.Intents
-	sysctls *sysctl.Records
-}
-
 // openState reads the pod registry's checkpoint from stateDir, its write errors counted and
-// logged. A damaged checkpoint stops start-up: podgate never starts from a silently emptied
-// registry.
-func (a *Agent) openState(logger klog.Logger) (*state, error) {
+// logged, every change of a pod told to changes (nil: none). A damaged checkpoint stops
+// start-up: podgate never starts from a silently emptied registry.
+func (a *Agent) openState(logger klog.Logger, changes *podresources.Broadcaster) (*state.State, error) {
 	if err := os.MkdirAll(a.cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("stateDir: %w", err)
-	}
-	st, err := readState(registry.NewCheckpoint(a.cfg.StateDir))
-	if err != nil {
 		return nil, fmt.Errorf("stateDir: %w", err)
 	}
 	writeErrors := prometheus.NewCounter(prometheus.CounterOpts{
@@ -229,38 +215,18 @@ func (a *Agent) openState(logger klog.Logger) (*state, error) {
 		Help: "Background writes of the pod registry's checkpoint that failed; the next change writes it again.",
 	})
 	a.registry.MustRegister(writeErrors)
-	st.sandboxes.OnWriteError(func(err error) {
+	opts := []registry.Option{registry.WithWriteErrors(func(err error) {
 		writeErrors.Inc()
 		logger.Error(err, "Write the pod registry's checkpoint")
-	})
+	})}
+	if changes != nil {
+		opts = append(opts, registry.WithPodChanges(podview.Changes(changes)))
+	}
+	st, err := state.Read(registry.NewCheckpoint(a.cfg.StateDir), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("stateDir: %w", err)
+	}
 	return st, nil
-}
-
-// readState reads the checkpoint cp into the pod registry and the features' sections of it
-// (the claims, the attach records, the sysctl records), each registered before anything
-// changes the registry: a record the rebuild from the runtime drops leaves its attached devices
-// as intents, an adopted sandbox gets the sysctls the runtime applied, and the PodResources
-// service shows the pods' claims from the start. Every section podgate has is registered, so
-// that a checkpoint is written back as it was read.
-func readState(cp *registry.Checkpoint) (*state, error) {
-	d, err := cp.ReadAll()
-	if err != nil {
-		return nil, err
-	}
-	reg := registry.NewRegistry(cp, d)
-	claims, err := manager.NewClaims(reg)
-	if err != nil {
-		return nil, err
-	}
-	intents, err := attach.NewIntents(reg)
-	if err != nil {
-		return nil, err
-	}
-	sysctls, err := sysctl.NewRecords(reg)
-	if err != nil {
-		return nil, err
-	}
-	return &state{sandboxes: reg, claims: claims, intents: intents, sysctls: sysctls}, nil
 }
 
 // proxy is the CRI server, every feature, and what they were built from; buildProxy makes it
@@ -268,7 +234,7 @@ func readState(cp *registry.Checkpoint) (*state, error) {
 type proxy struct {
 	// What the proxy was built from: the state on disk, the Kubernetes API's pods and the pod
 	// Events (each nil without the API), tracing.
-	state   *state
+	state   *state.State
 	pods    *kube.PodLookup
 	events  *kube.EventRecorder
 	tracing *tracing.Tracing
@@ -301,7 +267,7 @@ var cgroupProcs = cgroup.Procs
 // buildProxy connects the backends and builds the CRI server with the sandbox pipeline and
 // podgate's other interceptors, from the state on disk, the Kubernetes API's pods and the
 // pod Events (nil without the API).
-func (a *Agent) buildProxy(ctx context.Context, st *state, pods *kube.PodLookup, events *kube.EventRecorder, tr *tracing.Tracing) (_ *proxy, err error) {
+func (a *Agent) buildProxy(ctx context.Context, st *state.State, changes *podresources.Broadcaster, pods *kube.PodLookup, events *kube.EventRecorder, tr *tracing.Tracing) (_ *proxy, err error) {
 	logger := klog.FromContext(ctx)
 	metrics := cri.NewMetrics(a.registry)
 	backends, err := a.connectBackends(ctx, metrics, tr)
@@ -323,15 +289,15 @@ func (a *Agent) buildProxy(ctx context.Context, st *state, pods *kube.PodLookup,
 	server := cri.NewServer(backends[0], backends[len(backends)-1], append(tr.ServerOptions(), cri.WithMetrics(metrics), cri.WithLogger(logger),
 		cri.WithLimits(criLimits(a.cfg.CRISocketLimits)))...)
 	runtime := server.RuntimeClient()
-	sysctls := sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), st.sysctls, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
-	core := pipeline.NewCore(st.sandboxes, runtime, pipeline.Quiet(server))
-	res := resources.New(resourcesConfig(a.cfg.Resources), node, st.sandboxes, runtime, a.registry,
+	sysctls := sysctl.NewStages(policy, sysctl.VerifyMode(a.cfg.Sysctls.Verify), st.Sysctls, a.registry, sysctl.WithCgroupProcs(cgroupProcs))
+	core := pipeline.NewCore(st.Sandboxes, runtime, pipeline.Quiet(server))
+	res := resources.New(resourcesConfig(a.cfg.Resources), node, st.Sandboxes, runtime, a.registry,
 		resourcesOptions(pods, pipeline.Quiet(server), kubelet)...)
 	pulls, err := a.newImagePulls(ctx, pods, events, kubelet)
 	if err != nil {
 		return nil, err
 	}
-	podRes, err := a.newPodResources(ctx, st, pods, pulls, res)
+	podRes, err := a.newPodResources(ctx, st, changes, pods, pulls, res)
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +310,7 @@ func (a *Agent) buildProxy(ctx context.Context, st *state, pods *kube.PodLookup,
 		state: st, pods: pods, events: events, tracing: tr,
 		server: server, backends: backends, runtime: runtime, kubelet: kubelet,
 		sysctls: sysctls, core: core, dra: draF, pulls: pulls, resources: res, podResources: podRes,
-		pipeline: pipeline.NewRunner(sandboxStages(core, sysctls, draF, res), st.sandboxes, a.registry, runnerOpts...),
+		pipeline: pipeline.NewRunner(sandboxStages(core, sysctls, draF, res), st.Sandboxes, a.registry, runnerOpts...),
 	}
 	res.LogNode(logger)
 	logKubeletDecisions(ctx, kubelet.Get(), a.cfg, res.MemoryQoS())

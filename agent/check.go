@@ -7,6 +7,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/cri"
 	"github.com/podgate/podgate/cri/imagepull"
 	"github.com/podgate/podgate/cri/registry"
@@ -58,7 +59,7 @@ func checkStateDir(dir string) error {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return nil // does not exist yet: podgate creates it
 	}
-	_, err := readState(registry.NewCheckpoint(dir))
+	_, err := state.Read(registry.NewCheckpoint(dir))
 	return err
 }
 

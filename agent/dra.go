@@ -9,6 +9,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
@@ -35,7 +36,7 @@ type draFeature struct {
 // newDRA builds the DRA feature with the Kubernetes API; without it (pods nil) DRA is off,
 // which it says once, and newDRA returns nil. podRes, when podgate serves PodResources, is how
 // dra.prepare auto asks the kubelet whether it manages a pod.
-func (a *Agent) newDRA(ctx context.Context, st *state, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server) *draFeature {
+func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server) *draFeature {
 	logger := klog.FromContext(ctx)
 	if pods == nil {
 		logger.Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
@@ -56,7 +57,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state, pods *kube.PodLookup, rt 
 			attachOpts = append(attachOpts, attach.WithPublisher(pods.Client()))
 		}
 	}
-	att := attach.New(st.sandboxes, st.intents, a.registry, attachOpts...)
+	att := attach.New(st.Sandboxes, st.Intents, a.registry, attachOpts...)
 	opts := []manager.Option{
 		manager.WithPrepare(prepareMode(cfg.Prepare)),
 		manager.WithSettle(a.rebuilt, att),
@@ -67,7 +68,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state, pods *kube.PodLookup, rt 
 		// kubelet's rate limit.
 		opts = append(opts, manager.WithKubelet(kubeletAsker{podRes}))
 	}
-	m := manager.New(pods, drivers, resolver, st.claims, st.sandboxes, rt, a.registry, opts...)
+	m := manager.New(pods, drivers, resolver, st.Claims, st.Sandboxes, rt, a.registry, opts...)
 	logger.Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", cfg.Prepare,
 		"pluginRegistryDir", cfg.PluginRegistryDir, "drivers", cfg.Drivers)
 	warnAutoBlind(logger, a.cfg)

@@ -242,7 +242,7 @@ func TestAgentDRAAsksTheKubelet(t *testing.T) {
 					t.Fatalf("RunPodSandbox of pod %d: %v", i+1, err)
 				}
 				claim := types.UID("claim-" + pod.Spec.ResourceClaims[0].Name)
-				if c, ok := proxyOf(t, a).state.claims.Claim(claim); !ok || !c.Prepared || c.PreparedBy != tc.preparer {
+				if c, ok := proxyOf(t, a).state.Claims.Claim(claim); !ok || !c.Prepared || c.PreparedBy != tc.preparer {
 					t.Errorf("pod %d: claim record %+v, want prepared by %s", i+1, c, tc.preparer)
 				}
 				if tc.kubelet {

@@ -11,25 +11,11 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podgate/podgate/agent/config"
+	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 )
-
-// sampleRecord is a started sandbox record of pod "uid-"+id.
-func sampleRecord(id string) registry.SandboxRecord {
-	return registry.SandboxRecord{
-		ID:        id,
-		Pod:       registry.PodRef{UID: types.UID("uid-" + id), Name: id, Namespace: "ns"},
-		Origin:    registry.OriginStarted,
-		Ready:     true,
-		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC),
-		NetNS:     "/var/run/netns/cni-" + id,
-		PID:       42,
-		IPs:       []string{"10.88.0.7"},
-	}
-}
 
 // sameJSON reports whether a and b encode to the same JSON: what the checkpoint would hold.
 func sameJSON(t *testing.T, a, b any) bool {
@@ -116,44 +102,10 @@ func recordPodClaims(t testing.TB, store *manager.Claims, pc manager.PodClaims) 
 	}
 }
 
-// forgetPodClaims releases a pod's claims in the claim store and forgets those no pod uses, as
-// the DRA reconciler does once their drivers unprepared them.
-func forgetPodClaims(t testing.TB, store *manager.Claims, uid types.UID) {
-	t.Helper()
-	unused, err := store.ReleasePod(uid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range unused {
-		if err := store.ClaimUnprepared(c.UID); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// memoryState is a registry in memory only with its claim store, as readState builds them.
-func memoryState(t testing.TB) (*registry.Registry, *manager.Claims) {
-	t.Helper()
-	reg := registry.NewRegistry(nil, registry.CheckpointData{})
-	claims, err := manager.NewClaims(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return reg, claims
-}
-
-// restartState is podgate's state read again from the checkpoint in stateDir, as start-up
-// reads it.
-func restartState(t testing.TB, stateDir string) (*registry.Registry, *manager.Claims, *attach.Intents) {
-	t.Helper()
-	st := openTestState(t, stateDir)
-	return st.sandboxes, st.claims, st.intents
-}
-
 // openTestState is podgate's state read from the checkpoint in stateDir, as start-up reads it.
-func openTestState(t testing.TB, stateDir string) *state {
+func openTestState(t testing.TB, stateDir string) *state.State {
 	t.Helper()
-	st, err := readState(registry.NewCheckpoint(stateDir))
+	st, err := state.Read(registry.NewCheckpoint(stateDir))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,13 +151,13 @@ func TestHooksWired(t *testing.T) {
 	if rt.early.Load() {
 		t.Error("CreateContainer reached the runtime before the sandbox's sysctls were verified")
 	}
-	if _, ok := proxyOf(t, a).state.sandboxes.Container(resp.GetContainerId()); !ok {
+	if _, ok := proxyOf(t, a).state.Sandboxes.Container(resp.GetContainerId()); !ok {
 		t.Errorf("container %s not recorded", resp.GetContainerId())
 	}
 	if _, err := client.RemoveContainer(t.Context(), &runtimeapi.RemoveContainerRequest{ContainerId: resp.GetContainerId()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := proxyOf(t, a).state.sandboxes.Container(resp.GetContainerId()); ok {
+	if _, ok := proxyOf(t, a).state.Sandboxes.Container(resp.GetContainerId()); ok {
 		t.Errorf("removed container %s still recorded", resp.GetContainerId())
 	}
 }

@@ -70,7 +70,7 @@ func newPipelineRig(t *testing.T, change func([]pipeline.Stage)) *pipelineRig {
 		t.Fatal(err)
 	}
 	st := openTestState(t, stateDir)
-	r.registry, r.sysctls = st.sandboxes, st.sysctls
+	r.registry, r.sysctls = st.Sandboxes, st.Sysctls
 	policy, err := sysctlPolicy(&config.Sysctls{PodDefaults: map[string]string{"net.ipv4.tcp_keepalive_time": "600"}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,12 +132,12 @@ func TestSandboxStagesInDocumentedOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	metrics := prometheus.NewRegistry()
-	sys := sysctl.NewStages(policy, sysctl.VerifyWarn, st.sysctls, metrics)
+	sys := sysctl.NewStages(policy, sysctl.VerifyWarn, st.Sysctls, metrics)
 	withDRA := &draFeature{ // every feature on
-		manager: manager.New(rig.NewPods(clientfake.NewClientset()), nil, nil, st.claims, st.sandboxes, nil, metrics),
-		attach:  attach.New(st.sandboxes, st.intents, metrics),
+		manager: manager.New(rig.NewPods(clientfake.NewClientset()), nil, nil, st.Claims, st.Sandboxes, nil, metrics),
+		attach:  attach.New(st.Sandboxes, st.Intents, metrics),
 	}
-	names := stageNames(sandboxStages(pipeline.NewCore(st.sandboxes, nil, nil), sys, withDRA, testResources(st.sandboxes)))
+	names := stageNames(sandboxStages(pipeline.NewCore(st.Sandboxes, nil, nil), sys, withDRA, testResources(st.Sandboxes)))
 	if !slices.Equal(names, documented) {
 		t.Errorf("agent's stages %q, docs/architecture.md's %q", names, documented)
 	}

@@ -17,6 +17,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
 
+	"github.com/podgate/podgate/agent/podview"
 	"github.com/podgate/podgate/cri/registry"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/podresources/resources"
@@ -79,7 +80,7 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	before := proxyOf(t, first).state.sandboxes.Sandboxes()
+	before := proxyOf(t, first).state.Sandboxes.Sandboxes()
 	if len(before) != 3 {
 		t.Fatalf("registry before the restart: %+v", before)
 	}
@@ -88,7 +89,7 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	second := newAgent(t, cfg)
 	stop = runAgentOf(t, second)
 	waitRebuilt(t, second)
-	if after := proxyOf(t, second).state.sandboxes.Sandboxes(); !sameJSON(t, after, before) {
+	if after := proxyOf(t, second).state.Sandboxes.Sandboxes(); !sameJSON(t, after, before) {
 		t.Errorf("registry after the restart:\n%+v\nwant the one before:\n%+v", after, before)
 	}
 	if err := stop(); err != nil {
@@ -107,24 +108,24 @@ func TestRegistryRebuiltAfterRestart(t *testing.T) {
 	stop = runAgentOf(t, third)
 	defer stop() //nolint:errcheck // the assertions are on the registry
 	waitRebuilt(t, third)
-	after := proxyOf(t, third).state.sandboxes.Sandboxes()
+	after := proxyOf(t, third).state.Sandboxes.Sandboxes()
 	if len(after) != 3 {
 		t.Fatalf("registry after changes past podgate: %+v", after)
 	}
-	if _, ok := proxyOf(t, third).state.sandboxes.Sandbox(ids[0]); ok {
+	if _, ok := proxyOf(t, third).state.Sandboxes.Sandbox(ids[0]); ok {
 		t.Errorf("sandbox %s removed past podgate is still recorded", ids[0])
 	}
-	kept, _ := proxyOf(t, third).state.sandboxes.Sandbox(ids[1])
-	keptSysctls, _ := proxyOf(t, third).state.sysctls.Sandbox(ids[1])
+	kept, _ := proxyOf(t, third).state.Sandboxes.Sandbox(ids[1])
+	keptSysctls, _ := proxyOf(t, third).state.Sysctls.Sandbox(ids[1])
 	if kept.Origin != registry.OriginStarted || keptSysctls.Applied["net.ipv4.tcp_keepalive_time"] != "600" {
 		t.Errorf("sandbox podgate saw start lost what it knew: %+v, sysctls %+v", kept, keptSysctls)
 	}
-	adopted, ok := proxyOf(t, third).state.sandboxes.Sandbox(adoptedID)
-	adoptedSysctls, _ := proxyOf(t, third).state.sysctls.Sandbox(adoptedID)
+	adopted, ok := proxyOf(t, third).state.Sandboxes.Sandbox(adoptedID)
+	adoptedSysctls, _ := proxyOf(t, third).state.Sysctls.Sandbox(adoptedID)
 	if !ok || adopted.Origin != registry.OriginAdopted || adoptedSysctls.Verification != sysctl.ResultUnverified || adopted.Pod.Name != "d" {
 		t.Errorf("sandbox started past podgate: %+v, %v, sysctls %+v; want adopted, sysctls unverified", adopted, ok, adoptedSysctls)
 	}
-	proxyOf(t, third).state.sandboxes.Flush()
+	proxyOf(t, third).state.Sandboxes.Flush()
 	onDisk, err := registry.NewCheckpoint(cfg.StateDir).Read()
 	if err != nil || !sameJSON(t, onDisk, after) {
 		t.Errorf("checkpoint %+v (%v), want the rebuilt registry", onDisk, err)
@@ -185,7 +186,7 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	got := proxyOf(t, a).state.sandboxes.PodContainers("uid-old")
+	got := proxyOf(t, a).state.Sandboxes.PodContainers("uid-old")
 	if len(got) != 1 {
 		t.Fatalf("containers of the adopted pod: %+v, want app", got)
 	}
@@ -214,7 +215,7 @@ func TestContainersRebuiltAndGoneWithTheirSandbox(t *testing.T) {
 	if _, err := client.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sb.PodSandboxId}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := proxyOf(t, a).state.sandboxes.Container(ctr.ContainerId); ok {
+	if _, ok := proxyOf(t, a).state.Sandboxes.Container(ctr.ContainerId); ok {
 		t.Error("the container is still recorded after its sandbox was removed")
 	}
 }
@@ -229,7 +230,7 @@ func TestWatchSeesFeatureRecords(t *testing.T) {
 	r.registry.OnPodChange(func(rev uint64, before, after *registry.PodState) {
 		mu.Lock()
 		defer mu.Unlock()
-		if ev := podEvent(rev, before, after); ev != nil {
+		if ev := podview.Event(rev, before, after); ev != nil {
 			events = append(events, ev)
 		}
 	})

@@ -87,8 +87,8 @@ func TestShutdownRecordsSysctlVerifications(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	running, _ := proxyOf(t, a).state.sysctls.Sandbox(id)
-	onDisk, _ := openTestState(t, cfg.StateDir).sysctls.Sandbox(id)
+	running, _ := proxyOf(t, a).state.Sysctls.Sandbox(id)
+	onDisk, _ := openTestState(t, cfg.StateDir).Sysctls.Sandbox(id)
 	if running.Verification != sysctl.ResultError || onDisk.Verification != sysctl.ResultError {
 		t.Errorf("after the stop the registry holds %+v, the checkpoint %+v; want the verification's result, error", running, onDisk)
 	}

@@ -86,9 +86,8 @@ func TestRecordStopsAndForgets(t *testing.T) {
 // TestCheckpointWriteFailureDoesNotFailPods: a sandbox record is no obligation: a pod starts
 // even when its record cannot reach the disk, and the failure is reported.
 func TestCheckpointWriteFailureDoesNotFailPods(t *testing.T) {
-	r := newRig(t, rigOptions{}, coreAround(nil, nil))
 	failures := make(chan error, 10)
-	r.registry.OnWriteError(func(err error) { failures <- err })
+	r := newRig(t, rigOptions{registry: []registry.Option{registry.WithWriteErrors(func(err error) { failures <- err })}}, coreAround(nil, nil))
 	// A directory where the checkpoint goes: renaming the new file over it fails.
 	if err := os.Mkdir(filepath.Join(r.stateDir, registry.CheckpointFile), 0o700); err != nil {
 		t.Fatal(err)

@@ -36,8 +36,9 @@ type rigOptions struct {
 	runtime *crifake.Runtime
 	// quiet is what the status read after the answer waits for; nil: the CRI server's Quiet.
 	quiet func(context.Context) error
-	// runner configures the runner.
-	runner []pipeline.RunnerOption
+	// runner configures the runner, registry the registry.
+	runner   []pipeline.RunnerOption
+	registry []registry.Option
 }
 
 // newRig builds the rig; stages lists the runner's stages, the core's among the test's own.
@@ -52,7 +53,7 @@ func newRig(t *testing.T, o rigOptions, stages func(core *pipeline.Core) []pipel
 	if err := os.Mkdir(r.stateDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	r.registry = registry.NewRegistry(registry.NewCheckpoint(r.stateDir), registry.CheckpointData{})
+	r.registry = registry.NewRegistry(registry.NewCheckpoint(r.stateDir), registry.CheckpointData{}, o.registry...)
 	quiet := o.quiet
 	if quiet == nil {
 		quiet = pipeline.Quiet(r.proxy.Server)

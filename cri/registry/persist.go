@@ -37,15 +37,6 @@ const WriteDelay = time.Second
 // wait.
 const WriteInterval = 10 * time.Second
 
-// SetWriteDelay sets how long a background write waits for more changes (WriteDelay unless set;
-// 0: it starts at once, WriteInterval after the last one or not). Call it before the registry
-// is used.
-func (r *Registry) SetWriteDelay(d time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.writeDelay = d
-}
-
 // persistSoon writes the checkpoint in the background, writeDelay from now. Writes coalesce:
 // while one is queued, later changes join it; one runs at a time.
 func (r *Registry) persistSoon() {
@@ -95,6 +86,15 @@ func (r *Registry) persistSoon() {
 	}()
 }
 
+// SetWriteDelay sets how long a background write waits for more changes, as WithWriteDelay
+// does, for a test that builds its registry through a helper. Call it before the registry is
+// used.
+func (r *Registry) SetWriteDelay(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writeDelay = d
+}
+
 // delayLocked is how long a background write queued at now waits: writeDelay, and at least
 // until WriteInterval after the last background write began (unless writeDelay is 0).
 func (r *Registry) delayLocked(now time.Time) time.Duration {
@@ -116,14 +116,6 @@ func (r *Registry) Flush() {
 		}
 		r.written.Wait()
 	}
-}
-
-// OnWriteError sets what is told of a background checkpoint write that failed (a log line and a
-// metric).
-func (r *Registry) OnWriteError(fn func(error)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.writeFailed = fn
 }
 
 // writeLocked writes a snapshot of the registry; persistMu is held.

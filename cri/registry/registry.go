@@ -150,15 +150,32 @@ var (
 	_ PodSandboxLister = (*Registry)(nil)
 )
 
+// Option configures a Registry.
+type Option func(*Registry)
+
+// WithWriteDelay sets how long a background write waits for more changes (WriteDelay unless
+// set; 0: it starts at once, WriteInterval after the last one or not).
+func WithWriteDelay(d time.Duration) Option { return func(r *Registry) { r.writeDelay = d } }
+
+// WithWriteErrors tells fn of every background checkpoint write that failed (a log line and a
+// metric).
+func WithWriteErrors(fn func(error)) Option { return func(r *Registry) { r.writeFailed = fn } }
+
+// WithPodChanges tells fn of every change of a pod (PodChangeFunc).
+func WithPodChanges(fn PodChangeFunc) Option { return func(r *Registry) { r.onChange = fn } }
+
 // NewRegistry creates a registry that persists to cp (nil: memory only), holding what it
 // already holds: the sandboxes, and the sections' data for them to take up (Register). The
 // sections register before anything writes the checkpoint; a key none takes up is carried
 // through writes unchanged.
-func NewRegistry(cp *Checkpoint, d CheckpointData) *Registry {
+func NewRegistry(cp *Checkpoint, d CheckpointData, opts ...Option) *Registry {
 	r := &Registry{
 		checkpoint: cp, entries: map[string]*SandboxRecord{}, containers: map[string]*ContainerRecord{}, touched: map[string]bool{},
 		raw: maps.Clone(d.Sections), fields: map[string]map[string]json.RawMessage{}, loadedVersion: d.Version,
 		writeFailed: func(error) {}, writeDelay: WriteDelay,
+	}
+	for _, o := range opts {
+		o(r)
 	}
 	r.written = sync.NewCond(&r.mu)
 	for i := range d.Sandboxes {

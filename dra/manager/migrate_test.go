@@ -56,6 +56,11 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	if a, _ := store.PodClaims("uid-a"); len(a.Containers) != 1 || a.Containers[0].Name != "app" {
 		t.Errorf("pod a's containers %+v, want app", a.Containers)
 	}
+	wantPods := `[{"pod":{"uid":"uid-a","name":"a","namespace":"ns"},"claims":[{"uid":"claim-shared","podClaimName":"net"}],"containers":[{"name":"app","claims":["net"]}]},` +
+		`{"pod":{"uid":"uid-b","name":"b","namespace":"ns"},"claims":[{"uid":"claim-shared","podClaimName":"nic"}]}]`
+	if got, err := json.Marshal(store.Pods()); err != nil || string(got) != wantPods {
+		t.Errorf("pods migrated as\n%s (%v)\nwant\n%s", got, err, wantPods)
+	}
 	reg.PersistSoon()
 	reg.Flush()
 	raw, err := os.ReadFile(cp.Path())
@@ -72,5 +77,8 @@ func TestV1CheckpointMigrated(t *testing.T) {
 	_, v1Kept := again.Sections[podClaimsKey]
 	if err != nil || v1Kept || !sameJSON(t, onDiskClaims(t, again), want) {
 		t.Errorf("rewritten checkpoint: %+v (%v), want the claims in the current format only", again, err)
+	}
+	if got := string(again.Sections["draPods"]); got != wantPods {
+		t.Errorf("rewritten checkpoint's draPods\n%s\nwant\n%s", got, wantPods)
 	}
 }

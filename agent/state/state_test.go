@@ -1,4 +1,4 @@
-package agent
+package state
 
 import (
 	"bytes"
@@ -72,27 +72,27 @@ func TestOldCheckpointLoadsIntoTheSections(t *testing.T) {
 	dir := t.TempDir()
 	path := writeOldCheckpoint(t, dir, registry.CheckpointVersion, oldV3Data)
 	st := openTestState(t, dir)
-	sysctls, _ := st.sysctls.Sandbox("sb-1")
+	sysctls, _ := st.Sysctls.Sandbox("sb-1")
 	for _, c := range []struct{ what, got, want string }{
-		{"sandboxes", jsonOf(t, st.sandboxes.Sandboxes()), `[{"id":"sb-1","pod":{"uid":"uid-a","name":"a","namespace":"ns"},"origin":"started","ready":true,"createdAt":"2026-11-22T03:00:00Z",` +
+		{"sandboxes", jsonOf(t, st.Sandboxes.Sandboxes()), `[{"id":"sb-1","pod":{"uid":"uid-a","name":"a","namespace":"ns"},"origin":"started","ready":true,"createdAt":"2026-11-22T03:00:00Z",` +
 			`"netns":"/var/run/netns/cni-1","pid":42,"ips":["10.88.0.7"]}]`},
 		{"sysctls", jsonOf(t, sysctls), `{"verification":"ok"}`},
-		{"attached", jsonOf(t, st.intents.Attached("sb-1")), `[{"claimNamespace":"ns","claimName":"net","claimUID":"claim-net","driver":"net.example.com","pool":"pool","device":"dev-0",` +
+		{"attached", jsonOf(t, st.Intents.Attached("sb-1")), `[{"claimNamespace":"ns","claimName":"net","claimUID":"claim-net","driver":"net.example.com","pool":"pool","device":"dev-0",` +
 			`"interface":{"hostName":"veth0","podName":"net1","mtu":1500,"up":true,"alias":"uplink","hardwareAddr":"02:00:00:00:00:01","addresses":["192.0.2.7/24"]},"published":true}]`},
-		{"claims", jsonOf(t, st.claims.List()), oldClaims},
-		{"draPods", jsonOf(t, st.claims.Pods()), oldDRAPods},
-		{"left intents", jsonOf(t, st.intents.LeftAttaches()), oldAttaching},
+		{"claims", jsonOf(t, st.Claims.List()), oldClaims},
+		{"draPods", jsonOf(t, st.Claims.Pods()), oldDRAPods},
+		{"left intents", jsonOf(t, st.Intents.LeftAttaches()), oldAttaching},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s loaded as\n%s\nwant\n%s", c.what, c.got, c.want)
 		}
 	}
-	if pc, ok := st.claims.PodClaims("uid-b"); !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != "nic" || !pc.Claims[0].Prepared {
+	if pc, ok := st.Claims.PodClaims("uid-b"); !ok || len(pc.Claims) != 1 || pc.Claims[0].PodClaimName != "nic" || !pc.Claims[0].Prepared {
 		t.Errorf("pod b's claims through the registry: %+v %t", pc, ok)
 	}
 
-	st.sandboxes.PersistSoon()
-	st.sandboxes.Flush()
+	st.Sandboxes.PersistSoon()
+	st.Sandboxes.Flush()
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestOldCheckpointLoadsIntoTheSections(t *testing.T) {
 
 // goldenDir holds checkpoint files written by podgate before each feature kept its own records
 // (e099f42), and the program that wrote them.
-const goldenDir = "testdata/checkpoint"
+const goldenDir = "testdata"
 
 // goldenCases are the golden files: each one read by today's podgate, every section registered
 // as start-up registers them, and written back, gives the second's bytes.
@@ -165,54 +165,13 @@ func rewriteGolden(t *testing.T, name string) []byte {
 		t.Fatal(err)
 	}
 	st := openTestState(t, dir)
-	st.sandboxes.PersistSoon()
-	st.sandboxes.Flush()
+	st.Sandboxes.PersistSoon()
+	st.Sandboxes.Flush()
 	got, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return got
-}
-
-// TestV1CheckpointLoadsIntoTheClaimStore: a v1 checkpoint (a copy of each claim in every pod
-// using it) loads into the claim store migrated, and is written back as v2 without podClaims.
-func TestV1CheckpointLoadsIntoTheClaimStore(t *testing.T) {
-	dir := t.TempDir()
-	v1 := `{"sandboxes":[],"podClaims":[` +
-		`{"pod":{"uid":"uid-a","name":"a","namespace":"ns"},"claims":[{"uid":"claim-shared","namespace":"ns","name":"shared","podClaimName":"net","drivers":["net.example"],"prepared":true,"devices":[{"driver":"net.example","pool":"p","device":"nic0"}]}],"containers":[{"name":"app","claims":["net"]}]},` +
-		`{"pod":{"uid":"uid-b","name":"b","namespace":"ns"},"claims":[{"uid":"claim-shared","namespace":"ns","name":"shared","podClaimName":"nic","drivers":["net.example"],"prepared":false}]}` +
-		`]}`
-	path := writeOldCheckpoint(t, dir, "podgate.dev/registry/v1", v1)
-	reg, claims, intents := restartState(t, dir)
-	wantClaims := `[{"uid":"claim-shared","namespace":"ns","name":"shared","drivers":["net.example"],"prepared":true,` +
-		`"devices":[{"driver":"net.example","pool":"p","device":"nic0"}],"preparedBy":"podgate","podUIDs":["uid-a","uid-b"]}]`
-	wantPods := `[{"pod":{"uid":"uid-a","name":"a","namespace":"ns"},"claims":[{"uid":"claim-shared","podClaimName":"net"}],"containers":[{"name":"app","claims":["net"]}]},` +
-		`{"pod":{"uid":"uid-b","name":"b","namespace":"ns"},"claims":[{"uid":"claim-shared","podClaimName":"nic"}]}]`
-	if got := jsonOf(t, claims.List()); got != wantClaims {
-		t.Errorf("claims migrated as\n%s\nwant\n%s", got, wantClaims)
-	}
-	if got := jsonOf(t, claims.Pods()); got != wantPods {
-		t.Errorf("pods migrated as\n%s\nwant\n%s", got, wantPods)
-	}
-	if left := intents.LeftAttaches(); len(left) != 0 {
-		t.Errorf("intents from a v1 file: %+v", left)
-	}
-	reg.PersistSoon()
-	reg.Flush()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Version string                     `json:"version"`
-		Data    map[string]json.RawMessage `json:"data"`
-	}
-	if err := json.Unmarshal(raw, &f); err != nil {
-		t.Fatal(err)
-	}
-	if f.Version != "podgate.dev/registry/v2" || string(f.Data["claims"]) != wantClaims || string(f.Data["draPods"]) != wantPods || f.Data["podClaims"] != nil {
-		t.Errorf("rewritten as %s: %s", f.Version, raw)
-	}
 }
 
 // The previous release's types of the checkpoint (e099f42's cri/registry and dra/attach),
@@ -333,21 +292,21 @@ func convert(t *testing.T, v, out any) {
 
 // asPreviousRelease is what the previous release would hold for the state st: each sandbox
 // record with the sysctl and attach features' records of it, the claims, the intents.
-func asPreviousRelease(t *testing.T, st *state) prevCheckpoint {
+func asPreviousRelease(t *testing.T, st *State) prevCheckpoint {
 	t.Helper()
 	var out prevCheckpoint
-	for _, rec := range st.sandboxes.Sandboxes() {
+	for _, rec := range st.Sandboxes.Sandboxes() {
 		var p prevSandboxRecord
 		convert(t, rec, &p)
-		sysctls, _ := st.sysctls.Sandbox(rec.ID)
+		sysctls, _ := st.Sysctls.Sandbox(rec.ID)
 		convert(t, sysctls, &p.Sysctls)
-		if devs := st.intents.Attached(rec.ID); len(devs) > 0 {
+		if devs := st.Intents.Attached(rec.ID); len(devs) > 0 {
 			convert(t, devs, &p.Attached)
 		}
 		out.Sandboxes = append(out.Sandboxes, p)
 	}
-	out.Claims, out.DRAPods = st.claims.List(), st.claims.Pods()
-	if left := st.intents.LeftAttaches(); len(left) > 0 {
+	out.Claims, out.DRAPods = st.Claims.List(), st.Claims.Pods()
+	if left := st.Intents.LeftAttaches(); len(left) > 0 {
 		convert(t, left, &out.Attaching)
 	}
 	return out
@@ -381,8 +340,8 @@ func TestCheckpointReadByThePreviousRelease(t *testing.T) {
 			}
 			check("written back")
 			st := openTestState(t, dir)
-			st.sandboxes.Remove("sb-ok")
-			st.sandboxes.Flush()
+			st.Sandboxes.Remove("sb-ok")
+			st.Sandboxes.Flush()
 			check("after a change")
 			if c.in != "v1.json" && len(readAsPreviousRelease(t, mustRead(t, path)).Attaching) == 0 {
 				t.Error("sb-ok's attached devices were not left as intents: the change tests nothing")
@@ -398,4 +357,14 @@ func mustRead(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// openTestState is podgate's state read from the checkpoint in stateDir, as start-up reads it.
+func openTestState(t testing.TB, stateDir string) *State {
+	t.Helper()
+	st, err := Read(registry.NewCheckpoint(stateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

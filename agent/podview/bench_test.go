@@ -1,4 +1,4 @@
-package agent
+package podview
 
 import (
 	"fmt"
@@ -14,6 +14,7 @@ import (
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/podgate/podgate/cri/registry"
+	"github.com/podgate/podgate/dra/dratest/rig"
 	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/podresources"
 	"github.com/podgate/podgate/test/testfs"
@@ -22,9 +23,10 @@ import (
 // benchRegistry is a full node in the pod registry: 110 pods (the kubelet's default maximum)
 // of 4 containers, each with a sandbox and one prepared pod-level network claim; the source
 // PodResources reads it through.
-func benchRegistry(b *testing.B) *podResourcesSource {
+func benchRegistry(b *testing.B) *Source {
 	b.Helper()
-	r, claims := memoryState(b)
+	st := memoryStateOf(b, registry.CheckpointData{})
+	r, claims := st.Sandboxes, st.Claims
 	for i := range 110 {
 		ref := registry.PodRef{UID: types.UID(fmt.Sprintf("uid-%03d", i)), Name: fmt.Sprintf("pod-%03d", i), Namespace: fmt.Sprintf("ns-%d", i%10)}
 		rec := sampleRecord(fmt.Sprintf("sandbox-%03d", i))
@@ -45,9 +47,9 @@ func benchRegistry(b *testing.B) *podResourcesSource {
 			}},
 			Containers: []manager.ContainerClaims{{Name: "istio-proxy"}, {Name: "app"}, {Name: "worker"}, {Name: "metrics"}},
 		}
-		recordPodClaims(b, claims, pc)
+		rig.RecordPodClaims(b, claims, pc)
 	}
-	return &podResourcesSource{registry: r, claims: claims}
+	return &Source{Registry: r, Claims: claims}
 }
 
 // BenchmarkPodResourcesGet is the kubelet-compatible Get over a unix socket, served from the
@@ -57,7 +59,7 @@ func BenchmarkPodResourcesGet(b *testing.B) {
 	src := benchRegistry(b)
 	client := servePodResources(b, src)
 	var reqs []*v1.GetPodResourcesRequest
-	for _, rec := range src.registry.Sandboxes() {
+	for _, rec := range src.Registry.Sandboxes() {
 		reqs = append(reqs, &v1.GetPodResourcesRequest{PodName: rec.Pod.Name, PodNamespace: rec.Pod.Namespace})
 	}
 	took := make([]time.Duration, 0, b.N)
@@ -103,12 +105,12 @@ func BenchmarkPodResourcesList(b *testing.B) {
 	}
 }
 
-func servePodResources(b *testing.B, src *podResourcesSource) v1.PodResourcesListerClient {
+func servePodResources(b *testing.B, src *Source) v1.PodResourcesListerClient {
 	b.Helper()
 	return podResourcesClient(b, servePodResourcesSocket(b, src))
 }
 
-func servePodResourcesSocket(b *testing.B, src *podResourcesSource) string {
+func servePodResourcesSocket(b *testing.B, src *Source) string {
 	b.Helper()
 	s, err := podresources.NewServer(podresources.Options{Source: src, QPS: 1e9, Burst: 1e9})
 	if err != nil {
@@ -131,4 +133,18 @@ func podResourcesClient(b *testing.B, socket string) v1.PodResourcesListerClient
 	}
 	b.Cleanup(func() { conn.Close() })
 	return v1.NewPodResourcesListerClient(conn)
+}
+
+// sampleRecord is a started sandbox record of pod "uid-"+id.
+func sampleRecord(id string) registry.SandboxRecord {
+	return registry.SandboxRecord{
+		ID:        id,
+		Pod:       registry.PodRef{UID: types.UID("uid-" + id), Name: id, Namespace: "ns"},
+		Origin:    registry.OriginStarted,
+		Ready:     true,
+		CreatedAt: time.Date(2026, 11, 22, 3, 0, 0, 0, time.UTC),
+		NetNS:     "/var/run/netns/cni-" + id,
+		PID:       42,
+		IPs:       []string{"10.88.0.7"},
+	}
 }

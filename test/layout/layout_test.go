@@ -1,4 +1,4 @@
-package agent
+package layout
 
 import (
 	"os/exec"
@@ -79,7 +79,7 @@ func TestImportGraph(t *testing.T) {
 // TestTopLevel: the repository's folders are the card's (the packages are checked above; this
 // catches folders of scripts, data or stray binaries).
 func TestTopLevel(t *testing.T) {
-	out, err := exec.Command("git", "-C", "..", "ls-files").Output()
+	out, err := exec.Command("git", "-C", "../..", "ls-files").Output()
 	if err != nil {
 		t.Skipf("git ls-files: %v (not a git checkout)", err)
 	}
