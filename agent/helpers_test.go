@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/dra/manager"
 	"github.com/podgate/podgate/test/kubefake"
 )
 
@@ -78,28 +76,6 @@ func runAgentWithAPI(t *testing.T, cfg *config.Configuration, client *fake.Clien
 	})
 	waitGauge(t, a, "podgate_kube_pod_informer_synced", 1)
 	return a
-}
-
-// recordPodClaims records pc in the claim store as the DRA stage does: the pod as a user of its
-// claims (durable), then the devices of those it holds prepared.
-func recordPodClaims(t testing.TB, store *manager.Claims, pc manager.PodClaims) {
-	t.Helper()
-	uses := make([]manager.ClaimUse, len(pc.Claims))
-	prepared := map[types.UID][]manager.DeviceRecord{}
-	for i, c := range pc.Claims {
-		uses[i] = manager.ClaimUse{UID: c.UID, Namespace: c.Namespace, Name: c.Name, PodClaimName: c.PodClaimName, Drivers: c.Drivers}
-		if c.Prepared {
-			prepared[c.UID] = c.Devices
-		}
-	}
-	if err := store.UseClaims(pc.Pod, pc.Containers, uses); err != nil {
-		t.Fatal(err)
-	}
-	if len(prepared) > 0 {
-		if err := store.SetPrepared(prepared); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // openTestState is podgate's state read from the checkpoint in stateDir, as start-up reads it.

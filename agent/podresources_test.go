@@ -8,30 +8,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/podgate/podgate/cri/registry"
-	"github.com/podgate/podgate/dra/manager"
+	"github.com/podgate/podgate/dra/dratest/rig"
 	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/testfs"
 )
-
-func webClaims(prepared bool) manager.PodClaims {
-	pc := manager.PodClaims{
-		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
-		Claims: []manager.ClaimRecord{{
-			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
-		}},
-		Containers: []manager.ContainerClaims{{Name: "app"}, {Name: "side"}},
-	}
-	if prepared {
-		pc.Claims[0].Prepared = true
-		pc.Claims[0].Devices = []manager.DeviceRecord{{
-			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
-			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
-			Network:      &manager.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
-		}}
-	}
-	return pc
-}
 
 // TestPodResourcesThroughTheAgent: a running agent serves the PodResources socket from its
 // registry: a pod whose claims are recorded is visible before it has a sandbox, pod-level
@@ -49,7 +29,7 @@ func TestPodResourcesThroughTheAgent(t *testing.T) {
 		}
 	}()
 	waitRebuilt(t, a)
-	recordPodClaims(t, proxyOf(t, a).state.Claims, webClaims(true))
+	rig.RecordPodClaims(t, proxyOf(t, a).state.Claims, rig.WebClaims(true))
 
 	conn, err := grpc.NewClient("unix://"+*cfg.PodResources.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -42,25 +42,6 @@ func (c *podChanges) types() []pb.WatchEvent_Type {
 	return out
 }
 
-func webClaims(prepared bool) manager.PodClaims {
-	pc := manager.PodClaims{
-		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
-		Claims: []manager.ClaimRecord{{
-			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
-		}},
-		Containers: []manager.ContainerClaims{{Name: "app"}, {Name: "side"}},
-	}
-	if prepared {
-		pc.Claims[0].Prepared = true
-		pc.Claims[0].Devices = []manager.DeviceRecord{{
-			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
-			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
-			Network:      &manager.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
-		}}
-	}
-	return pc
-}
-
 // TestRegistryPodChanges: the registry tells every change of a pod, in order, with the kind a
 // watcher sees: added when its claims are recorded (before any sandbox), devices prepared,
 // updated by its sandbox, removed once neither sandbox nor claims are left; a change that
@@ -70,8 +51,8 @@ func TestRegistryPodChanges(t *testing.T) {
 	r, claims := st.Sandboxes, st.Claims
 	changes := watchRegistry(r)
 
-	rig.RecordPodClaims(t, claims, webClaims(false))
-	rig.RecordPodClaims(t, claims, webClaims(true))
+	rig.RecordPodClaims(t, claims, rig.WebClaims(false))
+	rig.RecordPodClaims(t, claims, rig.WebClaims(true))
 	rec := sampleRecord("web")
 	rec.Pod = registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"}
 	if err := r.Add(rec); err != nil {
@@ -130,7 +111,7 @@ func TestPodMessage(t *testing.T) {
 			},
 		},
 	})
-	rig.RecordPodClaims(t, st.Claims, webClaims(true))
+	rig.RecordPodClaims(t, st.Claims, rig.WebClaims(true))
 	pod, ok := st.Sandboxes.PodByName("ns", "web")
 	if !ok {
 		t.Fatal("pod web not known")

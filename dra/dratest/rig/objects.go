@@ -165,3 +165,24 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 	}
 	return false
 }
+
+// WebClaims is pod ns/web (UID uid-web) using one network claim, ns/web-nic, as "nic", with
+// containers app and side; prepared, the claim holds device nic0 with its network interface.
+func WebClaims(prepared bool) manager.PodClaims {
+	pc := manager.PodClaims{
+		Pod: registry.PodRef{UID: "uid-web", Name: "web", Namespace: "ns"},
+		Claims: []manager.ClaimRecord{{
+			UID: "claim-uid", Namespace: "ns", Name: "web-nic", PodClaimName: "nic", Drivers: []string{"net.example.com"},
+		}},
+		Containers: []manager.ContainerClaims{{Name: "app"}, {Name: "side"}},
+	}
+	if prepared {
+		pc.Claims[0].Prepared = true
+		pc.Claims[0].Devices = []manager.DeviceRecord{{
+			Driver: "net.example.com", Pool: "node-a", Device: "nic0", Requests: []string{"nic"},
+			CDIDeviceIDs: []string{"net.example.com/nic=nic0"},
+			Network:      &manager.DeviceNetworkRecord{HostInterface: "eth5", InterfaceName: "net1", MTU: 1400, Addresses: []string{"192.0.2.10/24"}},
+		}}
+	}
+	return pc
+}
