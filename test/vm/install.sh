@@ -61,7 +61,9 @@ mirror() {
 # apt are in minbase (apt install ./podgate_*.deb).
 guest_packages=(systemd systemd-sysv dbus udev kmod iptables iproute2 conntrack util-linux mount
 	e2fsprogs procps ca-certificates ethtool socat init-system-helpers less)
-stamp=$(printf '%s\n' "$SUITE" "${guest_packages[@]}" "$(sha256sum "$HERE/install.sh" | cut -c1-16)" | sha256sum | cut -c1-16)
+# ROOTFS_REVISION: raise it when build_rootfs changes in a way the package list does not show.
+ROOTFS_REVISION=1
+stamp=$(printf '%s\n' "$SUITE" "${guest_packages[@]}" "$ROOTFS_REVISION" | sha256sum | cut -c1-16)
 
 build_rootfs() {
 	local tmp=$VM_DIR/rootfs.tmp start=$SECONDS

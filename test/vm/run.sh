@@ -56,6 +56,7 @@ accel=(-accel "$VM_ACCEL")
 [ "$VM_ACCEL" != tcg ] || accel=(-accel tcg,thread=multi)
 # The root disk with snapshot=on: the guest's writes go to a temporary overlay, and every run
 # starts from the same image. -no-reboot: the guest's poweroff (or a panic's reboot) ends qemu.
+# -nodefaults: no CD-ROM, floppy or VGA to probe at boot.
 start=$(date +%s.%N)
 set +e
 timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
@@ -64,7 +65,7 @@ timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
 	-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 $VM_APPEND" \
 	-drive "file=$VM_DIR/node.img,format=raw,if=virtio,snapshot=on" \
 	-virtfs "local,path=$share,mount_tag=share,security_model=passthrough,id=share" \
-	-nic none -display none -monitor none -no-reboot \
+	-nodefaults -nic none -display none -monitor none -no-reboot \
 	-serial "file:$out/console.log"
 qemu_status=$?
 set -e
