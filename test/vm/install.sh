@@ -36,7 +36,8 @@ fi
 
 # Host packages: qemu (TCG or KVM), debootstrap, e2fsprogs for mkfs.ext4 -d, qemu-utils for
 # qemu-img. --no-install-recommends: no GUI, no firmware beyond what qemu-system-x86 depends on.
-host_packages=(qemu-system-x86 qemu-utils debootstrap e2fsprogs)
+# socat: run.sh's guestfwd to the host's kube-apiserver.
+host_packages=(qemu-system-x86 qemu-utils debootstrap e2fsprogs socat)
 missing=()
 for p in "${host_packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -58,9 +59,10 @@ mirror() {
 # What a node needs inside: systemd as PID 1 (systemd-sysv), dbus (systemctl talks to it, the
 # kubelet's systemd cgroup driver too), udev, the kernel, iptables/iproute2/conntrack (CNI and
 # the kubelet), util-linux (mount, nsenter), e2fsprogs, kmod, procps, ca-certificates; dpkg and
-# apt are in minbase (apt install ./podgate_*.deb).
+# apt are in minbase (apt install ./podgate_*.deb). For the tests: curl and jq (the API
+# server's REST API), socat (the guest's end of the forward to it).
 guest_packages=(systemd systemd-sysv dbus udev kmod iptables iproute2 conntrack util-linux mount
-	e2fsprogs procps ca-certificates ethtool socat init-system-helpers less)
+	e2fsprogs procps ca-certificates ethtool socat init-system-helpers less curl jq)
 # ROOTFS_REVISION: raise it when build_rootfs changes in a way the package list does not show.
 ROOTFS_REVISION=1
 stamp=$(printf '%s\n' "$SUITE" "${guest_packages[@]}" "$ROOTFS_REVISION" | sha256sum | cut -c1-16)

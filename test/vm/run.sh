@@ -6,8 +6,8 @@
 # and status (SCRIPT's exit status); from the host, console.log (the serial console) and
 # times.txt. Exits with SCRIPT's status, or 124 when the VM did not finish within VM_TIMEOUT.
 #
-# The VM has no network interface (-nic none): nothing inside reaches out, nothing outside
-# reaches in; the share is a 9p folder (qemu -virtfs) of the host's.
+# The VM has no network interface (-nic none) unless VM_APISERVER_PORT says: nothing inside
+# reaches out, nothing outside reaches in; the share is a 9p folder (qemu -virtfs) of the host's.
 #
 # Settings (environment):
 #   VM_ACCEL     tcg (software emulation, the default) or kvm (where /dev/kvm exists)
@@ -16,6 +16,10 @@
 #   VM_MEM       memory in MiB (default 3072)
 #   VM_TIMEOUT   seconds until the VM is killed (default 1500)
 #   VM_APPEND    more kernel command line
+#   VM_APISERVER_PORT  a port on the host's 127.0.0.1 (kube-apiserver's, test/vm/controlplane):
+#                the guest gets a virtio NIC on qemu's user-mode network with restrict=on (no
+#                route out) whose only way out is 10.0.2.100:6443, forwarded (guestfwd, one socat
+#                per connection) to 127.0.0.1:PORT on the host
 set -euo pipefail
 
 RIG_DIR=${PODGATE_RIG_DIR:-/var/lib/podgate-rig}
@@ -54,6 +58,11 @@ mkdir -p "$out"
 
 accel=(-accel "$VM_ACCEL")
 [ "$VM_ACCEL" != tcg ] || accel=(-accel tcg,thread=multi)
+net=(-nic none)
+if [ -n "${VM_APISERVER_PORT:-}" ]; then
+	net=(-netdev "user,id=n0,restrict=on,guestfwd=tcp:10.0.2.100:6443-cmd:socat - TCP:127.0.0.1:$VM_APISERVER_PORT"
+		-device virtio-net-pci,netdev=n0)
+fi
 # The root disk with snapshot=on: the guest's writes go to a temporary overlay, and every run
 # starts from the same image. -no-reboot: the guest's poweroff (or a panic's reboot) ends qemu.
 # -nodefaults: no CD-ROM, floppy or VGA to probe at boot.
@@ -65,7 +74,7 @@ timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
 	-append "console=ttyS0 root=/dev/vda rw systemd.unified_cgroup_hierarchy=1 panic=-1 $VM_APPEND" \
 	-drive "file=$VM_DIR/node.img,format=raw,if=virtio,snapshot=on" \
 	-virtfs "local,path=$share,mount_tag=share,security_model=passthrough,id=share" \
-	-nodefaults -nic none -display none -monitor none -no-reboot \
+	-nodefaults "${net[@]}" -display none -monitor none -no-reboot \
 	-serial "file:$out/console.log"
 qemu_status=$?
 set -e

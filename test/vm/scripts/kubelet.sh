@@ -13,7 +13,8 @@
 #   - pod-level resources (spec.resources) land on the pod's slice
 #   - a newer package: try-restart restarts podgate, 0 containers restarted
 #   - systemctl stop podgate while pods run, then start: 0 containers restarted
-#   - the runbook's removal: kubelet back to containerd, apt remove, apt purge
+#
+# api.sh and removal.sh go on from here (the static pods, snapshot and same_pods).
 #
 # "0 containers restarted" is read from the containers themselves: the same IDs, the same
 # pids, attempt 0, and no exited container beside them.
@@ -62,7 +63,7 @@ else
 	fail "static pod qos not running within 300 s"
 	journalctl -u kubelet --no-pager -o cat | tail -40
 fi
-systemctl show kubelet -p After | tr ' ' '\n' | grep -q '^podgate.service$' && ok "kubelet ordered after podgate" || fail "kubelet not After=podgate.service: $(systemctl show kubelet -p After)"
+systemctl show kubelet -p After --value | tr ' ' '\n' | grep -q '^podgate.service$' && ok "kubelet ordered after podgate" || fail "kubelet not After=podgate.service: $(systemctl show kubelet -p After)"
 grep -o 'podgate[^ ]*' /proc/$(systemctl show -p MainPID --value kubelet)/cmdline >/dev/null 2>&1 || true
 journalctl -u kubelet --no-pager -o cat | grep -m1 -i 'runtime.*endpoint\|cri.sock' || true
 
@@ -195,21 +196,3 @@ check "podgate active after start" systemctl is-active podgate
 sleep 20
 same_pods "stop/start" "$before"
 
-section "removal as the runbook says"
-before=$(snapshot)
-# First the kubelet back to containerd, then the package away.
-rm /etc/kubernetes/kubelet.conf.d/50-podgate.conf
-systemctl restart kubelet
-if DEBIAN_FRONTEND=noninteractive apt-get remove -y podgate; then ok "apt remove podgate"; else fail "apt remove podgate"; fi
-check "podgate stopped after remove" sh -c '! systemctl is-active podgate'
-echo "is-enabled after remove: $(systemctl is-enabled podgate 2>&1)"
-[ -f /etc/podgate/config.yaml ] && ok "remove keeps the conffile /etc/podgate/config.yaml" || fail "remove took /etc/podgate/config.yaml"
-[ -d /var/lib/podgate ] && ok "remove keeps /var/lib/podgate" || fail "remove took /var/lib/podgate"
-if DEBIAN_FRONTEND=noninteractive apt-get purge -y podgate; then ok "apt purge podgate"; else fail "apt purge podgate"; fi
-[ ! -e /etc/podgate ] && [ ! -e /var/lib/podgate ] && ok "purge removes /etc/podgate and /var/lib/podgate" || fail "purge left: $(ls -d /etc/podgate /var/lib/podgate 2>/dev/null)"
-echo "is-enabled after purge: $(systemctl is-enabled podgate 2>&1)"
-sleep 20
-CRI_DIRECT=(--runtime-endpoint unix:///run/containerd/containerd.sock --image-endpoint unix:///run/containerd/containerd.sock)
-after=$(for c in $(crictl "${CRI_DIRECT[@]}" ps -q); do crictl "${CRI_DIRECT[@]}" inspect -o go-template --template '{{.status.id}} {{.info.pid}} {{.status.metadata.attempt}}' "$c"; done | grep . | sort)
-[ "$after" = "$before" ] && ok "kubelet back on containerd, podgate purged: 0 containers restarted" || fail "after removal: before [$before] after [$after]"
-systemctl stop kubelet
