@@ -18,7 +18,8 @@
 #                (test/h2spec; root)
 #   make vm-test the VM lane: a Debian 12 node with systemd, cgroup v2 and the systemd cgroup driver
 #                booted under qemu; podgate from its .deb under systemd, the kubelet through it,
-#                upgrade, stop/start, memory QoS, removal (test/vm; root; about N minutes here)
+#                upgrade, stop/start, memory QoS, resizes, removal (test/vm; root; 10 minutes here
+#                with the image built, which takes 7 more the first time)
 #   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
 #                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
