@@ -33,6 +33,25 @@ func TestScriptsParse(t *testing.T) {
 		if out, err := exec.CommandContext(context.Background(), "bash", "-n", s).CombinedOutput(); err != nil {
 			t.Errorf("bash -n %s: %v\n%s", s, err, out)
 		}
+		checkWaits(t, s)
+	}
+}
+
+// waitOnSubstitution is a wait_until whose arguments hold a command substitution: bash expands
+// it once, before the first try, so the wait polls a constant.
+var waitOnSubstitution = regexp.MustCompile(`wait_until [0-9]+ [^;&|#]*\$\(`)
+
+// checkWaits reports each wait_until of script that would poll a constant.
+func checkWaits(t *testing.T, script string) {
+	t.Helper()
+	b, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(b), "\n") {
+		if waitOnSubstitution.MatchString(line) {
+			t.Errorf("%s:%d: wait_until with $(...) in its arguments polls what it was once: wrap the check in a function\n%s", script, i+1, line)
+		}
 	}
 }
 

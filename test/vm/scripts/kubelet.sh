@@ -64,7 +64,6 @@ else
 	journalctl -u kubelet --no-pager -o cat | tail -40
 fi
 systemctl show kubelet -p After --value | tr ' ' '\n' | grep -q '^podgate.service$' && ok "kubelet ordered after podgate" || fail "kubelet not After=podgate.service: $(systemctl show kubelet -p After)"
-grep -o 'podgate[^ ]*' /proc/$(systemctl show -p MainPID --value kubelet)/cmdline >/dev/null 2>&1 || true
 journalctl -u kubelet --no-pager -o cat | grep -m1 -i 'runtime.*endpoint\|cri.sock' || true
 
 # The container's cgroup on the systemd driver's paths.
@@ -92,7 +91,8 @@ high=$(cat "$scope/memory.high")
 [ "$high" = $want_high ] && ok "kubelet wrote memory.high = $want_high" || fail "memory.high $high, want $want_high"
 grep -q "memory.low: \"$want_low\"" "$OUT/podgate-pod-qos.yaml" && ok "podgate saw the kubelet ask memory.low" || fail "podgate's asked values lack memory.low $want_low"
 verification() { podgate pod "default/qos-$NODE" -o yaml 2>/dev/null | sed -n 's/^ *verification: //p' | head -1; }
-if wait_until 60 test "$(verification)" = ok; then
+verification_ok() { [ "$(verification)" = ok ]; }
+if wait_until 60 verification_ok; then
 	ok "podgate's verification of the kubelet's values: ok"
 else
 	fail "podgate's verification: $(verification)"
