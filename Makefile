@@ -16,6 +16,10 @@
 #   make h2spec  h2spec v2.2.1 with gRPC-shaped requests against podgate and grpc-go (also with
 #                podgate's stream limit), side by side
 #                (test/h2spec; root)
+#   make vm-test the VM lane: a Debian 12 node with systemd, cgroup v2 and the systemd cgroup driver
+#                booted under qemu; podgate from its .deb under systemd, the kubelet through it,
+#                upgrade, stop/start, memory QoS, resizes, removal (test/vm; root; 10 minutes here
+#                with the image built, which takes 7 more the first time)
 #   make soak    SOAK_N (1000) pod lifecycles through podgate, through a real kubelet when the cluster
 #                is installed (SOAK_MODE auto; kubelet, cri); flat RSS/goroutines/fds, no leftovers (root)
 #   make generate         lint the .proto files and generate their Go code (buf, pinned plugins)
@@ -52,7 +56,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build package release demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak generate verify-generate install uninstall clean clean-rig
+.PHONY: all build package release demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak vm-test generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -125,6 +129,17 @@ SOAK_N ?= 1000
 SOAK_MODE ?= auto
 soak: rig
 	$(GO) run ./test/soak -n $(SOAK_N) -mode $(SOAK_MODE) -out _output/soak
+
+# vm-test: the VM lane (test/vm, issue 41). The rig's node, tools and cluster parts and the VM's
+# node image (install.sh's vm part: built once, about 7 minutes, then reused), the amd64 .deb, then
+# one boot of the VM running the node tests inside (test/vm/vm-test.sh; results in
+# $(VM_OUT)). Bounded: the VM is killed after VM_TIMEOUT seconds (test/vm/run.sh).
+VM_OUT ?= _output/vm
+vm-test:
+	@[ "$$(id -u)" = 0 ] || { echo "make vm-test: needs root (apt-get, debootstrap, qemu)"; exit 1; }
+	bash test/rig/install.sh node tools cluster vm
+	$(MAKE) package PKG_ARCHES=amd64
+	bash test/vm/vm-test.sh $(VM_OUT)
 
 # test: everything. As root the real-stack rig is installed first so the e2e tests run;
 # otherwise they skip with a message saying so. test/promql is a module of its own (Prometheus'

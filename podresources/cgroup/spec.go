@@ -5,7 +5,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 
@@ -27,9 +26,10 @@ func WithSwapController(available bool) SpecOption {
 	return func(c *specConfig) { c.swap = func() bool { return available } }
 }
 
-// WithHugetlbController says whether the node's runtime hierarchy has the hugetlb controller
-// (cgroup v1: mounted; cgroup v2: among the root's controllers), instead of looking.
-// containerd passes hugepage limits on only when it has.
+// WithHugetlbController says whether the runtime passes hugepage limits on: containerd does
+// with disable_hugetlb_controller = false where the node has the hugetlb controller (cgroup
+// v1: mounted; cgroup v2: among the root's controllers). Without it, [SpecResources] assumes
+// containerd's default, which does not.
 func WithHugetlbController(present bool) SpecOption {
 	return func(c *specConfig) { c.hugetlb = func() bool { return present } }
 }
@@ -44,18 +44,21 @@ func WithHugetlbController(present bool) SpecOption {
 //   - Swap (memory+swap, as the runtime spec means it): memory_swap_limit_in_bytes when not 0,
 //     else the memory limit, so that the container does not swap by default; only when the
 //     node has a swap controller.
-//   - Hugepage limits, in order, only when the node has the hugetlb controller (containerd
-//     then skips them with a warning, or fails with tolerate_missing_hugetlb_controller off).
+//   - Hugepage limits, in order, only when [WithHugetlbController] says the runtime passes
+//     them on. By default it does not: containerd's CRI plugin drops them unless its
+//     disable_hugetlb_controller is false, and it is true by default (containerd 2.x
+//     internal/cri/config, DefaultRuntimeConfig) — so on a cgroup v2 node with the hugetlb
+//     controller, the kubelet's hugepage limits (0 for every page size) never reach runc, and
+//     the container's hugetlb.<size>.max stays "max" (seen in the VM lane, test/vm).
 //   - The unified map, copied.
 //
-// Whether the node has the swap and hugetlb controllers is looked up once per process, as
-// containerd does; [WithSwapController] and [WithHugetlbController] say it instead. A nil r
-// is nil.
+// Whether the node has the swap controller is looked up once per process, as containerd
+// does; [WithSwapController] says it instead. A nil r is nil.
 func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *specs.LinuxResources {
 	if r == nil {
 		return nil
 	}
-	c := specConfig{swap: swapControllerAvailable, hugetlb: hugetlbControllerPresent}
+	c := specConfig{swap: swapControllerAvailable, hugetlb: containerdDefaultHugetlb}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -107,16 +110,10 @@ var swapControllerAvailable = sync.OnceValue(func() bool {
 	return err == nil
 })
 
-// hugetlbControllerPresent is containerd's isHugetlbControllerPresent: the hugetlb
-// controller of cgroup v2's root in unified mode, a mounted hugetlb hierarchy otherwise.
-var hugetlbControllerPresent = sync.OnceValue(func() bool {
-	n := Detect()
-	if n.Mode == ModeUnified {
-		return slices.Contains(n.V2Controllers, "hugetlb")
-	}
-	_, err := os.ReadDir(filepath.Join(DefaultRoot, "hugetlb"))
-	return err == nil
-})
+// containerdDefaultHugetlb is whether containerd with its default configuration passes the
+// CRI's hugepage limits on to the runtime: never (disable_hugetlb_controller = true), whatever
+// controllers the node has.
+func containerdDefaultHugetlb() bool { return false }
 
 // selfUnifiedCgroup is this process's cgroup v2 path, from /proc/self/cgroup ("0::/path").
 func selfUnifiedCgroup() (string, bool) {

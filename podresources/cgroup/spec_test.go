@@ -79,3 +79,21 @@ func TestSpecResourcesCopiesUnified(t *testing.T) {
 		t.Errorf("the spec's unified map follows the request's: %v", got.Unified)
 	}
 }
+
+// TestSpecResourcesHugepagesAsContainerdByDefault: without WithHugetlbController,
+// SpecResources drops the kubelet's hugepage limits, as containerd does with its default
+// disable_hugetlb_controller = true. On a cgroup v2 node with the hugetlb controller (the VM
+// lane, test/vm) the container's hugetlb.<size>.max then stays "max", and expecting the
+// kubelet's 0 there made every container's verification a mismatch.
+func TestSpecResourcesHugepagesAsContainerdByDefault(t *testing.T) {
+	in := &runtimeapi.LinuxContainerResources{
+		MemoryLimitInBytes: 64 * mib,
+		HugepageLimits:     []*runtimeapi.HugepageLimit{{PageSize: "2MB", Limit: 0}, {PageSize: "1GB", Limit: 0}},
+	}
+	if got := SpecResources(in, WithSwapController(false)); got.HugepageLimits != nil {
+		t.Errorf("SpecResources without WithHugetlbController: hugepage limits %v, want none (containerd's default drops them)", got.HugepageLimits)
+	}
+	if got := SpecResources(in, WithSwapController(false), WithHugetlbController(true)); len(got.HugepageLimits) != 2 {
+		t.Errorf("SpecResources WithHugetlbController(true): hugepage limits %v, want the request's two", got.HugepageLimits)
+	}
+}

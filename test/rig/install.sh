@@ -17,6 +17,8 @@
 #   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
 #                  matrix (test/matrix/versions.env)
 #   matrix         every containerd and kubelet of the matrix          (built; make matrix)
+#   vm             the VM lane's Debian 12 node image with systemd,     (Debian's qemu, debootstrap and
+#                  cgroup v2 and the rig's binaries (test/vm)          kernel; needs node, tools, cluster)
 #
 # A containerd of the matrix lands in $RIG_DIR/containerd/VERSION, a kubelet in
 # $RIG_DIR/cluster/kubelet/VERSION; the default (newest) ones are links to bin/ and cluster/bin/.
@@ -57,9 +59,9 @@ part() {
 }
 for p in "${PARTS[@]}"; do
 	case $p in
-	node | control-plane | cluster | tools | skew | matrix) ;;
+	node | control-plane | cluster | tools | skew | matrix | vm) ;;
 	*)
-		log "unknown part $p: want some of node control-plane cluster tools skew matrix"
+		log "unknown part $p: want some of node control-plane cluster tools skew matrix vm"
 		exit 2
 		;;
 	esac
@@ -210,6 +212,11 @@ for v in "${older[@]}"; do
 done
 if [ ${#older[@]} -gt 0 ]; then
 	PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/cluster/build.sh" "${kubelets[@]/#/kubelet@}"
+fi
+
+# The VM lane's node image (make vm-test): after the parts whose binaries it copies in.
+if part vm; then
+	PODGATE_RIG_DIR=$RIG_DIR bash "$REPO/test/vm/install.sh"
 fi
 
 log "ready in $RIG_DIR: ${PARTS[*]}"
