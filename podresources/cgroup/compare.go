@@ -36,7 +36,7 @@ func (m Mismatch) String() string {
 // empty string is not — and the comparison is the runtime's (runc v1.5.2) view of the cgroup:
 //
 //   - CPU shares: cpu.shares on cgroup v1; on v2 cpu.weight, converted with
-//     [CPUSharesToWeight] as runc converts them.
+//     [CPUSharesToWeight] as runc converts them (as the kubelet does with [WrittenByKubelet]).
 //   - Quota and period: cpu.cfs_quota_us and cpu.cfs_period_us, or cpu.max on v2; a negative
 //     quota is no quota (-1, "max").
 //   - cpuset CPUs and mems, as sets: "0-3" is "0,1,2,3".
@@ -53,16 +53,29 @@ func (m Mismatch) String() string {
 //     refuses unified keys, each is a mismatch.
 //
 // Mismatches come in that order. A nil asked or held is no mismatch.
-func Compare(asked *specs.LinuxResources, held *Held) []Mismatch {
+func Compare(asked *specs.LinuxResources, held *Held, opts ...CompareOption) []Mismatch {
 	if asked == nil || held == nil {
 		return nil
 	}
-	c := &comparer{asked: asked, held: held, v2: held.Version == 2, page: max(held.PageSize, 1)}
+	c := &comparer{asked: asked, held: held, v2: held.Version == 2, page: max(held.PageSize, 1), weight: CPUSharesToWeight}
+	for _, o := range opts {
+		o(c)
+	}
 	c.cpu(asked.CPU)
 	c.memory(asked.Memory)
 	c.hugepages(asked.HugepageLimits)
 	c.unifiedKeys(asked.Unified)
 	return c.out
+}
+
+// CompareOption changes how Compare reads a cgroup.
+type CompareOption func(*comparer)
+
+// WrittenByKubelet compares a cgroup the kubelet writes itself (a pod's cgroup, not a
+// container's): on cgroup v2 its cpu.weight is the kubelet's conversion of the CPU shares
+// ([KubeletCPUSharesToWeight]), not runc's.
+func WrittenByKubelet() CompareOption {
+	return func(c *comparer) { c.weight = KubeletCPUSharesToWeight }
 }
 
 // comparer collects the mismatches of one Compare.
@@ -71,7 +84,9 @@ type comparer struct {
 	held  *Held
 	v2    bool
 	page  int64
-	out   []Mismatch
+	// weight converts CPU shares to the cgroup v2 cpu.weight the cgroup's writer writes.
+	weight func(uint64) uint64
+	out    []Mismatch
 }
 
 // add records a mismatch of field, showing what file holds.
@@ -111,7 +126,7 @@ func (c *comparer) cpu(cpu *specs.LinuxCPU) {
 				c.add("cpu.shares", strconv.FormatUint(*cpu.Shares, 10), "cpu.shares")
 			}
 		case !c.overridden("cpu.weight"):
-			if w := CPUSharesToWeight(*cpu.Shares); !equal(h.CPUWeight, w) {
+			if w := c.weight(*cpu.Shares); !equal(h.CPUWeight, w) {
 				c.add("cpu.weight", fmt.Sprintf("%d (cpu shares %d)", w, *cpu.Shares), "cpu.weight")
 			}
 		}

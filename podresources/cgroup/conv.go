@@ -31,6 +31,20 @@ func CPUSharesToWeight(shares uint64) uint64 {
 	return uint64(math.Ceil(math.Pow(10, exponent)))
 }
 
+// KubeletCPUSharesToWeight converts CPU shares to the cgroup v2 cpu.weight the kubelet writes
+// into the cgroups it manages itself (pods, QoS classes): the kubelet's own linear conversion
+// (pkg/kubelet/cm, CpuSharesToCpuWeight: 1+((shares-2)*9999)/262142), not runc's quadratic, so
+// a pod's cpu.weight differs from what runc would write for its containers (307 shares: 12, runc
+// 40), as kubelet 1.37.2 writes it on a cgroup v2 node with the systemd driver (test/vm). Shares
+// are clamped to [2, 262144]; 0 stays 0 (unset).
+func KubeletCPUSharesToWeight(shares uint64) uint64 {
+	if shares == 0 {
+		return 0
+	}
+	shares = min(max(shares, 2), 262144)
+	return 1 + ((shares-2)*9999)/262142
+}
+
 // swapToV2 converts the runtime spec's memory.swap (memory+swap) to cgroup v2's
 // memory.swap.max (swap alone), given the memory limit: runc's
 // ConvertMemorySwapToCgroupV2Value (github.com/opencontainers/cgroups v0.1.0, utils.go),

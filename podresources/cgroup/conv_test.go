@@ -2,6 +2,8 @@ package cgroup
 
 import (
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // TestCPUSharesToWeight checks the conversion against what runc v1.5.2 computes: the values
@@ -29,6 +31,52 @@ func TestCPUSharesToWeight(t *testing.T) {
 	} {
 		if got := CPUSharesToWeight(tc.shares); got != tc.weight {
 			t.Errorf("CPUSharesToWeight(%d) = %d, runc v1.5.2 gives %d", tc.shares, got, tc.weight)
+		}
+	}
+}
+
+// TestKubeletCPUSharesToWeight: the kubelet's own conversion for the cgroups it writes
+// (pkg/kubelet/cm CpuSharesToCpuWeight), linear; 307 shares is what kubelet 1.37.2 wrote as
+// weight 12 into a pod's slice in the VM lane (test/vm), where runc's would be 40.
+func TestKubeletCPUSharesToWeight(t *testing.T) {
+	for _, tc := range []struct{ shares, weight uint64 }{
+		{0, 0}, // unset
+		{1, 1}, // clamped to 2
+		{2, 1},
+		{307, 12},
+		{1024, 39},
+		{262144, 10000},
+		{300000, 10000}, // clamped
+	} {
+		if got := KubeletCPUSharesToWeight(tc.shares); got != tc.weight {
+			t.Errorf("KubeletCPUSharesToWeight(%d) = %d, the kubelet writes %d", tc.shares, got, tc.weight)
+		}
+	}
+	if CPUSharesToWeight(307) == KubeletCPUSharesToWeight(307) {
+		t.Error("runc's and the kubelet's conversions agree on 307 shares: the test shows nothing")
+	}
+}
+
+// A pod's cgroup, which the kubelet writes itself, is compared with the kubelet's conversion
+// (WrittenByKubelet); a container's with runc's.
+func TestCompareWrittenByKubelet(t *testing.T) {
+	shares := uint64(307)
+	asked := &specs.LinuxResources{CPU: &specs.LinuxCPU{Shares: &shares}}
+	kubelet, runc := KubeletCPUSharesToWeight(shares), CPUSharesToWeight(shares)
+	for _, tc := range []struct {
+		name   string
+		held   uint64
+		opts   []CompareOption
+		wantOK bool
+	}{
+		{"pod cgroup with the kubelet's weight", kubelet, []CompareOption{WrittenByKubelet()}, true},
+		{"pod cgroup with runc's weight", runc, []CompareOption{WrittenByKubelet()}, false},
+		{"container cgroup with runc's weight", runc, nil, true},
+		{"container cgroup with the kubelet's weight", kubelet, nil, false},
+	} {
+		held := &Held{Version: 2, CPUWeight: &tc.held}
+		if got := Compare(asked, held, tc.opts...); (len(got) == 0) != tc.wantOK {
+			t.Errorf("%s: mismatches %v, want none = %v", tc.name, got, tc.wantOK)
 		}
 	}
 }

@@ -178,7 +178,7 @@ func (s *Hooks) verifyPod(ctx context.Context, id, after string) {
 		held, failed = cgroup.Read(ctx, e.cgroupParent, cgroup.ForResources(asked))
 	}
 	if failed == nil {
-		mismatches = cgroup.Compare(asked, held)
+		mismatches = cgroup.Compare(asked, held, cgroup.WrittenByKubelet()) // the kubelet writes the pod's cgroup
 	}
 	news := s.recordPod(id, after, held, mismatches, failed)
 	switch {
