@@ -159,6 +159,7 @@ matrix:
 	@[ "$$(id -u)" = 0 ] || { echo "make matrix: needs root (the rig runs containerd and kubelets)"; exit 1; }
 	bash test/rig/install.sh node cluster tools matrix
 	bash test/matrix/run.sh all
+	$(MAKE) vm-test
 
 # unit: the inner loop, every package but the real-stack ones under test/ (they need the rig),
 # without lint, the rig or root. None of them uses the rig; the tests that need root (network
