@@ -1,29 +1,22 @@
 package agent
 
 import (
-	"net"
 	"path/filepath"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podgate/podgate/test/crifake"
 )
 
 // serveRuntime serves rt as a CRI runtime on a unix socket in dir and returns its path.
 func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) string {
 	t.Helper()
 	path := filepath.Join(dir, "rt.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(gs, rt)
-	go gs.Serve(l) //nolint:errcheck // ends with Stop
-	t.Cleanup(gs.Stop)
+	crifake.Serve(t, path, rt)
 	return path
 }
 

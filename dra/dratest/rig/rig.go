@@ -3,7 +3,6 @@ package rig
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -27,6 +26,7 @@ import (
 	"github.com/podgate/podgate/dra/attach"
 	"github.com/podgate/podgate/dra/dratest"
 	"github.com/podgate/podgate/dra/manager"
+	"github.com/podgate/podgate/test/crifake"
 	"github.com/podgate/podgate/test/kubefake"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -259,14 +259,7 @@ func (h hookedRuntime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPod
 func serveRuntime(t testing.TB, dir string, rt runtimeapi.RuntimeServiceServer) string {
 	t.Helper()
 	path := filepath.Join(dir, "rt.sock")
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(gs, rt)
-	go gs.Serve(l) //nolint:errcheck // ends with Stop
-	t.Cleanup(gs.Stop)
+	crifake.Serve(t, path, rt)
 	return path
 }
 
