@@ -17,12 +17,15 @@
 #   skew           the oldest containerd and kubelet of the tested     (built; make test's skew lane)
 #                  matrix (test/matrix/versions.env)
 #   matrix         every containerd and kubelet of the matrix          (built; make matrix)
+#   neighbours     multus (thin plugin), dra-example-driver's kubelet  (built from the Go module proxy
+#                  plugin and dranet, at test/rig/neighbours.env's     in copies of their modules; about
+#                  versions, into neighbours/bin (test/cluster)         N minutes the first time)
 #   vm             the VM lane's Debian 12 node image with systemd,     (Debian's qemu, debootstrap and
 #                  cgroup v2 and the rig's binaries (test/vm)          kernel; needs node, tools, cluster)
 #
 # A containerd of the matrix lands in $RIG_DIR/containerd/VERSION, a kubelet in
 # $RIG_DIR/cluster/kubelet/VERSION; the default (newest) ones are links to bin/ and cluster/bin/.
-# No PART means node, cluster, tools and skew (make rig, make test); make demo asks for node and
+# No PART means node, cluster, tools, neighbours and skew (make rig, make test); make demo asks for node and
 # control-plane.
 # The Debian packages every part needs are installed first.
 #
@@ -51,7 +54,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 PARTS=("$@")
-[ ${#PARTS[@]} -gt 0 ] || PARTS=(node cluster tools skew)
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(node cluster tools neighbours skew)
 part() {
 	local p
 	for p in "${PARTS[@]}"; do [ "$p" = "$1" ] && return 0; done
@@ -59,9 +62,9 @@ part() {
 }
 for p in "${PARTS[@]}"; do
 	case $p in
-	node | control-plane | cluster | tools | skew | matrix | vm) ;;
+	node | control-plane | cluster | tools | neighbours | skew | matrix | vm) ;;
 	*)
-		log "unknown part $p: want some of node control-plane cluster tools skew matrix vm"
+		log "unknown part $p: want some of node control-plane cluster tools neighbours skew matrix vm"
 		exit 2
 		;;
 	esac
@@ -122,6 +125,23 @@ build_containerd() {
 			return
 		}
 	done
+}
+
+# build_neighbour MODULE VERSION BIN PKG: build PKG of MODULE at VERSION into neighbours/bin/BIN,
+# unless the stamp neighbours/bin/.BIN says it was built from MODULE@VERSION.
+build_neighbour() {
+	local bin=$RIG_DIR/neighbours/bin src work
+	[ -x "$bin/$3" ] && [ "$(cat "$bin/.$3" 2>/dev/null)" = "$1@$2" ] && return
+	log "building $3 from $1@$2"
+	mkdir -p "$bin"
+	src=$(cd / && go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	[ -d "$src" ] || { log "$1@$2: module not downloaded"; exit 1; }
+	work=$(mktemp -d)
+	cp -r "$src" "$work/m"
+	chmod -R u+w "$work/m"
+	(cd "$work/m" && go build -trimpath -o "$bin/$3" "./$4")
+	rm -rf "$work"
+	echo "$1@$2" >"$bin/.$3"
 }
 
 # matrix_containerd VERSION: containerd VERSION of the matrix in $RIG_DIR/containerd/VERSION; the
@@ -185,6 +205,19 @@ if part tools; then
 		GOPROXY="file://$(go env GOMODCACHE)/cache/download,$(go env GOPROXY)" GOBIN="$RIG_DIR/bin" \
 			go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
 	fi
+fi
+
+# The neighbours (test/rig/neighbours.env): programs nobody here wrote, which podgate's real-stack
+# tests run beside it. Each is built inside a writable copy of its own module, so that its own
+# go.mod and go.sum decide every dependency (as its release does) and no version list is asked
+# for (the module proxy refuses those: `go install mod@version` fails at "loading deprecation").
+# A stamp beside the binaries says which module@version they came from.
+if part neighbours; then
+	# shellcheck source=neighbours.env
+	. "$HERE/neighbours.env"
+	build_neighbour gopkg.in/k8snetworkplumbingwg/multus-cni.v4 "$MULTUS_VERSION" multus cmd/multus
+	build_neighbour sigs.k8s.io/dra-example-driver "$DRA_EXAMPLE_DRIVER_VERSION" dra-example-kubeletplugin cmd/dra-example-kubeletplugin
+	build_neighbour sigs.k8s.io/dranet "$DRANET_VERSION" dranet cmd/dranet
 fi
 
 # The single-node Kubernetes of test/cluster (about 5 minutes on 2 cores the first time; reused

@@ -51,6 +51,9 @@ const (
 	downTimeout = 2 * time.Minute
 	// upRefused is up.sh's exit status when it refused to start and changed nothing.
 	upRefused = 3
+	// bridgeConfig is the file up.sh writes the rig's bridge network to, in Dir/cni/net.d;
+	// Options.CNIConfig's network goes to one that sorts before it (containerd takes the first).
+	bridgeConfig = "10-pgrig.conflist"
 )
 
 // Rig is one running containerd with its own CNI network.
@@ -118,6 +121,15 @@ type Options struct {
 	// MetricsAddress, host:port on loopback, turns containerd's Prometheus metrics on there,
 	// with its gRPC latency histograms. Empty: containerd serves none.
 	MetricsAddress string
+	// CNIConfig, given the path of the rig's own bridge network configuration (a .conflist in
+	// Dir/cni/net.d), returns the CNI network configuration (a conflist, JSON) containerd uses
+	// instead: a meta plugin such as multus, whose cluster network is the rig's bridge. Nil:
+	// the bridge network (with CNIChain).
+	CNIConfig func(bridgeConfig string) string
+	// NRISocket turns containerd's NRI on, serving plugins at this path (a unix socket of the
+	// test's, never the host-wide /var/run/nri/nri.sock, which every rig would contend for).
+	// Empty: NRI off.
+	NRISocket string
 }
 
 // Start starts a rig for the test and stops it, with every pod in it, when the test ends. It
@@ -203,7 +215,15 @@ func UpWith(ctx context.Context, dir string, o Options) (*Rig, error) {
 func up(ctx context.Context, dir string, o Options) (*Rig, error) {
 	var out bytes.Buffer
 	chain := []string{"PODGATE_RIG_CNI_CHAIN=" + strings.Join(o.CNIChain, ","), "PODGATE_RIG_CNI_BIN_DIR=" + o.CNIBinDir,
-		"PODGATE_RIG_OTLP_ENDPOINT=" + o.OTLPEndpoint, "PODGATE_RIG_METRICS_ADDRESS=" + o.MetricsAddress}
+		"PODGATE_RIG_OTLP_ENDPOINT=" + o.OTLPEndpoint, "PODGATE_RIG_METRICS_ADDRESS=" + o.MetricsAddress,
+		"PODGATE_RIG_NRI_SOCKET=" + o.NRISocket}
+	if o.CNIConfig != nil {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, "PODGATE_RIG_CNI_CONFIG="+o.CNIConfig(filepath.Join(abs, "cni", "net.d", bridgeConfig)))
+	}
 	if err := runScript(ctx, "up.sh", upScript, dir, &out, chain...); err != nil {
 		return nil, err
 	}

@@ -404,3 +404,15 @@ func mountsUnder(t *testing.T, dir string) []string {
 	}
 	return mounts
 }
+
+// TestNeighbourVersions: every neighbour has a pinned version in neighbours.env, a release tag.
+func TestNeighbourVersions(t *testing.T) {
+	for _, n := range []string{rig.Multus, rig.DRAExampleDriver, rig.DRANet} {
+		if v := rig.NeighbourVersion(n); !strings.HasPrefix(v, "v") || strings.Count(v, ".") != 2 {
+			t.Errorf("%s: version %q is not a release tag vX.Y.Z", n, v)
+		}
+		if rig.NeighbourModule(n) == "" {
+			t.Errorf("%s: no module", n)
+		}
+	}
+}

@@ -26,6 +26,11 @@ OTLP_ENDPOINT=${PODGATE_RIG_OTLP_ENDPOINT:-}
 # PODGATE_RIG_METRICS_ADDRESS: host:port where containerd serves its Prometheus metrics (its gRPC
 # calls with their latency histograms, grpc_histogram); empty: none.
 METRICS_ADDRESS=${PODGATE_RIG_METRICS_ADDRESS:-}
+# PODGATE_RIG_CNI_CONFIG: a CNI network configuration (conflist) containerd uses instead of the
+# bridge network, e.g. multus delegating to it (by the path of 10-pgrig.conflist). Empty: none.
+CNI_CONFIG=${PODGATE_RIG_CNI_CONFIG:-}
+# PODGATE_RIG_NRI_SOCKET: turns containerd's NRI on, serving at this path. Empty: NRI off.
+NRI_SOCKET=${PODGATE_RIG_NRI_SOCKET:-}
 # The containerd of a matrix cell (make matrix, make test's skew lane): a release install.sh put
 # in $RIG_DIR/containerd/VERSION. Unset: the default, in $RIG_DIR/bin.
 CONTAINERD_BIN=$RIG_DIR/bin
@@ -142,6 +147,12 @@ cat >"$DIR/cni/net.d/10-pgrig.conflist" <<EOF
   ]
 }
 EOF
+# containerd takes the first configuration in file name order (max_conf_num = 1).
+if [ -n "$CNI_CONFIG" ]; then
+	printf '%s\n' "$CNI_CONFIG" >"$DIR/cni/net.d/00-primary.conflist"
+else
+	rm -f "$DIR/cni/net.d/00-primary.conflist"
+fi
 
 # containerd's configuration. Everything that defaults to a host-wide path is moved into DIR, so
 # that rigs do not see each other and down.sh knows what to clean:
@@ -149,7 +160,8 @@ EOF
 #   DIR/state/io.containerd.grpc.v1.cri/netns, not /var/run/netns (so `ip netns` never lists them);
 # - runc Root: runc's container state under DIR/runc, not /run/containerd/runc;
 # - the opt plugin's directory (default /opt/containerd);
-# - NRI disabled: every instance would otherwise serve /var/run/nri/nri.sock.
+# - NRI disabled: every instance would otherwise serve /var/run/nri/nri.sock; a rig that needs it
+#   (PODGATE_RIG_NRI_SOCKET) serves it at the caller's path, with its plugin directories in DIR.
 # Left host-wide: the shims' sockets under /run/containerd/s, named by a hash of this socket's
 # path (down.sh removes the ones of this DIR), and the bridge claimed above.
 # restrict_oom_score_adj: these hosts lack CAP_SYS_RESOURCE, and without it every sandbox fails
@@ -170,8 +182,23 @@ state = '$DIR/state'
   level = '$LOG_LEVEL'
 
 [plugins]
+EOF
+if [ -n "$NRI_SOCKET" ]; then
+	mkdir -p "$DIR/nri/plugins" "$DIR/nri/conf.d"
+	cat >>"$DIR/config.toml" <<EOF
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = '$NRI_SOCKET'
+    plugin_path = '$DIR/nri/plugins'
+    plugin_config_path = '$DIR/nri/conf.d'
+EOF
+else
+	cat >>"$DIR/config.toml" <<EOF
   [plugins.'io.containerd.nri.v1.nri']
     disable = true
+EOF
+fi
+cat >>"$DIR/config.toml" <<EOF
 
   [plugins.'io.containerd.internal.v1.opt']
     path = '$DIR/opt'
