@@ -56,7 +56,7 @@ IS_ROOT := $(shell [ "$$(id -u)" = 0 ] && echo yes)
 
 export PATH := /usr/local/go/bin:$(PATH)
 
-.PHONY: all build package release demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools bench attacks h2spec soak vm-test generate verify-generate install uninstall clean clean-rig
+.PHONY: all build package release demo test matrix unit lint rig rig-node rig-control-plane rig-cluster rig-tools rig-neighbours bench attacks h2spec soak vm-test generate verify-generate install uninstall clean clean-rig
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -107,7 +107,7 @@ release: package $(BIN)/cyclonedx-gomod
 # rig: everything the tests use (root; idempotent, reuses what is built), in parts
 # (test/rig/install.sh): rig-node is containerd, runc, CNI plugins and the test images;
 # rig-control-plane etcd and kube-apiserver; rig-cluster those and the kubelet; rig-tools crictl
-# and grpcurl.
+# and grpcurl; rig-neighbours multus, dra-example-driver and dranet (test/rig/neighbours.env).
 rig:
 	bash test/rig/install.sh
 rig-node:
@@ -118,6 +118,8 @@ rig-cluster:
 	bash test/rig/install.sh cluster
 rig-tools:
 	bash test/rig/install.sh tools
+rig-neighbours:
+	bash test/rig/install.sh neighbours
 
 # demo: the parts of the rig it uses, then the demo (test/demo); DEMO_OUT holds its timeline
 # picture and logs.
@@ -257,7 +259,7 @@ clean:
 	rm -rf $(BIN) bench.txt
 
 # clean-rig: remove what `make rig` built (containerd, runc, images, cluster binaries, crictl,
-# grpcurl).
+# grpcurl, the neighbours).
 # The Debian packages test/rig/install.sh installed stay: other software may use them.
 RIG_DIR := $(or $(PODGATE_RIG_DIR),/var/lib/podgate-rig)
 clean-rig:

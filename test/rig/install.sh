@@ -19,7 +19,7 @@
 #   matrix         every containerd and kubelet of the matrix          (built; make matrix)
 #   neighbours     multus (thin plugin), dra-example-driver's kubelet  (built from the Go module proxy
 #                  plugin and dranet, at test/rig/neighbours.env's     in copies of their modules; about
-#                  versions, into neighbours/bin (test/cluster)         N minutes the first time)
+#                  versions, into neighbours/bin (test/cluster)         15 CPU-minutes the first time)
 #   vm             the VM lane's Debian 12 node image with systemd,     (Debian's qemu, debootstrap and
 #                  cgroup v2 and the rig's binaries (test/vm)          kernel; needs node, tools, cluster)
 #
