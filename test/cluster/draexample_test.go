@@ -13,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -21,6 +23,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/ptr"
 
+	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/cni/record"
 	"github.com/podgate/podgate/test/dranode"
@@ -207,6 +210,32 @@ func (n *draExampleNode) checkSpecAtCNIAdd(t *testing.T, pod *corev1.Pod, claim 
 	}
 }
 
+// checkPodgateDevices checks what podgate's PodResources extension (Get) says of the pod's
+// claim, which podgate prepared: prepared, on the allocated device, with the CDI devices the
+// driver answered (what a meta-CNI plugin such as multus reads).
+func (n *draExampleNode) checkPodgateDevices(t *testing.T, pod *corev1.Pod, claim *resourceapi.ResourceClaim, device string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+n.podgate.PodResourcesSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := pb.NewPodResourcesClient(conn).Get(t.Context(), &pb.GetRequest{PodName: pod.Name, PodNamespace: pod.Namespace})
+	if err != nil {
+		t.Fatalf("podgate's PodResources Get %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	claims := resp.GetPod().GetClaims()
+	want := cluster.ClaimCDIDevice(claim.UID, device)
+	if len(claims) != 1 || claims[0].GetName() != claim.Name || !claims[0].GetPrepared() || len(claims[0].GetDevices()) != 1 {
+		t.Fatalf("podgate's PodResources: claims %v, want %s prepared with one device", claims, claim.Name)
+	}
+	d := claims[0].GetDevices()[0]
+	if d.GetDriver() != cluster.DRAExampleNetDriver || d.GetPool() != n.cluster.NodeName() || d.GetDevice() != device || !slices.Contains(d.GetCdiDeviceIds(), want) {
+		t.Errorf("podgate's PodResources: device %v, want %s/%s/%s with CDI device %s", d, cluster.DRAExampleNetDriver, n.cluster.NodeName(), device, want)
+	}
+	t.Logf("podgate's PodResources: claim %s on %s, CDI devices %q", claim.Name, d.GetDevice(), d.GetCdiDeviceIds())
+}
+
 // prepares is how often the driver prepared the claim, from its log; the lines go to the test
 // log.
 func (n *draExampleNode) prepares(t *testing.T, claim *resourceapi.ResourceClaim) int {
@@ -238,8 +267,8 @@ func (n *draExampleNode) waitSpecGone(t *testing.T, timeout time.Duration, claim
 // podgate's socket, the pod and its claim in the API server):
 //
 //  1. podgate prepares the pod's claim before it forwards RunPodSandbox: the claim's CDI spec
-//     file is there when containerd runs CNI ADD (the recorder saw it), and the driver prepared
-//     it once, called by podgate;
+//     file is there when containerd runs CNI ADD (the recorder saw it), the driver prepared it
+//     once, called by podgate, and podgate's PodResources shows the driver's CDI device;
 //  2. once the sandbox is removed and the pod deleted, podgate unprepares it: the driver
 //     removes the file;
 //  3. with the driver stopped, podgate refuses the next sandbox with Unavailable, naming the
@@ -267,6 +296,7 @@ func TestDRAExampleDriverCRIClient(t *testing.T) {
 	if c := n.prepares(t, claim); c != 1 {
 		t.Errorf("the driver prepared claim %s %d times, want once", claim.Name, c)
 	}
+	n.checkPodgateDevices(t, pod, claim, "nic-0")
 	n.expectPodgateMetric(t, 1, "podgate_dra_operations_total", "driver", cluster.DRAExampleNetDriver, "operation", "prepare", "result", "success")
 	n.expectPodgateMetric(t, 1, "podgate_dra_pod_claims_prepared_total", "by", "podgate")
 	n.expectPodgateMetric(t, 1, "podgate_dra_claims_prepared")
