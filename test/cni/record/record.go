@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,7 +19,8 @@ import (
 // NetConf is the recorder's network configuration, one plugin entry of a conflist:
 //
 //	{"type": "pgrecorder", "recordFile": "/tmp/x/cni-record.jsonl",
-//	 "watchInterfaces": ["pgnic0", "pgnic1"], "watchPrefixes": ["pgnic"]}
+//	 "watchInterfaces": ["pgnic0", "pgnic1"], "watchPrefixes": ["pgnic"],
+//	 "watchFiles": ["/tmp/x/cdi/*.yaml"]}
 type NetConf struct {
 	types.PluginConf
 	// RecordFile is the JSON-lines file entries are appended to. Required.
@@ -26,6 +29,10 @@ type NetConf struct {
 	WatchInterfaces []string `json:"watchInterfaces,omitempty"`
 	// WatchPrefixes record every present host interface whose name starts with one of them.
 	WatchPrefixes []string `json:"watchPrefixes,omitempty"`
+	// WatchFiles are glob patterns (filepath.Match syntax) of host files whose existing matches
+	// are recorded: a DRA driver's CDI spec files, which are named after a claim's UID that is
+	// not known when the network configuration is written.
+	WatchFiles []string `json:"watchFiles,omitempty"`
 }
 
 // ParseConf decodes the network configuration CNI passes on stdin.
@@ -79,6 +86,8 @@ type Entry struct {
 	Pod Pod `json:"pod"`
 	// Interfaces maps each watched host interface name to whether it existed.
 	Interfaces map[string]bool `json:"interfaces"`
+	// Files are the host files matching watchFiles that existed, sorted.
+	Files []string `json:"files,omitempty"`
 }
 
 // HostInterfaces reports, for every name in watch, whether an interface of that name exists in
@@ -99,6 +108,21 @@ func HostInterfaces(watch, prefixes []string) (map[string]bool, error) {
 		}
 	}
 	return seen, nil
+}
+
+// HostFiles returns the paths that match any of patterns (filepath.Glob), sorted and without
+// repeats. A malformed pattern is an error: a test must not silently watch nothing.
+func HostFiles(patterns []string) ([]string, error) {
+	var files []string
+	for _, p := range patterns {
+		m, err := filepath.Glob(p)
+		if err != nil {
+			return nil, fmt.Errorf("watch files %q: %w", p, err)
+		}
+		files = append(files, m...)
+	}
+	slices.Sort(files)
+	return slices.Compact(files), nil
 }
 
 func hasAnyPrefix(s string, prefixes []string) bool {

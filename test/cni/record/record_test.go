@@ -2,7 +2,9 @@ package record
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,12 +30,12 @@ func TestParseArgs(t *testing.T) {
 
 func TestParseConf(t *testing.T) {
 	conf, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"pgrecorder",
-		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"]}`))
+		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"],"watchFiles":["/tmp/cdi/*"]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if conf.CNIVersion != "1.0.0" || conf.RecordFile != "/tmp/r.jsonl" ||
-		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes) != "[pgnic0] [pg]" {
+		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes, conf.WatchFiles) != "[pgnic0] [pg] [/tmp/cdi/*]" {
 		t.Errorf("ParseConf = %+v", conf)
 	}
 	for _, bad := range []string{`{"name":"n"}`, `{`} {
@@ -59,6 +61,44 @@ func TestHostInterfaces(t *testing.T) {
 		if name != "pgnone-x9" && (!present || !strings.HasPrefix(name, "lo")) {
 			t.Errorf("unexpected entry %s=%t", name, present)
 		}
+	}
+}
+
+func TestHostFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"k8s.net.example.com-net_common.yaml", "k8s.net.example.com-net_u1.yaml", "other.json"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		patterns []string
+		want     []string
+	}{
+		{"none", nil, nil},
+		{"no match", []string{filepath.Join(dir, "*.toml")}, nil},
+		{"glob", []string{filepath.Join(dir, "*.yaml")}, []string{"k8s.net.example.com-net_common.yaml", "k8s.net.example.com-net_u1.yaml"}},
+		{"overlapping, sorted once", []string{filepath.Join(dir, "*_u1.yaml"), filepath.Join(dir, "*")},
+			[]string{"k8s.net.example.com-net_common.yaml", "k8s.net.example.com-net_u1.yaml", "other.json"}},
+		{"missing directory", []string{filepath.Join(dir, "nope", "*")}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := HostFiles(tc.patterns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for _, f := range tc.want {
+				want = append(want, filepath.Join(dir, f))
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("HostFiles(%q) = %q, want %q", tc.patterns, got, want)
+			}
+		})
+	}
+	if _, err := HostFiles([]string{filepath.Join(dir, "[")}); err == nil {
+		t.Error("HostFiles with a malformed pattern succeeded")
 	}
 }
 

@@ -4,14 +4,20 @@
 // CNI_IFNAME, the pod from CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID) and, for each
 // host interface named in "watchInterfaces" or starting with one of "watchPrefixes", whether it
 // existed in the plugin's network namespace (the host's, where containerd runs CNI) at that
-// moment. It then passes the previous plugin's result (prevResult) through unchanged, so the
-// chain works as before; as the first plugin of a chain it returns an empty result. CHECK, GC and
-// STATUS succeed without doing anything. It supports CNI versions 0.3.0 to 1.1.0.
+// moment, and the host files matching the glob patterns of "watchFiles" that existed then (a DRA
+// driver's CDI spec files, named after claim UIDs no configuration can know). It then passes the
+// previous plugin's result (prevResult) through unchanged, so the chain works as before; as the
+// first plugin of a chain it returns an empty result. CHECK, GC and STATUS succeed without doing
+// anything. It supports CNI versions 0.3.0 to 1.1.0.
 //
 // What the e2e test uses it for: the DRA end-to-end test creates a ResourceClaim allocated to a
 // device of test/dradriver (host interface pgnic0) for a pod. podgate must prepare the claim
 // before containerd runs CNI ADD for the pod's sandbox; the recorder's ADD entry for the pod says
 // whether pgnic0 existed at that moment ("interfaces": {"pgnic0": true}).
+//
+// The same for a driver nobody here wrote: dra-example-driver writes one CDI spec file per
+// prepared claim under its --cdi-root; with "watchFiles": ["<cdi root>/*"] the pod's ADD entry
+// lists that file when the claim was prepared before CNI ("files": [...]).
 //
 // Install it under the name its configuration's "type" uses, in a directory of containerd's CNI
 // bin_dirs:
@@ -23,6 +29,7 @@
 //	"plugins": [
 //	  {"type": "bridge", ...},
 //	  {"type": "pgrecorder", "recordFile": "/tmp/pgr-x/cni-record.jsonl",
-//	   "watchInterfaces": ["pgnic0", "pgnic1"], "watchPrefixes": ["pgnic"]}
+//	   "watchInterfaces": ["pgnic0", "pgnic1"], "watchPrefixes": ["pgnic"],
+//	   "watchFiles": ["/tmp/pgr-x/cdi/*"]}
 //	]
 package main

@@ -18,7 +18,7 @@ var supported = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.
 func main() {
 	// GC and STATUS are nil: skel answers them with success, and there is nothing to collect.
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck}, supported,
-		"pgrecorder: podgate's CNI recorder (records host interfaces at CNI ADD/DEL)")
+		"pgrecorder: podgate's CNI recorder (records host interfaces and files at CNI ADD/DEL)")
 }
 
 // cmdAdd records the call, then prints the previous result unchanged.
@@ -71,6 +71,10 @@ func write(conf *record.NetConf, command string, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	files, err := record.HostFiles(conf.WatchFiles)
+	if err != nil {
+		return err
+	}
 	e := record.Entry{
 		Time:        now,
 		Command:     command,
@@ -79,6 +83,7 @@ func write(conf *record.NetConf, command string, args *skel.CmdArgs) error {
 		IfName:      args.IfName,
 		Pod:         record.ParseArgs(args.Args),
 		Interfaces:  ifaces,
+		Files:       files,
 	}
 	if err := record.Append(conf.RecordFile, e); err != nil {
 		return fmt.Errorf("pgrecorder: %w", err)

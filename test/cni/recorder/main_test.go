@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,51 @@ func TestAddWithoutRecordFile(t *testing.T) {
 	}
 	if jerr := json.Unmarshal(out, &cniErr); jerr != nil || !strings.Contains(cniErr.Msg, "recordFile is required") {
 		t.Errorf("error output %s (%v), want a CNI error about recordFile", out, jerr)
+	}
+}
+
+// TestAddRecordsFiles checks that ADD records the host files matching watchFiles, as a test
+// reads a DRA driver's CDI spec file there, and fails on a malformed pattern. Like
+// TestAddWithoutRecordFile it needs no root: the recorder does not enter CNI_NETNS.
+func TestAddRecordsFiles(t *testing.T) {
+	dir := t.TempDir()
+	cdi := filepath.Join(dir, "cdi")
+	if err := os.Mkdir(cdi, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(cdi, "k8s.net.example.com-net_uid-1.yaml")
+	if err := os.WriteFile(spec, []byte("cdiVersion: 0.3.0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	recordFile := filepath.Join(dir, "cni-record.jsonl")
+	for _, tc := range []struct {
+		name    string
+		pattern string
+		want    []string
+		fails   bool
+	}{
+		{name: "present", pattern: filepath.Join(cdi, "*_uid-1.yaml"), want: []string{spec}},
+		{name: "absent", pattern: filepath.Join(cdi, "*_uid-2.yaml")},
+		{name: "malformed", pattern: filepath.Join(cdi, "["), fails: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdin := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"pgtest","type":"pgrecorder","recordFile":%q,"watchFiles":[%q]}`, recordFile, tc.pattern)
+			out, err := cnitest.Call{Namespace: "ns1", Name: "pod1", Command: "ADD", ContainerID: "c-" + tc.name,
+				Netns: "/nonexistent/netns", Stdin: []byte(stdin)}.Run(t, pluginPath)
+			if tc.fails {
+				if err == nil || !strings.Contains(string(out), "watch files") {
+					t.Errorf("ADD with pattern %q: %v, output %s; want a CNI error about watch files", tc.pattern, err, out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ADD: %v, output %s", err, out)
+			}
+			add := lastEntry(t, recordFile)
+			if add.ContainerID != "c-"+tc.name || !slices.Equal(add.Files, tc.want) {
+				t.Errorf("ADD entry %+v, want files %q", add, tc.want)
+			}
+		})
 	}
 }
 
