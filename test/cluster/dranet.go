@@ -95,7 +95,7 @@ func (c *Cluster) StartDRANet(ctx context.Context, o DRANetOptions) (*DRANet, er
 		"--cloud-provider-hint=NONE", "--profile-provider=none",
 		"--bind-address", bind,
 		"--db-path", filepath.Join(o.Dir, "dranet.db"),
-		"-v=2",
+		"-v=4", // 4: its status updates of claims too
 	}
 	if o.Filter != "" {
 		args = append(args, "--filter", o.Filter)
