@@ -143,7 +143,7 @@ func (d *DRANet) waitReady(ctx context.Context) error {
 			last = "healthz: " + resp.Status
 			return false, nil
 		}
-		if !strings.Contains(d.Log(), "Synchronized state with the runtime") {
+		if !strings.Contains(lastRun(d.Log()), "Synchronized state with the runtime") {
 			last = "registered, NRI not synchronized yet"
 			return false, nil
 		}
@@ -155,7 +155,16 @@ func (d *DRANet) waitReady(ctx context.Context) error {
 	return nil
 }
 
-// Log returns dranet's log so far.
+// lastRun is the part of a log that the last start of its process wrote: startProcess appends
+// each start's to the same file, after a line "==== <time>: <command>".
+func lastRun(log string) string {
+	if i := strings.LastIndex(log, "==== "); i >= 0 {
+		return log[i:]
+	}
+	return log
+}
+
+// Log returns dranet's log so far, of every start in its directory.
 func (d *DRANet) Log() string {
 	b, err := os.ReadFile(d.p.logPath)
 	if err != nil {
