@@ -62,6 +62,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLooku
 		manager.WithPrepare(prepareMode(cfg.Prepare)),
 		manager.WithSettle(a.rebuilt, att),
 		manager.WithHostInterfaces(hostIfs),
+		manager.WithSandboxHookDrivers(cfg.SandboxHookDrivers...),
 	}
 	if podRes != nil && a.cfg.PodResources.KubeletSocket != nil && *a.cfg.PodResources.KubeletSocket != "" {
 		// With auto: the kubelet, asked through podgate's PodResources server, within the
@@ -70,7 +71,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLooku
 	}
 	m := manager.New(pods, drivers, resolver, st.Claims, st.Sandboxes, rt, a.registry, opts...)
 	logger.Info("DRA on: pods' claims are prepared before their sandboxes", "prepare", cfg.Prepare,
-		"pluginRegistryDir", cfg.PluginRegistryDir, "drivers", cfg.Drivers)
+		"pluginRegistryDir", cfg.PluginRegistryDir, "drivers", cfg.Drivers, "sandboxHookDrivers", cfg.SandboxHookDrivers)
 	warnAutoBlind(logger, a.cfg)
 	return &draFeature{drivers: drivers, hostIfs: hostIfs, manager: m, attach: att}
 }

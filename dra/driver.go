@@ -3,6 +3,7 @@ package dra
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -115,6 +116,30 @@ func newDriver(reg *registration, conn *grpc.ClientConn, timeout time.Duration, 
 		timeout:  timeout,
 		metrics:  m,
 	}
+}
+
+// AnswerTimeout bounds [Driver.Answers]: a driver that runs accepts a connection at once, and
+// one that is gone refuses it at once.
+const AnswerTimeout = 5 * time.Second
+
+// Answers returns nil when the driver's DRA service accepts a connection on its socket, and an
+// [Error] of class errdefs.ErrUnavailable when it does not. A driver that was killed leaves its
+// sockets behind, and so its registration: only a connection tells that nobody serves it any
+// more. Answers calls no method: the DRA service has none that asks a driver whether it is
+// well, and a prepare is not podgate's to make when the kubelet prepares.
+func (d *Driver) Answers(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, AnswerTimeout)
+	defer cancel()
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "unix", d.endpoint)
+	if err != nil {
+		return &Error{
+			Driver: d.name,
+			msg:    fmt.Sprintf("DRA driver %s does not answer on %s: %v", d.name, d.endpoint, err),
+			class:  errdefs.ErrUnavailable,
+		}
+	}
+	return conn.Close()
 }
 
 // Name returns the driver's name, e.g. "net.example.com".

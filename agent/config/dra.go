@@ -58,6 +58,11 @@ type DRA struct {
 	// PublishNetworkData writes an attached device's network data (interface name, IPs, MAC)
 	// into its claim's status.devices (needs update on resourceclaims/status).
 	PublishNetworkData bool `json:"publishNetworkData,omitempty"`
+	// SandboxHookDrivers names the drivers that do their part when the sandbox starts, in a
+	// runtime hook (dranet moves its interfaces in NRI's RunPodSandbox): podgate refuses the
+	// sandbox of a pod with their claims unless each answers, whoever prepared the claims.
+	// Such a driver moves its devices itself, so it cannot be in Attach too.
+	SandboxHookDrivers []string `json:"sandboxHookDrivers,omitempty"`
 }
 
 func (d *DRA) setDefaults() {
@@ -91,6 +96,16 @@ func (d *DRA) validate() error {
 	for i, name := range d.Attach {
 		if len(d.Drivers) > 0 && name != "" && !slices.Contains(d.Drivers, name) {
 			errs = append(errs, fmt.Errorf("dra.attach[%d]: %q is not in dra.drivers, so podgate never prepares its devices", i, name))
+		}
+	}
+	errs = append(errs, validDriverList("dra.sandboxHookDrivers", d.SandboxHookDrivers)...)
+	for i, name := range d.SandboxHookDrivers {
+		switch {
+		case name == "":
+		case slices.Contains(d.Attach, name):
+			errs = append(errs, fmt.Errorf("dra.sandboxHookDrivers[%d]: %q is in dra.attach too: the driver and podgate would both move its devices", i, name))
+		case len(d.Drivers) > 0 && !slices.Contains(d.Drivers, name):
+			errs = append(errs, fmt.Errorf("dra.sandboxHookDrivers[%d]: %q is not in dra.drivers, so podgate never looks at its claims", i, name))
 		}
 	}
 	return errors.Join(errs...)

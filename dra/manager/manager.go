@@ -114,6 +114,9 @@ type Manager struct {
 
 	// mode is who prepares (dra.prepare).
 	mode Prepare
+	// hookDrivers are the drivers that do their part when the sandbox starts, in a runtime
+	// hook (dra.sandboxHookDrivers): each must answer before such a pod's sandbox is forwarded.
+	hookDrivers map[string]bool
 	// kubeletVersion is the node's kubelet version from its Node object (nil until read, or
 	// when it could not be); kubelet tells whether the kubelet manages a pod (nil: nobody to
 	// ask). With mode auto both decide whether the kubelet prepared a pod's claims.
@@ -174,6 +177,22 @@ type Option func(*Manager)
 // WithPrepare says who prepares a pod's claims (PrepareAlways, the default; PrepareNever;
 // PrepareAuto).
 func WithPrepare(mode Prepare) Option { return func(d *Manager) { d.mode = mode } }
+
+// WithSandboxHookDrivers names the drivers that do their part of a device when the pod's
+// sandbox starts, in a hook of the runtime's (dranet moves its interfaces in NRI's
+// RunPodSandbox): before the sandbox of a pod with a claim of theirs is forwarded, each must
+// answer ([dra.Driver.Answers]), whoever prepared the claim, or the sandbox is refused. Without
+// it such a driver's death between the prepare and the sandbox goes unnoticed: a claim is
+// prepared once per pod, and the runtime starts a sandbox whose hook nobody serves without the
+// device (containerd/nri#282).
+func WithSandboxHookDrivers(names ...string) Option {
+	return func(d *Manager) {
+		d.hookDrivers = make(map[string]bool, len(names))
+		for _, n := range names {
+			d.hookDrivers[n] = true
+		}
+	}
+}
 
 // WithKubelet gives PrepareAuto the kubelet to ask whether it manages a pod. Without it there
 // is nobody to ask, and podgate prepares.
@@ -278,7 +297,11 @@ func (d *Manager) prepareClaims(ctx context.Context, ref registry.PodRef, pod *c
 	containers := SpecContainers(pod)
 	for i, c := range claims {
 		for _, name := range c.Drivers() {
-			if _, err := d.drivers.Lookup(name); err != nil {
+			drv, err := d.drivers.Lookup(name)
+			if err == nil && d.hookDrivers[name] {
+				err = drv.Answers(ctx)
+			}
+			if err != nil {
 				return fmt.Errorf("pod %s/%s claim %s/%s: %w", ref.Namespace, ref.Name, c.Namespace, c.Name, err)
 			}
 		}
