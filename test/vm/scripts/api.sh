@@ -132,11 +132,21 @@ if wait_until 180 pod_running qos-api; then
 		ok "resize accepted by the API server" || fail "resize refused"
 	resized() { [ "$(cat "$scope/memory.max")" = 167772160 ]; }
 	if wait_until 120 resized; then ok "container resized in place: memory.max 160Mi"; else fail "memory.max $(cat "$scope/memory.max") after the resize, want 167772160"; fi
+	# Verified again since the resize, and ok: one reading of both, so that a verification still
+	# pending when the bound runs out (the guest runs 8x slower than the host, and slower still on
+	# a loaded host) is reported as what it was, not read again once it is done.
+	reverified_ok() {
+		local j
+		j=$(podgate pod default/qos-api -o json) || return 1
+		last_v=$(jq -r '.containers[0].verification' <<<"$j")
+		[ "$(jq -r '.containers[0].verifiedAt // .containers[0].verified_at' <<<"$j")" != "$before_v" ] && [ "$last_v" = ok ]
+	}
+	last_v=unknown
+	reverified=false
+	wait_until 180 reverified_ok && reverified=true
 	# floor((64Mi + 0.9 × (160Mi − 64Mi)) / 4096) × 4096
-	reverified() { v=$(podgate pod default/qos-api -o json | jq -r '.containers[0].verifiedAt // .containers[0].verified_at') && [ "$v" != "$before_v" ] && [ "$(container_verification qos-api)" != pending ]; }
-	wait_until 60 reverified || true
 	[ "$(cat "$scope/memory.high")" = 157704192 ] && ok "memory.high follows the resize (157704192, podgate's)" || fail "memory.high $(cat "$scope/memory.high") after the resize, want 157704192"
-	[ "$(container_verification qos-api)" = ok ] && ok "podgate's verification after the resize: ok" || fail "verification after the resize: $(container_verification qos-api)"
+	$reverified && ok "podgate's verification after the resize: ok" || fail "verification after the resize, within 180 s: $last_v"
 	metric | grep -E '^podgate_resources_verifications_total' || true
 else
 	fail "API pod qos-api not running within 180 s"
