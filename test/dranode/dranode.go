@@ -50,6 +50,9 @@ type DriverConfig struct {
 	RegistryDir, PluginDir string
 	// EventsFile receives one line per claim prepared or unprepared (driver.ReadEvents).
 	EventsFile string
+	// CDIDir is where the driver writes a CDI spec per prepared claim; empty writes none, and
+	// then the driver's answer to NodePrepareResources names no CDI device.
+	CDIDir string
 	// LogDir receives the driver's log, a new file per start.
 	LogDir string
 	// InterfacePrefix names the driver's host interfaces (<prefix>N, peers <prefix>Np); empty
@@ -70,7 +73,7 @@ func StartDriver(c DriverConfig) (*Driver, error) {
 	args := []string{
 		"--node-name", c.NodeName, "--kubeconfig", c.Kubeconfig,
 		"--registry-dir", c.RegistryDir, "--plugin-dir", c.PluginDir,
-		"--cdi-dir", "", "--events-file", c.EventsFile,
+		"--cdi-dir", c.CDIDir, "--events-file", c.EventsFile,
 	}
 	if c.InterfacePrefix != "" {
 		args = append(args, "--interface-prefix", c.InterfacePrefix)

@@ -26,6 +26,10 @@ type NetConf struct {
 	WatchInterfaces []string `json:"watchInterfaces,omitempty"`
 	// WatchPrefixes record every present host interface whose name starts with one of them.
 	WatchPrefixes []string `json:"watchPrefixes,omitempty"`
+	// DeviceID is the device a meta plugin such as multus gave this delegate (from the pod's
+	// resources, e.g. a device plugin's device or a DRA claim's CDI device name): recorded as
+	// it came.
+	DeviceID string `json:"deviceID,omitempty"`
 }
 
 // ParseConf decodes the network configuration CNI passes on stdin.
@@ -79,6 +83,8 @@ type Entry struct {
 	Pod Pod `json:"pod"`
 	// Interfaces maps each watched host interface name to whether it existed.
 	Interfaces map[string]bool `json:"interfaces"`
+	// DeviceID is the configuration's deviceID, empty when it had none.
+	DeviceID string `json:"deviceID,omitempty"`
 }
 
 // HostInterfaces reports, for every name in watch, whether an interface of that name exists in

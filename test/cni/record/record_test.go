@@ -28,12 +28,12 @@ func TestParseArgs(t *testing.T) {
 
 func TestParseConf(t *testing.T) {
 	conf, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"pgrecorder",
-		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"]}`))
+		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"],"deviceID":"0000:af:00.1"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if conf.CNIVersion != "1.0.0" || conf.RecordFile != "/tmp/r.jsonl" ||
-		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes) != "[pgnic0] [pg]" {
+		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes) != "[pgnic0] [pg]" || conf.DeviceID != "0000:af:00.1" {
 		t.Errorf("ParseConf = %+v", conf)
 	}
 	for _, bad := range []string{`{"name":"n"}`, `{`} {

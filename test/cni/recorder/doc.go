@@ -4,7 +4,7 @@
 // CNI_IFNAME, the pod from CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID) and, for each
 // host interface named in "watchInterfaces" or starting with one of "watchPrefixes", whether it
 // existed in the plugin's network namespace (the host's, where containerd runs CNI) at that
-// moment. It then passes the previous plugin's result (prevResult) through unchanged, so the
+// moment, and the "deviceID" a meta plugin such as multus put in its configuration. It then passes the previous plugin's result (prevResult) through unchanged, so the
 // chain works as before; as the first plugin of a chain it returns an empty result. CHECK, GC and
 // STATUS succeed without doing anything. It supports CNI versions 0.3.0 to 1.1.0.
 //

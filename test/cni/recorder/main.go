@@ -79,6 +79,7 @@ func write(conf *record.NetConf, command string, args *skel.CmdArgs) error {
 		IfName:      args.IfName,
 		Pod:         record.ParseArgs(args.Args),
 		Interfaces:  ifaces,
+		DeviceID:    conf.DeviceID,
 	}
 	if err := record.Append(conf.RecordFile, e); err != nil {
 		return fmt.Errorf("pgrecorder: %w", err)

@@ -100,6 +100,7 @@ func TestAddDelCheck(t *testing.T) {
 				"recordFile":      recordFile,
 				"watchInterfaces": []string{"pgrec0", "pgrec1"},
 				"watchPrefixes":   []string{"pgrec"},
+				"deviceID":        "vf3", // as multus gives it to a delegate
 			}
 			if tc.prevResult != "" {
 				conf["prevResult"] = json.RawMessage(tc.prevResult)
@@ -123,7 +124,7 @@ func TestAddDelCheck(t *testing.T) {
 			requireSameJSON(t, out, want)
 			add := lastEntry(t, recordFile)
 			if add.Command != "ADD" || add.ContainerID != call.ContainerID || add.Netns != call.Netns || add.IfName != "eth0" ||
-				add.Pod != (record.Pod{Namespace: "ns1", Name: "pod1", UID: "uid-1"}) || add.Time.Before(before) {
+				add.Pod != (record.Pod{Namespace: "ns1", Name: "pod1", UID: "uid-1"}) || add.Time.Before(before) || add.DeviceID != "vf3" {
 				t.Errorf("ADD entry = %+v", add)
 			}
 			wantIfaces := map[string]bool{"pgrec0": true, "pgrec0p": true, "pgrec1": false}
