@@ -121,6 +121,8 @@ type Pod struct {
 	Image string
 	// Labels are the pod's labels.
 	Labels map[string]string
+	// Annotations are the pod's annotations, e.g. the networks a meta-CNI plugin attaches.
+	Annotations map[string]string
 }
 
 // Create makes the claim (allocated to the device, as the scheduler would) and the pod using
@@ -157,7 +159,7 @@ func (p Pod) Create(ctx context.Context, kube kubernetes.Interface) (*corev1.Pod
 		ctr.Resources.Claims = nil
 	}
 	pod, err := kube.CoreV1().Pods(p.Namespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Labels: p.Labels},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Labels: p.Labels, Annotations: p.Annotations},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](0),
