@@ -1,0 +1,446 @@
+//go:build linux
+
+package cluster_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	"github.com/podgate/podgate/test/cluster"
+	"github.com/podgate/podgate/test/cni/record"
+	"github.com/podgate/podgate/test/dranode"
+	"github.com/podgate/podgate/test/rig"
+	"github.com/podgate/podgate/test/testfs"
+)
+
+// What multus v4.3.0 reads and writes on a pod (the Network Plumbing Working Group's
+// specification), and the annotation that makes it read PodResources.
+const (
+	networksAnnotation      = "k8s.v1.cni.cncf.io/networks"
+	networkStatusAnnotation = "k8s.v1.cni.cncf.io/network-status"
+	resourceNameAnnotation  = "k8s.v1.cni.cncf.io/resourceName"
+)
+
+// multusBurst is the number of pods of a burst: a node's worth starting at once, each CNI ADD
+// asking PodResources (multus-cni#1545: the kubelet refuses over its limit, and the pod's
+// sandbox is retried).
+const multusBurst = 20
+
+// nadGVR is the NetworkAttachmentDefinition's resource; crdGVR the CRD's.
+var (
+	nadGVR = schema.GroupVersionResource{Group: "k8s.cni.cncf.io", Version: "v1", Resource: "network-attachment-definitions"}
+	crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+)
+
+// multusNode is a node whose CNI is multus (the thin plugin, rig.Multus) in front of the rig's
+// bridge network, with the recorder CNI (test/cni/recorder) as the delegate of the test's
+// NetworkAttachmentDefinitions.
+type multusNode struct {
+	*node
+	// dir is the test's: multus's configuration, cache and log, the recorder's file, the
+	// directories multus's mount namespace is given.
+	dir string
+	// records is the recorder's file.
+	records string
+	// root is bound at /var/lib/kubelet in multus's mount namespace: its
+	// pod-resources/kubelet.sock is the socket multus reads (useSocket).
+	root string
+	dyn  dynamic.Interface
+}
+
+// multusWrapper is the CNI binary "multus" containerd runs: a shell script that gives the real
+// multus (v4.3.0 reads PodResources only at /var/lib/kubelet/pod-resources/kubelet.sock and
+// device information only under /var/run/k8s.cni.cncf.io; no flag or key moves them) the test's
+// directories at those paths, in a mount namespace of its own: unshare -m with private
+// propagation, so that nothing mounted there reaches the host's, and it ends with the process.
+//
+//   - /var/lib/kubelet: the test's root (%[1]s) is bound over it. It is never created: the
+//     cluster's kubelet makes /var/lib/kubelet/device-plugins (a path fixed in the kubelet) at
+//     its start, and without it the wrapper fails the CNI call, saying so, rather than write a
+//     directory into the host's /var/lib.
+//   - /var/run (→ /run): a tmpfs hides the host's, in which k8s.cni.cncf.io is made and the
+//     test's directory (%[2]s) bound. multus and its delegates need nothing else there: the
+//     rig's network namespaces, IPAM store and CNI cache are in the rig's directory, and nothing
+//     in the chain takes the iptables lock (no masquerade).
+//
+// %[3]s is the real multus. Stdin (the network configuration) and the CNI_* environment pass
+// through unshare and exec unchanged.
+const multusWrapper = `#!/bin/sh
+if [ -z "$PGMULTUS_UNSHARED" ]; then
+	PGMULTUS_UNSHARED=1 exec unshare -m --propagation private "$0" "$@"
+fi
+fail() {
+	printf '{"cniVersion":"0.3.1","code":999,"msg":"pgmultus wrapper: %%s"}\n' "$1"
+	exit 1
+}
+[ -d /var/lib/kubelet ] || fail "no /var/lib/kubelet to cover (the cluster's kubelet makes /var/lib/kubelet/device-plugins): not creating one on the host"
+mount --bind %[1]q /var/lib/kubelet || fail "bind the test's kubelet root"
+mount -t tmpfs -o mode=0755,size=1m pgmultus /var/run || fail "tmpfs on /var/run"
+mkdir /var/run/k8s.cni.cncf.io && mount --bind %[2]q /var/run/k8s.cni.cncf.io || fail "bind the test's device information"
+exec %[3]q "$@"
+`
+
+// startMultusNode starts a node (startNodeOf) whose CNI is multus, podgate in front of the
+// kubelet with more of podgate's configuration (top-level keys), the NetworkAttachmentDefinition
+// CRD in its API server, and multus reading podgate's PodResources socket. It skips without
+// root, the cluster, multus's build or unshare.
+func startMultusNode(t testing.TB, more string) *multusNode {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the rig runs containerd, the kubelet creates cgroups, multus's wrapper mounts")
+	}
+	if err := cluster.CheckInstalled(); err != nil {
+		t.Skip(err.Error())
+	}
+	if err := rig.CheckNeighbour(rig.Multus); err != nil {
+		t.Skip(err.Error())
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare (util-linux) for multus's mount namespace: " + err.Error())
+	}
+	dir := testfs.ShortDir(t)
+	m := &multusNode{dir: dir, records: filepath.Join(dir, "cni-record.jsonl"), root: filepath.Join(dir, "kubelet")}
+	binDir := filepath.Join(dir, "bin")
+	for _, d := range []string{binDir, filepath.Join(m.root, "pod-resources"), filepath.Join(dir, "devinfo")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buildInto(t, binDir, "github.com/podgate/podgate/test/cni/recorder", "pgrecorder")
+	wrapper := fmt.Sprintf(multusWrapper, m.root, filepath.Join(dir, "devinfo"), rig.NeighbourBin(rig.Multus))
+	if err := os.WriteFile(filepath.Join(binDir, "multus"), []byte(wrapper), 0o755); err != nil { //nolint:gosec // a CNI plugin must be executable
+		t.Fatal(err)
+	}
+	// multus's kubeconfig is known once the cluster runs, after the rig has written multus's
+	// configuration: the configuration names a copy made then, which outlives the cluster's
+	// directory (the rig's Down stops what sandboxes are left after the cluster's, and multus's
+	// DEL needs a kubeconfig even when the API server is gone).
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	rigOpts := rig.Options{CNIBinDir: binDir, CNIConfig: func(bridge string) string {
+		return mustJSON(t, map[string]any{
+			"cniVersion": "1.0.0", "name": "multus-cni-network",
+			"plugins": []any{map[string]any{
+				// The cluster network is the rig's bridge, named (pgrig) in the rig's
+				// configuration directory rather than given by its file's path: multus v4.3.0
+				// caches a delegate loaded from a .conflist path with only the fields it knows
+				// (the bridge's name and IPAM ranges lost), and its DEL then fails ("no IP
+				// ranges specified"); one found by name keeps its bytes.
+				"type": "multus", "kubeconfig": kubeconfig, "clusterNetwork": "pgrig", "confDir": filepath.Dir(bridge),
+				// Every directory multus would default to on the host is the test's.
+				"cniDir": filepath.Join(dir, "multus-cache"), "binDir": binDir,
+				"logFile": filepath.Join(dir, "multus.log"), "logLevel": "debug",
+			}},
+		})
+	}}
+	// Registered before the node's cleanups, so that it runs after them: the rig's Down runs
+	// multus's last DELs.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("multus log:\n%s", tail(filepath.Join(dir, "multus.log"), 40))
+		}
+	})
+	n := startNodeOf(t, true, cluster.Options{}, func(c *cluster.Cluster) string {
+		return fmt.Sprintf("podResources:\n  kubeletSocket: %s\n%s", c.PodResourcesSocket(), more)
+	}, rigOpts)
+	m.node = n
+	if b, err := os.ReadFile(n.cluster.Kubeconfig()); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(kubeconfig, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/var/lib/kubelet"); err != nil {
+		t.Fatalf("the cluster's kubelet runs and the host has no /var/lib/kubelet for multus's wrapper to cover: %v", err)
+	}
+	m.useSocket(t, n.podgate.PodResourcesSocket)
+	dyn, err := dynamic.NewForConfig(n.cluster.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.dyn = dyn
+	createNADCRD(t, dyn)
+	return m
+}
+
+// useSocket makes socket the one multus reads at /var/lib/kubelet/pod-resources/kubelet.sock: a
+// link in the root bound there, replaced in one rename so that no CNI ADD finds none (multus
+// would then read the device plugins' checkpoint instead, silently).
+func (m *multusNode) useSocket(t testing.TB, socket string) {
+	t.Helper()
+	link := filepath.Join(m.root, "pod-resources", "kubelet.sock")
+	tmp := link + ".new"
+	if err := os.Symlink(socket, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createNADCRD creates the NetworkAttachmentDefinition CRD as the Network Plumbing Working
+// Group's specification defines the resource (k8s.cni.cncf.io/v1, namespaced, spec.config a
+// string of CNI JSON) and waits until the API serves it.
+func createNADCRD(t testing.TB, dyn dynamic.Interface) {
+	t.Helper()
+	crd := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+		"metadata": map[string]any{"name": nadGVR.Resource + "." + nadGVR.Group},
+		"spec": map[string]any{
+			"group": nadGVR.Group, "scope": "Namespaced",
+			"names": map[string]any{
+				"plural": nadGVR.Resource, "singular": "network-attachment-definition",
+				"kind": "NetworkAttachmentDefinition", "shortNames": []any{"net-attach-def"},
+			},
+			"versions": []any{map[string]any{
+				"name": nadGVR.Version, "served": true, "storage": true,
+				"schema": map[string]any{"openAPIV3Schema": map[string]any{
+					"type": "object",
+					"properties": map[string]any{"spec": map[string]any{
+						"type": "object", "properties": map[string]any{"config": map[string]any{"type": "string"}},
+					}},
+				}},
+			}},
+		},
+	}}
+	if _, err := dyn.Resource(crdGVR).Create(t.Context(), crd, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the NetworkAttachmentDefinition CRD: %v", err)
+	}
+	waitFor(t, time.Minute, "the API serving NetworkAttachmentDefinitions", func() (bool, error) {
+		_, err := dyn.Resource(nadGVR).Namespace(metav1.NamespaceDefault).List(t.Context(), metav1.ListOptions{})
+		return err == nil, err
+	})
+}
+
+// createNAD creates the NetworkAttachmentDefinition name in the default namespace for the
+// pods' second interface, annotated with resourceName, so that multus reads PodResources for
+// the pod's device of that name and gives its ID to the delegates. The delegates: macvlan on
+// the rig's bridge (an interface in the pod, which multus's network-status reports; it goes
+// with the pod's network namespace) with its own addresses, then the recorder, which records
+// the deviceID and writes it as device information (capability CNIDeviceInfoFile).
+func (m *multusNode) createNAD(t testing.TB, name, resourceName string) {
+	t.Helper()
+	conf := mustJSON(t, map[string]any{
+		"cniVersion": "1.0.0", "name": name,
+		"plugins": []any{
+			map[string]any{
+				"type": "macvlan", "master": m.rig.Bridge, "mode": "bridge",
+				"ipam": map[string]any{
+					"type": "host-local", "ranges": []any{[]any{map[string]any{"subnet": "10.79.0.0/24"}}},
+					"dataDir": filepath.Join(m.dir, "ipam-"+name),
+				},
+			},
+			map[string]any{"type": "pgrecorder", "recordFile": m.records, "capabilities": map[string]any{"CNIDeviceInfoFile": true}},
+		},
+	})
+	nad := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": nadGVR.GroupVersion().String(), "kind": "NetworkAttachmentDefinition",
+		"metadata": map[string]any{
+			"name": name, "namespace": metav1.NamespaceDefault,
+			"annotations": map[string]any{resourceNameAnnotation: resourceName},
+		},
+		"spec": map[string]any{"config": conf},
+	}}
+	if _, err := m.dyn.Resource(nadGVR).Namespace(metav1.NamespaceDefault).Create(t.Context(), nad, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create NetworkAttachmentDefinition %s: %v", name, err)
+	}
+}
+
+// networkStatus is one entry of multus's network-status annotation.
+type networkStatus struct {
+	Name       string   `json:"name"`
+	Interface  string   `json:"interface"`
+	IPs        []string `json:"ips"`
+	Default    bool     `json:"default"`
+	DeviceInfo *struct {
+		Type string `json:"type"`
+		PCI  struct {
+			Address string `json:"pci-address"`
+		} `json:"pci"`
+	} `json:"device-info"`
+}
+
+// checkDelivered checks what multus did for the pod ns/name on network (namespace/name of the
+// NetworkAttachmentDefinition): the delegate got deviceID at the pod's only CNI ADD (a second
+// ADD would be a retried sandbox), and the pod's network-status shows the network's interface
+// with that device.
+func (m *multusNode) checkDelivered(t testing.TB, ns, name, network, deviceID string) {
+	t.Helper()
+	entries, err := record.Read(m.records)
+	if err != nil {
+		t.Fatalf("the recorder's file: %v", err)
+	}
+	adds := record.Find(entries, "ADD", ns, name)
+	switch {
+	case len(adds) != 1:
+		t.Errorf("pod %s/%s: the delegate saw %d CNI ADDs, want 1 (no retried sandbox)", ns, name, len(adds))
+	case adds[0].DeviceID != deviceID:
+		t.Errorf("pod %s/%s: the delegate got deviceID %q, want %q", ns, name, adds[0].DeviceID, deviceID)
+	}
+	var statuses []networkStatus
+	waitFor(t, time.Minute, "pod "+ns+"/"+name+"'s network-status", func() (bool, error) {
+		pod, err := m.cluster.Client().CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		s, ok := pod.Annotations[networkStatusAnnotation]
+		if !ok {
+			return false, errors.New("no network-status annotation")
+		}
+		return true, json.Unmarshal([]byte(s), &statuses)
+	})
+	i := slices.IndexFunc(statuses, func(s networkStatus) bool { return s.Name == network })
+	if i < 0 {
+		t.Errorf("pod %s/%s: network-status %+v has no %s", ns, name, statuses, network)
+		return
+	}
+	s := statuses[i]
+	if s.Interface == "" || len(s.IPs) == 0 || s.DeviceInfo == nil || s.DeviceInfo.PCI.Address != deviceID {
+		t.Errorf("pod %s/%s: network-status of %s is %+v (device-info %+v), want an interface with addresses and device %q",
+			ns, name, network, s, s.DeviceInfo, deviceID)
+	}
+}
+
+// podgateLists is podgate's count of the v1 List calls it answered.
+func (m *multusNode) podgateLists(t testing.TB) float64 {
+	t.Helper()
+	metrics, err := m.podgate.Scrape(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := metrics.Value("podgate_podresources_requests_total", "method", "/v1.PodResourcesLister/List", "code", "OK")
+	return v
+}
+
+// multusPod is a busybox pod on network (a NetworkAttachmentDefinition's name) asking for one
+// device of vfResource.
+func multusPod(name, node, network string) *corev1.Pod {
+	pod := testPod(name, node)
+	pod.Annotations = map[string]string{networksAnnotation: network}
+	vf := corev1.ResourceList{vfResource: resource.MustParse("1")}
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Requests: vf, Limits: vf}
+	return pod
+}
+
+// startVFDevices registers a device plugin of vfResource with n devices vf0, vf1, ... and
+// waits until the Node offers them.
+func (m *multusNode) startVFDevices(t *testing.T, n int) {
+	t.Helper()
+	devices := make([]string, n)
+	for i := range devices {
+		devices[i] = fmt.Sprintf("vf%d", i)
+	}
+	plugin := startDevicePlugin(t, m.cluster.PluginRegistryDir(), vfResource, devices)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := plugin.waitRegistered(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the node's allocatable "+vfResource, func() (bool, error) {
+		node, err := m.cluster.Client().CoreV1().Nodes().Get(t.Context(), m.cluster.NodeName(), metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		q := node.Status.Allocatable[vfResource]
+		return q.Value() == int64(n), nil
+	})
+}
+
+// TestMultusDevicePlugin: a pod on a network whose NetworkAttachmentDefinition names a device
+// plugin's resource, on the real kubelet through podgate, with multus v4.3.0 as the node's CNI
+// reading podgate's PodResources socket where it reads the kubelet's. The delegate gets the
+// device the kubelet allocated (the kubelet's own List says which), through podgate's merge, and
+// the pod's network-status shows it; multus asked podgate.
+func TestMultusDevicePlugin(t *testing.T) {
+	m := startMultusNode(t, "")
+	c := m.cluster
+	m.startVFDevices(t, 4)
+	m.createNAD(t, "vfnet", vfResource)
+
+	lists := m.podgateLists(t)
+	pod := multusPod("vf-multus", c.NodeName(), "vfnet")
+	if _, err := c.Client().CoreV1().Pods(pod.Namespace).Create(t.Context(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, c, pod.Namespace, pod.Name)
+	key := pod.Namespace + "/" + pod.Name
+	want := kubeletDevices(t, c, []string{key})[key][0]
+	m.checkDelivered(t, pod.Namespace, pod.Name, "default/vfnet", want)
+	if got := m.podgateLists(t) - lists; got < 1 {
+		t.Errorf("podgate answered %v v1 List calls during the pod's start, want multus's", got)
+	}
+	t.Logf("the delegate got %s, the kubelet's device for %s", want, key)
+}
+
+// waitRunning waits until the pod runs; it fails the test at once if the pod failed.
+func waitRunning(t *testing.T, c *cluster.Cluster, ns, name string) {
+	t.Helper()
+	waitPod(t, c, ns, name, func(p *corev1.Pod) bool {
+		if p.Status.Phase == corev1.PodFailed {
+			t.Fatalf("pod %s/%s failed: %s %s", ns, name, p.Status.Reason, p.Status.Message)
+		}
+		return p.Status.Phase == corev1.PodRunning
+	})
+}
+
+// mustJSON is v as JSON.
+func mustJSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// buildInto builds pkg as dir/name.
+func buildInto(t testing.TB, dir, pkg, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+}
+
+// tail is the last n lines of the file at path, or why there are none.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "(none)"
+	}
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+var (
+	_ = sync.Mutex{}
+	_ = watch.Added
+	_ = fields.Everything
+	_ = ptr.To[int]
+	_ = dranode.DriverName
+	_ = ktesting.NewTestContext
+)
