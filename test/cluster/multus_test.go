@@ -103,10 +103,10 @@ exec %[3]q "$@"
 `
 
 // startMultusNode starts a node (startNodeOf) whose CNI is multus, podgate in front of the
-// kubelet with more of podgate's configuration (top-level keys), the NetworkAttachmentDefinition
-// CRD in its API server, and multus reading podgate's PodResources socket. It skips without
-// root, the cluster, multus's build or unshare.
-func startMultusNode(t testing.TB, more string) *multusNode {
+// kubelet with draKeys more keys of podgate's dra section (YAML lines, "prepare: always"), the
+// NetworkAttachmentDefinition CRD in its API server, and multus reading podgate's PodResources
+// socket. It skips without root, the cluster, multus's build or unshare.
+func startMultusNode(t testing.TB, draKeys ...string) *multusNode {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the rig runs containerd, the kubelet creates cgroups, multus's wrapper mounts")
@@ -162,7 +162,12 @@ func startMultusNode(t testing.TB, more string) *multusNode {
 		}
 	})
 	n := startNodeOf(t, true, cluster.Options{}, func(c *cluster.Cluster) string {
-		return fmt.Sprintf("podResources:\n  kubeletSocket: %s\n%s", c.PodResourcesSocket(), more)
+		// startNodeOf's configuration ends with its dra section: draKeys continue it.
+		var more strings.Builder
+		for _, k := range draKeys {
+			more.WriteString("  " + k + "\n")
+		}
+		return fmt.Sprintf("%spodResources:\n  kubeletSocket: %s\n", more.String(), c.PodResourcesSocket())
 	}, rigOpts)
 	m.node = n
 	if b, err := os.ReadFile(n.cluster.Kubeconfig()); err != nil {
@@ -372,7 +377,7 @@ func (m *multusNode) startVFDevices(t *testing.T, n int) {
 // device the kubelet allocated (the kubelet's own List says which), through podgate's merge, and
 // the pod's network-status shows it; multus asked podgate.
 func TestMultusDevicePlugin(t *testing.T) {
-	m := startMultusNode(t, "")
+	m := startMultusNode(t)
 	c := m.cluster
 	m.startVFDevices(t, 4)
 	m.createNAD(t, "vfnet", vfResource)
@@ -390,6 +395,88 @@ func TestMultusDevicePlugin(t *testing.T) {
 		t.Errorf("podgate answered %v v1 List calls during the pod's start, want multus's", got)
 	}
 	t.Logf("the delegate got %s, the kubelet's device for %s", want, key)
+}
+
+// draPrefix names the test driver's host interfaces in these tests: pgmu0, pgmu1, ... (the
+// host's, so not the other tests' pgnic).
+const draPrefix = "pgmu"
+
+// TestMultusDRAClaim: a pod whose network device is a DRA claim of the pod (no container names
+// it, as a network device's usually is), prepared by podgate (dra.prepare: always: the
+// kubelet 1.36 prepares it too, and lists it under no container) with the test driver, which
+// names a CDI device per prepared device. multus v4.3.0 reads containers[].dynamic_resources
+// by claim name and takes each CDI device's name after "=" as the device ID: through podgate's
+// List, which lists the pod's claim under its containers, the delegate gets the claim's device
+// and the pod's network-status shows it.
+func TestMultusDRAClaim(t *testing.T) {
+	if os.Geteuid() == 0 {
+		if err := dranode.RemoveLinks(draPrefix); err != nil { // a failed run's
+			t.Fatal(err)
+		}
+	}
+	var driver *dranode.Driver
+	// Registered before the node's cleanups, so that it runs after them: the kubelet stops
+	// the pods, and unprepares their claims, with the driver still there.
+	t.Cleanup(func() {
+		if driver != nil {
+			if err := driver.Stop(); err != nil {
+				t.Error(err)
+			}
+		}
+		if err := dranode.RemoveLinks(draPrefix); err != nil {
+			t.Error(err)
+		}
+	})
+	m := startMultusNode(t, "prepare: always")
+	c := m.cluster
+	buildInto(t, m.dir, "github.com/podgate/podgate/test/dradriver", "dradriver")
+	var err error
+	driver, err = dranode.StartDriver(dranode.DriverConfig{
+		Bin: filepath.Join(m.dir, "dradriver"), NodeName: c.NodeName(), Kubeconfig: c.Kubeconfig(),
+		RegistryDir: c.PluginRegistryDir(), PluginDir: filepath.Join(c.PluginsDir(), dranode.DriverName),
+		EventsFile: filepath.Join(m.dir, "dra-events.jsonl"), LogDir: m.dir, InterfacePrefix: draPrefix,
+		CDIDir: filepath.Join(m.dir, "cdi"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dranode.WaitSlice(t.Context(), c.Client(), c.NodeName(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "podgate finding the DRA driver", func() (bool, error) {
+		metrics, err := m.podgate.Scrape(t.Context())
+		if err != nil {
+			return false, err
+		}
+		v, _ := metrics.Value("podgate_dra_drivers", "driver", dranode.DriverName)
+		return v == 1, nil
+	})
+
+	// multus v4.3.0 keys a claim's devices by the ResourceClaim's name: the NAD's resourceName
+	// is the claim's, which dranode names after the pod.
+	const name = "nic-multus"
+	m.createNAD(t, "nicnet", name)
+	lists := m.podgateLists(t)
+	pod, err := dranode.Pod{
+		Namespace: metav1.NamespaceDefault, Name: name, Node: c.NodeName(), Device: 0, PodLevel: true,
+		Annotations: map[string]string{networksAnnotation: "nicnet"},
+	}.Create(t.Context(), c.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, c, pod.Namespace, pod.Name)
+	claim, err := c.Client().ResourceV1().ResourceClaims(pod.Namespace).Get(t.Context(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The test driver's CDI device of nic0 for this claim: <driver>/nic=<claim UID>-nic0;
+	// multus takes what follows "=".
+	want := fmt.Sprintf("%s-nic0", claim.UID)
+	m.checkDelivered(t, pod.Namespace, pod.Name, "default/nicnet", want)
+	if got := m.podgateLists(t) - lists; got < 1 {
+		t.Errorf("podgate answered %v v1 List calls during the pod's start, want multus's", got)
+	}
+	t.Logf("the delegate got %s, the CDI device of claim %s", want, name)
 }
 
 // waitRunning waits until the pod runs; it fails the test at once if the pod failed.
