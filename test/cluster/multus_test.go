@@ -17,15 +17,18 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/klog/v2/ktesting"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/podgate/podgate/test/cluster"
@@ -179,6 +182,10 @@ func startMultusNode(t testing.TB, draKeys ...string) *multusNode {
 		t.Fatalf("the cluster's kubelet runs and the host has no /var/lib/kubelet for multus's wrapper to cover: %v", err)
 	}
 	m.useSocket(t, n.podgate.PodResourcesSocket)
+	// Runs before the cluster's Down (cleanups run last first), which deletes the pods but may
+	// stop the kubelet before it stopped their sandboxes: the rig's Down would then run
+	// multus's DELs with the API server gone, each waiting 2.5 s for the pod.
+	t.Cleanup(func() { m.stopPods(t) })
 	dyn, err := dynamic.NewForConfig(n.cluster.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -480,14 +487,234 @@ func TestMultusDRAClaim(t *testing.T) {
 }
 
 // waitRunning waits until the pod runs; it fails the test at once if the pod failed.
-func waitRunning(t *testing.T, c *cluster.Cluster, ns, name string) {
+func waitRunning(t testing.TB, c *cluster.Cluster, ns, name string) {
 	t.Helper()
-	waitPod(t, c, ns, name, func(p *corev1.Pod) bool {
+	waitFor(t, 2*time.Minute, "pod "+ns+"/"+name+" running", func() (bool, error) {
+		p, err := c.Client().CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
 		if p.Status.Phase == corev1.PodFailed {
 			t.Fatalf("pod %s/%s failed: %s %s", ns, name, p.Status.Reason, p.Status.Message)
 		}
-		return p.Status.Phase == corev1.PodRunning
+		return p.Status.Phase == corev1.PodRunning, nil
 	})
+}
+
+// TestMultusBurst: multusBurst pods on the device plugin's network created at once, multus
+// reading podgate's socket: every delegate gets the device the kubelet allocated to its pod,
+// every pod's network-status shows it, and no sandbox is retried (multus-cni#1545: with the
+// kubelet's own socket, a List over its limit fails the CNI ADD and the kubelet retries the
+// sandbox). podgate answered one List per multus ADD.
+func TestMultusBurst(t *testing.T) {
+	m := startMultusNode(t)
+	m.startVFDevices(t, multusBurst)
+	m.createNAD(t, "vfnet", vfResource)
+	lists, kubelet := m.podgateLists(t), m.podgateKubeletLists(t)
+	r := m.burst(t, "burst")
+	if r.retries != 0 {
+		t.Errorf("%d sandboxes of the burst were retried (FailedCreatePodSandBox), want none", r.retries)
+	}
+	if got := m.podgateLists(t) - lists; got != multusBurst {
+		t.Errorf("podgate answered %v v1 List calls, want %d: one per multus ADD, none refused", got, multusBurst)
+	}
+	t.Logf("%d pods through multus and podgate's socket: all running %s after the first was created, the last delegate's ADD at %s; podgate asked the kubelet %v times",
+		multusBurst, r.running.Round(time.Millisecond), r.cniAdds.Round(time.Millisecond), m.podgateKubeletLists(t)-kubelet)
+}
+
+// burstResult is what one burst of multusBurst pods took.
+type burstResult struct {
+	// running is from the first pod's creation to the last pod seen running.
+	running time.Duration
+	// cniAdds is from the first pod's creation to the last delegate's CNI ADD.
+	cniAdds time.Duration
+	// retries counts the burst's FailedCreatePodSandBox events: a multus ADD that failed
+	// (PodResources refused, say) fails the sandbox, which the kubelet retries.
+	retries int
+}
+
+// burst creates multusBurst pods on the network vfnet at once, named prefix-N and labelled
+// burst=prefix, waits until they all run, and checks each (checkDelivered: the device the
+// kubelet allocated reached the delegate and the network-status, at the pod's only ADD).
+func (m *multusNode) burst(t testing.TB, prefix string) burstResult {
+	t.Helper()
+	c := m.cluster
+	pods := c.Client().CoreV1().Pods(metav1.NamespaceDefault)
+	w, err := pods.Watch(t.Context(), metav1.ListOptions{LabelSelector: "burst=" + prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	errs := make([]error, multusBurst)
+	ready := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range multusBurst {
+		pod := multusPod(fmt.Sprintf("%s-%d", prefix, i), c.NodeName(), "vfnet")
+		pod.Labels = map[string]string{"burst": prefix}
+		wg.Go(func() {
+			<-ready
+			_, errs[i] = pods.Create(t.Context(), pod, metav1.CreateOptions{})
+		})
+	}
+	start := time.Now()
+	close(ready)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	running := map[string]time.Time{}
+	deadline := time.After(3 * time.Minute)
+	for len(running) < multusBurst {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the watch of the burst's pods ended")
+			}
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if p.Status.Phase == corev1.PodFailed {
+				t.Fatalf("pod %s failed: %s %s", p.Name, p.Status.Reason, p.Status.Message)
+			}
+			if _, seen := running[p.Name]; !seen && p.Status.Phase == corev1.PodRunning {
+				running[p.Name] = time.Now()
+			}
+		case <-deadline:
+			t.Fatalf("burst %s: %d of %d pods running after 3 minutes", prefix, len(running), multusBurst)
+		}
+	}
+	var r burstResult
+	keys := make([]string, 0, multusBurst)
+	for name, at := range running {
+		r.running = max(r.running, at.Sub(start))
+		keys = append(keys, metav1.NamespaceDefault+"/"+name)
+	}
+	slices.Sort(keys)
+	want := kubeletDevices(t, c, keys)
+	for _, k := range keys {
+		ns, name, _ := strings.Cut(k, "/")
+		m.checkDelivered(t, ns, name, "default/vfnet", want[k][0])
+	}
+	entries, err := record.Read(m.records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Command == "ADD" && strings.HasPrefix(e.Pod.Name, prefix+"-") {
+			r.cniAdds = max(r.cniAdds, e.Time.Sub(start))
+		}
+	}
+	events, err := c.Client().CoreV1().Events(metav1.NamespaceDefault).List(t.Context(), metav1.ListOptions{
+		FieldSelector: fields.OneTermEqualSelector("reason", "FailedCreatePodSandBox").String(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if _, ok := running[e.InvolvedObject.Name]; ok {
+			r.retries += int(max(e.Count, 1))
+			t.Logf("retried: %s: %s", e.InvolvedObject.Name, e.Message)
+		}
+	}
+	return r
+}
+
+// removeBurst deletes the burst's pods and waits until the kubelet has let their devices go (its
+// own PodResources List shows none of them: it allocates from the same active pods) and their
+// sandboxes are stopped (multus's DELs done), so that the next burst starts on a quiet node
+// with the devices free.
+func (m *multusNode) removeBurst(t testing.TB, prefix string) {
+	t.Helper()
+	c := m.cluster
+	sel := metav1.ListOptions{LabelSelector: "burst=" + prefix}
+	err := c.Client().CoreV1().Pods(metav1.NamespaceDefault).DeleteCollection(t.Context(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+c.PodResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(t, 2*time.Minute, "the kubelet letting burst "+prefix+" go", func() (bool, error) {
+		resp, err := v1.NewPodResourcesListerClient(conn).List(t.Context(), &v1.ListPodResourcesRequest{})
+		if err != nil {
+			return false, err
+		}
+		for _, pr := range resp.GetPodResources() {
+			if strings.HasPrefix(pr.GetName(), prefix+"-") {
+				return false, fmt.Errorf("the kubelet still lists %s", pr.GetName())
+			}
+		}
+		sbs, err := m.containerd.Runtime.ListPodSandbox(t.Context(), &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"burst": prefix}})
+		if err != nil {
+			return false, err
+		}
+		for _, sb := range sbs {
+			if sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+				return false, fmt.Errorf("sandbox of %s still ready", sb.GetMetadata().GetName())
+			}
+		}
+		return true, nil
+	})
+}
+
+// stopPods deletes the pods of the default namespace, waits until the kubelet has stopped
+// their sandboxes (multus's DELs done, with the API server there) and removes them. It runs in
+// a cleanup, when the test's context is done.
+func (m *multusNode) stopPods(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := m.cluster.Client().CoreV1().Pods(metav1.NamespaceDefault).DeleteCollection(ctx,
+		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+	if err != nil {
+		t.Errorf("delete the pods: %v", err)
+		return
+	}
+	var ready []string
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		sbs, err := m.containerd.Runtime.ListPodSandbox(ctx, &runtimeapi.PodSandboxFilter{
+			State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
+		})
+		if err != nil {
+			return false, nil //nolint:nilerr // containerd may be busy: ask again
+		}
+		ready = ready[:0]
+		for _, sb := range sbs {
+			ready = append(ready, sb.GetMetadata().GetName())
+		}
+		return len(ready) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("the kubelet did not stop the sandboxes of %v: %v", ready, err)
+		return
+	}
+	// containerd runs CNI DEL again when a sandbox is removed, which the kubelet leaves to its
+	// garbage collection a minute on: remove them now, while multus still finds the API server.
+	sbs, err := m.containerd.Runtime.ListPodSandbox(ctx, nil)
+	if err != nil {
+		t.Errorf("list the sandboxes: %v", err)
+		return
+	}
+	for _, sb := range sbs {
+		if err := m.containerd.Runtime.RemovePodSandbox(ctx, sb.GetId()); err != nil {
+			t.Errorf("remove the sandbox of %s: %v", sb.GetMetadata().GetName(), err)
+		}
+	}
+}
+
+// podgateKubeletLists is podgate's count of the List calls it made to the kubelet's socket that
+// the kubelet answered.
+func (m *multusNode) podgateKubeletLists(t testing.TB) float64 {
+	t.Helper()
+	metrics, err := m.podgate.Scrape(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := metrics.Value("podgate_podresources_kubelet_requests_total", "method", "List", "result", "ok")
+	return v
 }
 
 // mustJSON is v as JSON.
@@ -522,12 +749,3 @@ func tail(path string, n int) string {
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
-
-var (
-	_ = sync.Mutex{}
-	_ = watch.Added
-	_ = fields.Everything
-	_ = ptr.To[int]
-	_ = dranode.DriverName
-	_ = ktesting.NewTestContext
-)
