@@ -195,6 +195,44 @@ func startMultusNode(t testing.TB, draKeys ...string) *multusNode {
 	return m
 }
 
+// TestMultusWrapperWithoutKubeletDir: on a host without /var/lib/kubelet (here one hidden by a
+// tmpfs on /var/lib, in a mount namespace of the test's), multus's wrapper fails the CNI call
+// with a CNI error saying why, before running multus, and creates no /var/lib/kubelet.
+func TestMultusWrapperWithoutKubeletDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts in a mount namespace of its own")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare (util-linux): " + err.Error())
+	}
+	dir := t.TempDir()
+	wrapper := filepath.Join(dir, "multus")
+	// /bin/false as multus: the call must fail before it runs.
+	if err := os.WriteFile(wrapper, fmt.Appendf(nil, multusWrapper, dir, dir, "/bin/false"), 0o755); err != nil { //nolint:gosec // a CNI plugin must be executable
+		t.Fatal(err)
+	}
+	script := `mount -t tmpfs pgtest /var/lib || exit 100
+"$0"
+status=$?
+if [ -e /var/lib/kubelet ]; then echo "the wrapper created /var/lib/kubelet" >&2; exit 101; fi
+exit $status`
+	cmd := exec.CommandContext(t.Context(), "unshare", "-m", "--propagation", "private", "sh", "-c", script, wrapper)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("the wrapper: %v, want exit status 1\nstdout: %s\nstderr: %s", err, out, stderr.String())
+	}
+	var cniErr struct {
+		Code int    `json:"code"`
+		Msg  string `json:"msg"`
+	}
+	if err := json.Unmarshal(out, &cniErr); err != nil || cniErr.Code != 999 || !strings.Contains(cniErr.Msg, "no /var/lib/kubelet") {
+		t.Errorf("the wrapper's output %s (%v), want a CNI error saying there is no /var/lib/kubelet", out, err)
+	}
+}
+
 // useSocket makes socket the one multus reads at /var/lib/kubelet/pod-resources/kubelet.sock: a
 // link in the root bound there, replaced in one rename so that no CNI ADD finds none (multus
 // would then read the device plugins' checkpoint instead, silently).
@@ -356,7 +394,7 @@ func multusPod(name, node, network string) *corev1.Pod {
 
 // startVFDevices registers a device plugin of vfResource with n devices vf0, vf1, ... and
 // waits until the Node offers them.
-func (m *multusNode) startVFDevices(t *testing.T, n int) {
+func (m *multusNode) startVFDevices(t testing.TB, n int) {
 	t.Helper()
 	devices := make([]string, n)
 	for i := range devices {
@@ -520,6 +558,55 @@ func TestMultusBurst(t *testing.T) {
 	}
 	t.Logf("%d pods through multus and podgate's socket: all running %s after the first was created, the last delegate's ADD at %s; podgate asked the kubelet %v times",
 		multusBurst, r.running.Round(time.Millisecond), r.cniAdds.Round(time.Millisecond), m.podgateKubeletLists(t)-kubelet)
+}
+
+// BenchmarkMultusBurst: the burst of TestMultusBurst (multusBurst pods at once on the device
+// plugin's network, multus v4.3.0 as the CNI) with multus reading podgate's PodResources socket,
+// and the same burst with multus reading the kubelet's own socket, on one node in one run: the
+// two alternate (which goes first alternates too), each burst's pods deleted and their devices
+// freed before the next. Reported per burst, in ms: until every pod runs (running) and until
+// the last delegate's CNI ADD (cni), for each socket, and podgate's over the kubelet's; the
+// sandboxes retried (FailedCreatePodSandBox) with each. A retried sandbox with podgate's socket
+// fails the benchmark; with the kubelet's it is what the benchmark measures.
+//
+//	go test -run '^$' -bench MultusBurst -benchtime 3x -timeout 40m ./test/cluster
+func BenchmarkMultusBurst(b *testing.B) {
+	m := startMultusNode(b)
+	m.startVFDevices(b, multusBurst)
+	m.createNAD(b, "vfnet", vfResource)
+	sockets := [2]struct{ name, path string }{
+		{"podgate", m.podgate.PodResourcesSocket}, {"kubelet", m.cluster.PodResourcesSocket()},
+	}
+	var total [2]burstResult
+	bursts := 0
+	for b.Loop() {
+		for j := range sockets {
+			k := (bursts + j) % len(sockets)
+			m.useSocket(b, sockets[k].path)
+			prefix := fmt.Sprintf("b%d-%s", bursts, sockets[k].name)
+			r := m.burst(b, prefix)
+			m.removeBurst(b, prefix)
+			b.Logf("burst %s: running %s, last CNI ADD %s, %d retried", prefix,
+				r.running.Round(time.Millisecond), r.cniAdds.Round(time.Millisecond), r.retries)
+			total[k].running += r.running
+			total[k].cniAdds += r.cniAdds
+			total[k].retries += r.retries
+		}
+		bursts++
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Milliseconds()) / float64(bursts) }
+	pg, kl := total[0], total[1]
+	b.ReportMetric(ms(pg.running), "podgate-running-ms")
+	b.ReportMetric(ms(kl.running), "kubelet-running-ms")
+	b.ReportMetric(float64(pg.running)/float64(kl.running), "running-ratio")
+	b.ReportMetric(ms(pg.cniAdds), "podgate-cni-ms")
+	b.ReportMetric(ms(kl.cniAdds), "kubelet-cni-ms")
+	b.ReportMetric(float64(pg.cniAdds)/float64(kl.cniAdds), "cni-ratio")
+	b.ReportMetric(float64(pg.retries), "podgate-retries")
+	b.ReportMetric(float64(kl.retries), "kubelet-retries")
+	if pg.retries > 0 {
+		b.Errorf("%d sandboxes retried with podgate's socket, want none", pg.retries)
+	}
 }
 
 // burstResult is what one burst of multusBurst pods took.
