@@ -42,7 +42,7 @@ type devicePlugin struct {
 
 // startDevicePlugin serves a plugin of resource with devices in the kubelet's plugin registry
 // dir; it stops when the test ends.
-func startDevicePlugin(t *testing.T, registryDir, resource string, devices []string) *devicePlugin {
+func startDevicePlugin(t testing.TB, registryDir, resource string, devices []string) *devicePlugin {
 	t.Helper()
 	p := &devicePlugin{
 		resource: resource, devices: devices, registered: make(chan struct{}),

@@ -289,7 +289,7 @@ func devicesOf(prs []*v1.PodResources) map[string][]string {
 
 // kubeletDevices waits until the kubelet's own List shows a device for each pod, and returns
 // them.
-func kubeletDevices(t *testing.T, c *cluster.Cluster, pods []string) map[string][]string {
+func kubeletDevices(t testing.TB, c *cluster.Cluster, pods []string) map[string][]string {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+c.PodResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -50,6 +50,9 @@ type DriverConfig struct {
 	RegistryDir, PluginDir string
 	// EventsFile receives one line per claim prepared or unprepared (driver.ReadEvents).
 	EventsFile string
+	// CDIDir is where the driver writes a CDI spec per prepared claim; empty writes none, and
+	// then the driver's answer to NodePrepareResources names no CDI device.
+	CDIDir string
 	// LogDir receives the driver's log, a new file per start.
 	LogDir string
 	// InterfacePrefix names the driver's host interfaces (<prefix>N, peers <prefix>Np); empty
@@ -70,7 +73,7 @@ func StartDriver(c DriverConfig) (*Driver, error) {
 	args := []string{
 		"--node-name", c.NodeName, "--kubeconfig", c.Kubeconfig,
 		"--registry-dir", c.RegistryDir, "--plugin-dir", c.PluginDir,
-		"--cdi-dir", "", "--events-file", c.EventsFile,
+		"--cdi-dir", c.CDIDir, "--events-file", c.EventsFile,
 	}
 	if c.InterfacePrefix != "" {
 		args = append(args, "--interface-prefix", c.InterfacePrefix)
@@ -118,6 +121,8 @@ type Pod struct {
 	Image string
 	// Labels are the pod's labels.
 	Labels map[string]string
+	// Annotations are the pod's annotations, e.g. the networks a meta-CNI plugin attaches.
+	Annotations map[string]string
 }
 
 // Create makes the claim (allocated to the device, as the scheduler would) and the pod using
@@ -154,7 +159,7 @@ func (p Pod) Create(ctx context.Context, kube kubernetes.Interface) (*corev1.Pod
 		ctr.Resources.Claims = nil
 	}
 	pod, err := kube.CoreV1().Pods(p.Namespace).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Labels: p.Labels},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Labels: p.Labels, Annotations: p.Annotations},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](0),

@@ -33,6 +33,49 @@ type NetConf struct {
 	// are recorded: a DRA driver's CDI spec files, which are named after a claim's UID that is
 	// not known when the network configuration is written.
 	WatchFiles []string `json:"watchFiles,omitempty"`
+	// DeviceID is the device a meta plugin such as multus gave this delegate (from the pod's
+	// resources, e.g. a device plugin's device or a DRA claim's CDI device name): recorded as
+	// it came.
+	DeviceID string `json:"deviceID,omitempty"`
+	// RuntimeConfig holds what the runtime (or multus) passes for the capabilities the plugin's
+	// configuration declares.
+	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
+}
+
+// RuntimeConfig is the part of a CNI runtimeConfig the recorder reads.
+type RuntimeConfig struct {
+	// CNIDeviceInfoFile is where multus wants the delegate's device information (capability
+	// "CNIDeviceInfoFile"; multus sets it when the delegate has a deviceID), which multus puts
+	// into the pod's network-status annotation.
+	CNIDeviceInfoFile string `json:"CNIDeviceInfoFile,omitempty"`
+}
+
+// DeviceInfo is a network device's information as the Network Plumbing Working Group's
+// device-info specification has a CNI plugin write it, for type "pci".
+type DeviceInfo struct {
+	Type    string `json:"type"`
+	Version string `json:"version"`
+	PCI     struct {
+		Address string `json:"pci-address"`
+	} `json:"pci"`
+}
+
+// WriteDeviceInfo writes, as an SR-IOV CNI plugin does, the device information of deviceID at
+// path: type "pci", the device ID as the PCI address. It makes path's directory.
+func WriteDeviceInfo(path, deviceID string) error {
+	info := DeviceInfo{Type: "pci", Version: "1.1.0"}
+	info.PCI.Address = deviceID
+	b, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("write device information: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("write device information: %w", err)
+	}
+	return nil
 }
 
 // ParseConf decodes the network configuration CNI passes on stdin.
@@ -88,6 +131,8 @@ type Entry struct {
 	Interfaces map[string]bool `json:"interfaces"`
 	// Files are the host files matching watchFiles that existed, sorted.
 	Files []string `json:"files,omitempty"`
+	// DeviceID is the configuration's deviceID, empty when it had none.
+	DeviceID string `json:"deviceID,omitempty"`
 }
 
 // HostInterfaces reports, for every name in watch, whether an interface of that name exists in

@@ -30,12 +30,12 @@ func TestParseArgs(t *testing.T) {
 
 func TestParseConf(t *testing.T) {
 	conf, err := ParseConf([]byte(`{"cniVersion":"1.0.0","name":"n","type":"pgrecorder",
-		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"],"watchFiles":["/tmp/cdi/*"]}`))
+		"recordFile":"/tmp/r.jsonl","watchInterfaces":["pgnic0"],"watchPrefixes":["pg"],"watchFiles":["/tmp/cdi/*"],"deviceID":"0000:af:00.1"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if conf.CNIVersion != "1.0.0" || conf.RecordFile != "/tmp/r.jsonl" ||
-		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes, conf.WatchFiles) != "[pgnic0] [pg] [/tmp/cdi/*]" {
+		fmt.Sprint(conf.WatchInterfaces, conf.WatchPrefixes, conf.WatchFiles) != "[pgnic0] [pg] [/tmp/cdi/*]" || conf.DeviceID != "0000:af:00.1" {
 		t.Errorf("ParseConf = %+v", conf)
 	}
 	for _, bad := range []string{`{"name":"n"}`, `{`} {

@@ -4,11 +4,14 @@
 // CNI_IFNAME, the pod from CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID) and, for each
 // host interface named in "watchInterfaces" or starting with one of "watchPrefixes", whether it
 // existed in the plugin's network namespace (the host's, where containerd runs CNI) at that
-// moment, and the host files matching the glob patterns of "watchFiles" that existed then (a DRA
-// driver's CDI spec files, named after claim UIDs no configuration can know). It then passes the
-// previous plugin's result (prevResult) through unchanged, so the chain works as before; as the
-// first plugin of a chain it returns an empty result. CHECK, GC and STATUS succeed without doing
-// anything. It supports CNI versions 0.3.0 to 1.1.0.
+// moment, the host files matching the glob patterns of "watchFiles" that existed then (a DRA
+// driver's CDI spec files, named after claim UIDs no configuration can know), and the "deviceID"
+// a meta plugin such as multus put in its configuration; with a deviceID and the runtimeConfig
+// capability "CNIDeviceInfoFile", ADD writes that file's device information (type pci, the
+// device ID as address) as an SR-IOV CNI plugin does. It then passes the previous plugin's
+// result (prevResult) through unchanged, so the chain works as before; as the first plugin of a
+// chain it returns an empty result. CHECK, GC and STATUS succeed without doing anything. It
+// supports CNI versions 0.3.0 to 1.1.0.
 //
 // What the e2e test uses it for: the DRA end-to-end test creates a ResourceClaim allocated to a
 // device of test/dradriver (host interface pgnic0) for a pod. podgate must prepare the claim

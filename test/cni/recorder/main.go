@@ -30,6 +30,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err := write(conf, "ADD", args); err != nil {
 		return err
 	}
+	// As an SR-IOV CNI plugin does: multus shows this file in the pod's network-status.
+	if f := conf.RuntimeConfig.CNIDeviceInfoFile; f != "" && conf.DeviceID != "" {
+		if err := record.WriteDeviceInfo(f, conf.DeviceID); err != nil {
+			return fmt.Errorf("pgrecorder: %w", err)
+		}
+	}
 	var result types.Result = &current.Result{CNIVersion: current.ImplementedSpecVersion}
 	if conf.PrevResult != nil {
 		result = conf.PrevResult
@@ -84,6 +90,7 @@ func write(conf *record.NetConf, command string, args *skel.CmdArgs) error {
 		Pod:         record.ParseArgs(args.Args),
 		Interfaces:  ifaces,
 		Files:       files,
+		DeviceID:    conf.DeviceID,
 	}
 	if err := record.Append(conf.RecordFile, e); err != nil {
 		return fmt.Errorf("pgrecorder: %w", err)

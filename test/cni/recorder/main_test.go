@@ -131,6 +131,7 @@ func TestAddDelCheck(t *testing.T) {
 		t.Fatalf("create veth pair: %v", err)
 	}
 	recordFile := filepath.Join(t.TempDir(), "cni-record.jsonl")
+	devInfo := filepath.Join(t.TempDir(), "devinfo", "cni", "net1.json")
 
 	for i, tc := range []struct {
 		name, cniVersion, prevResult string
@@ -146,6 +147,8 @@ func TestAddDelCheck(t *testing.T) {
 				"recordFile":      recordFile,
 				"watchInterfaces": []string{"pgrec0", "pgrec1"},
 				"watchPrefixes":   []string{"pgrec"},
+				"deviceID":        "vf3", // as multus gives it to a delegate
+				"runtimeConfig":   map[string]string{"CNIDeviceInfoFile": devInfo},
 			}
 			if tc.prevResult != "" {
 				conf["prevResult"] = json.RawMessage(tc.prevResult)
@@ -169,8 +172,11 @@ func TestAddDelCheck(t *testing.T) {
 			requireSameJSON(t, out, want)
 			add := lastEntry(t, recordFile)
 			if add.Command != "ADD" || add.ContainerID != call.ContainerID || add.Netns != call.Netns || add.IfName != "eth0" ||
-				add.Pod != (record.Pod{Namespace: "ns1", Name: "pod1", UID: "uid-1"}) || add.Time.Before(before) {
+				add.Pod != (record.Pod{Namespace: "ns1", Name: "pod1", UID: "uid-1"}) || add.Time.Before(before) || add.DeviceID != "vf3" {
 				t.Errorf("ADD entry = %+v", add)
+			}
+			if b, err := os.ReadFile(devInfo); err != nil || string(b) != `{"type":"pci","version":"1.1.0","pci":{"pci-address":"vf3"}}` {
+				t.Errorf("device information %s: %s, %v", devInfo, b, err)
 			}
 			wantIfaces := map[string]bool{"pgrec0": true, "pgrec0p": true, "pgrec1": false}
 			if !maps.Equal(add.Interfaces, wantIfaces) {
