@@ -5,7 +5,8 @@
 # every test in make test), `cell` on one pair (a cell that failed, run again).
 #
 # The core: a pod started through podgate with every stage on, sysctls, DRA before CNI with and
-# beside the kubelet, governed pulls, PodResources, adoption and restart (CORE_CLUSTER and
+# beside the kubelet, governed pulls, PodResources, adoption and restart, and one test of each
+# neighbour (multus, dra-example-driver, dranet; test/rig/neighbours.env) (CORE_CLUSTER and
 # CORE_E2E below). Each cell runs them against its kubelet (test/cluster, under the newest
 # control plane: a kubelet may be up to three minor releases older than its API server) and its
 # containerd (test/cluster and test/e2e). Needs root and the rig: install.sh skew (or matrix)
@@ -27,7 +28,7 @@ export PATH=/usr/local/go/bin:$PATH
 read -r -a KUBELETS <<<"$KUBELET_VERSIONS"
 read -r -a CONTAINERDS <<<"$CONTAINERD_VERSIONS"
 
-CORE_CLUSTER='^(TestPodThroughPodgate|TestAdoptAndRemoveOnALiveNode|TestPodgateRestartUnderTheKubelet|TestPullEvents)$'
+CORE_CLUSTER='^(TestPodThroughPodgate|TestAdoptAndRemoveOnALiveNode|TestPodgateRestartUnderTheKubelet|TestPullEvents|TestMultusDRAClaim|TestDRAExampleDriverKubelet|TestDRANetBesidePodgate)$'
 CORE_E2E='^(TestPodLifecycleThroughPodgate|TestPodSysctlsThroughPodgate|TestDRAWithTheKubelet|TestDRAWithoutTheKubelet|TestImagePullGovernor|TestPodResourcesMetaCNI|TestRegistryRebuiltAfterPodgateRestart)$'
 
 log() { printf 'matrix: %s\n' "$*" >&2; }

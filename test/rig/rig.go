@@ -122,9 +122,11 @@ type Options struct {
 	// with its gRPC latency histograms. Empty: containerd serves none.
 	MetricsAddress string
 	// CNIConfig, given the path of the rig's own bridge network configuration (a .conflist in
-	// Dir/cni/net.d), returns the CNI network configuration (a conflist, JSON) containerd uses
-	// instead: a meta plugin such as multus, whose cluster network is the rig's bridge. Nil:
-	// the bridge network (with CNIChain).
+	// Dir/cni/net.d, network name "pgrig"), returns the CNI network configuration (a conflist,
+	// JSON) containerd uses instead: a meta plugin such as multus, whose cluster network is the
+	// rig's bridge. Give multus that directory as its confDir and the network by its name: a
+	// delegate given by file path is cached by multus v4.3.0 with only the fields it knows, and
+	// its DEL then fails ("no IP ranges specified"). Nil: the bridge network (with CNIChain).
 	CNIConfig func(bridgeConfig string) string
 	// NRISocket turns containerd's NRI on, serving plugins at this path (a unix socket of the
 	// test's, never the host-wide /var/run/nri/nri.sock, which every rig would contend for).

@@ -27,7 +27,7 @@ OTLP_ENDPOINT=${PODGATE_RIG_OTLP_ENDPOINT:-}
 # calls with their latency histograms, grpc_histogram); empty: none.
 METRICS_ADDRESS=${PODGATE_RIG_METRICS_ADDRESS:-}
 # PODGATE_RIG_CNI_CONFIG: a CNI network configuration (conflist) containerd uses instead of the
-# bridge network, e.g. multus delegating to it (by the path of 10-pgrig.conflist). Empty: none.
+# bridge network, e.g. multus delegating to it (network "pgrig" of this conf dir). Empty: none.
 CNI_CONFIG=${PODGATE_RIG_CNI_CONFIG:-}
 # PODGATE_RIG_NRI_SOCKET: turns containerd's NRI on, serving at this path. Empty: NRI off.
 NRI_SOCKET=${PODGATE_RIG_NRI_SOCKET:-}
