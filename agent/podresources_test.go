@@ -15,7 +15,7 @@ import (
 
 // TestPodResourcesThroughTheAgent: a running agent serves the PodResources socket from its
 // registry: a pod whose claims are recorded is visible before it has a sandbox, pod-level
-// claims under every container. (How the service answers an unknown pod or a bad request is
+// claims under its (first) container. (How the service answers an unknown pod or a bad request is
 // package podresources' to test.)
 func TestPodResourcesThroughTheAgent(t *testing.T) {
 	dir := testfs.ShortDir(t)

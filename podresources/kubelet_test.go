@@ -37,11 +37,8 @@ func podgateOnlyWeb() *v1.PodResources {
 				CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
 			}}},
 		}},
+		// The pod-level web-net under the first container only.
 		{Name: "app", DynamicResources: []*v1.DynamicResource{
-			{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-				DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-				CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-			}}},
 			{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
 				DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
 				CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},

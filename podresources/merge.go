@@ -17,8 +17,11 @@ import (
 //     list (a pod whose RunPodSandbox is in flight may not be in the kubelet's answer yet);
 //   - devices, CPUs and memory, at pod and container level, are the kubelet's, untouched;
 //   - each prepared claim is listed under the containers whose spec names it, and a claim no
-//     container names (a pod-level claim, such as a network device's) under every container;
-//     without the spec, every claim goes under every container;
+//     container names (a pod-level claim, such as a network device's) once, under the first
+//     container; without the spec, every claim goes once under the first container. Once,
+//     because the readers of pod-level claims are CNI plugins, which read a pod's containers
+//     together: multus v4.3.0 collects a claim's CDI devices from every container listing it,
+//     so a claim under two containers gave a second network on it the first one's device again;
 //   - a claim the kubelet already lists under a container is not listed twice.
 func mergePod(p *pb.Pod, spec []Container, specOK bool, kubelet *v1.PodResources) *v1.PodResources {
 	out := &v1.PodResources{Name: p.GetName(), Namespace: p.GetNamespace()}
@@ -41,16 +44,21 @@ func mergePod(p *pb.Pod, spec []Container, specOK bool, kubelet *v1.PodResources
 			continue // its devices are not known yet
 		}
 		dr := dynamicResource(claim)
-		named := specOK && slices.ContainsFunc(spec, func(c Container) bool { return slices.Contains(c.Claims, claim.GetPodClaimName()) })
-		for _, c := range out.Containers {
-			if named && !slices.ContainsFunc(spec, func(s Container) bool {
-				return s.Name == c.GetName() && slices.Contains(s.Claims, claim.GetPodClaimName())
-			}) {
-				continue
-			}
-			if !slices.ContainsFunc(c.DynamicResources, func(d *v1.DynamicResource) bool {
+		listed := func(c *v1.ContainerResources) bool {
+			return slices.ContainsFunc(c.DynamicResources, func(d *v1.DynamicResource) bool {
 				return d.GetClaimNamespace() == claim.GetNamespace() && d.GetClaimName() == claim.GetName()
-			}) {
+			})
+		}
+		names := func(s Container) bool { return slices.Contains(s.Claims, claim.GetPodClaimName()) }
+		if !specOK || !slices.ContainsFunc(spec, names) {
+			if len(out.Containers) > 0 && !slices.ContainsFunc(out.Containers, listed) {
+				out.Containers[0].DynamicResources = append(out.Containers[0].DynamicResources, dr)
+			}
+			continue
+		}
+		for _, c := range out.Containers {
+			naming := slices.ContainsFunc(spec, func(s Container) bool { return s.Name == c.GetName() && names(s) })
+			if naming && !listed(c) {
 				c.DynamicResources = append(c.DynamicResources, dr)
 			}
 		}

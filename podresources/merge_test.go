@@ -80,7 +80,7 @@ func TestMergePod(t *testing.T) {
 		want    *v1.PodResources
 	}{
 		{
-			name: "kubelet's resources kept; pod-level claim under every container, container-level only where named, never twice",
+			name: "kubelet's resources kept; pod-level claim once under the first container, container-level only where named, never twice",
 			pod:  webPod(), spec: webSpec(), specOK: true, kubelet: kubeletWeb(),
 			want: &v1.PodResources{
 				Name: "web", Namespace: "shop", CpuIds: []int64{4, 5},
@@ -104,13 +104,8 @@ func TestMergePod(t *testing.T) {
 							}}},
 						},
 					},
-					// sidecar names no claim: only the pod-level one.
-					{Name: "sidecar", CpuIds: []int64{6}, DynamicResources: []*v1.DynamicResource{
-						{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-							DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-							CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-						}}},
-					}},
+					// sidecar names no claim, and the pod-level one is under app, the first.
+					{Name: "sidecar", CpuIds: []int64{6}},
 				},
 			},
 		},
@@ -135,7 +130,7 @@ func TestMergePod(t *testing.T) {
 			want:    &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{{Name: "app"}}},
 		},
 		{
-			name: "spec unknown: every claim under every container the kubelet lists",
+			name: "spec unknown: every claim once, under the first container the kubelet lists",
 			pod:  pod("shop", "web", "uid-web", sandbox(t0), netClaim(), gpuClaim()), specOK: false,
 			kubelet: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{{Name: "app"}, {Name: "sidecar"}}},
 			want: &v1.PodResources{Name: "web", Namespace: "shop", Containers: []*v1.ContainerResources{
@@ -149,16 +144,7 @@ func TestMergePod(t *testing.T) {
 						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
 					}}},
 				}},
-				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
-					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-					}}},
-					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
-						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
-					}}},
-				}},
+				{Name: "sidecar"},
 			}},
 		},
 		{
@@ -172,10 +158,6 @@ func TestMergePod(t *testing.T) {
 					}}},
 				}},
 				{Name: "app", DynamicResources: []*v1.DynamicResource{
-					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-					}}},
 					{ClaimName: "gpu-claim", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
 						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-gpu-claim",
 						CdiDevices: []*v1.CDIDevice{{Name: "gpu.example.com/gpu=0"}},
@@ -194,12 +176,7 @@ func TestMergePod(t *testing.T) {
 						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
 					}}},
 				}},
-				{Name: "sidecar", DynamicResources: []*v1.DynamicResource{
-					{ClaimName: "web-net", ClaimNamespace: "shop", ClaimResources: []*v1.ClaimResource{{
-						DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-						CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-					}}},
-				}},
+				{Name: "sidecar"},
 			}},
 		},
 		{
@@ -280,12 +257,7 @@ func mergedWebIn(ns string) *v1.PodResources {
 					}}},
 				},
 			},
-			{Name: "sidecar", CpuIds: []int64{6}, DynamicResources: []*v1.DynamicResource{
-				{ClaimName: "web-net", ClaimNamespace: ns, ClaimResources: []*v1.ClaimResource{{
-					DriverName: "net.example.com", PoolName: "node-a", DeviceName: "dev-web-net",
-					CdiDevices: []*v1.CDIDevice{{Name: "net.example.com/nic=eth1"}},
-				}}},
-			}},
+			{Name: "sidecar", CpuIds: []int64{6}},
 		},
 	}
 }
@@ -327,7 +299,7 @@ func TestMergeList(t *testing.T) {
 		{"b/dup", "c:dup-new-net"},          // the sandbox created last wins
 		{"b/dup2", "c:dup2-new-net"},        // a pod in flight (no sandbox yet) is the newest
 		{"c/only-podgate", "main:only-net"}, // in flight, unknown to the kubelet: listed from the spec
-		{"b/web", "app:gpu-claim app:web-net sidecar:web-net"},
+		{"b/web", "app:gpu-claim app:web-net"},
 	} {
 		got := claimsOf(byName[tc.pod])
 		if s := strings.Join(got, " "); s != tc.want {

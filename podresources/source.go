@@ -26,7 +26,8 @@ type Container struct {
 
 // ContainerLister returns a pod's containers from its spec: the restartable init containers
 // (sidecars) then the containers, as the kubelet lists them. ok is false when the spec is not
-// known; then every claim of the pod is listed under every container the kubelet reports.
+// known; then every claim of the pod is listed once, under the first container the kubelet
+// reports.
 type ContainerLister interface {
 	Containers(pod *pb.Pod) (containers []Container, ok bool)
 }
