@@ -138,7 +138,7 @@ func startAPICostNode(b *testing.B) *apiCostNode {
 	}
 	n := &apiCostNode{binDir: testfs.ShortDir(b), pgDir: testfs.ShortDir(b)}
 	n.events = filepath.Join(n.binDir, "dra-events.jsonl")
-	buildDriver(b, n.binDir)
+	harness.BuildProgram(b, "github.com/podgate/podgate/test/dradriver", n.binDir, "dradriver")
 	removeLinks(b)
 	n.rig = rig.Start(b)
 	// Stopped after the cluster, whose Down has the kubelet stop the pods through them:
@@ -169,16 +169,6 @@ func startAPICostNode(b *testing.B) *apiCostNode {
 		b.Fatal(err)
 	}
 	return n
-}
-
-func buildDriver(b *testing.B, dir string) {
-	b.Helper()
-	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "dradriver"), "github.com/podgate/podgate/test/dradriver")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build test/dradriver: %v\n%s", err, out)
-	}
 }
 
 // removeLinks deletes the host interfaces the driver makes, which a failed run may have left.

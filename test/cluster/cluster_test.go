@@ -419,7 +419,7 @@ func testPod(name, node string) *corev1.Pod {
 }
 
 // waitPod waits until the pod satisfies done and returns it.
-func waitPod(t *testing.T, c *cluster.Cluster, ns, name string, done func(*corev1.Pod) bool) *corev1.Pod {
+func waitPod(t testing.TB, c *cluster.Cluster, ns, name string, done func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
 	waitFor(t, 2*time.Minute, "pod "+ns+"/"+name, func() (bool, error) {

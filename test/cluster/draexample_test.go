@@ -3,10 +3,8 @@
 package cluster_test
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,6 +25,7 @@ import (
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/cni/record"
 	"github.com/podgate/podgate/test/dranode"
+	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -59,7 +58,8 @@ func startDRAExampleNode(t *testing.T) *draExampleNode {
 	}
 	dir := testfs.ShortDir(t)
 	n := &draExampleNode{records: filepath.Join(dir, "cni-record.jsonl")}
-	n.buildRecorder(t, dir)
+	// The recorder under its type's name, pgrecorder.
+	harness.BuildProgram(t, "github.com/podgate/podgate/test/cni/recorder", dir, "pgrecorder")
 	cdiRoot := filepath.Join(dir, "cdi")
 	// The driver stops after the cluster, whose Down has the kubelet stop the pods (and
 	// unprepare their claims) through it: this cleanup is registered before startNodeOf's.
@@ -99,17 +99,6 @@ func startDRAExampleNode(t *testing.T) *draExampleNode {
 	n.waitPodgateMetric(t, time.Minute, 1, "podgate_dra_drivers", "driver", cluster.DRAExampleNetDriver)
 	n.cri = rig.Connect(t, n.podgate.Endpoint)
 	return n
-}
-
-// buildRecorder builds the recorder CNI plugin into dir under its type's name, pgrecorder.
-func (*draExampleNode) buildRecorder(t *testing.T, dir string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "pgrecorder"), "github.com/podgate/podgate/test/cni/recorder")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build test/cni/recorder: %v\n%s", err, out)
-	}
 }
 
 // pod makes a pod with a claim on the driver's device, allocated, reserved and bound.

@@ -36,6 +36,7 @@ import (
 	"github.com/podgate/podgate/test/cluster"
 	"github.com/podgate/podgate/test/cni/record"
 	"github.com/podgate/podgate/test/dranode"
+	"github.com/podgate/podgate/test/harness"
 	"github.com/podgate/podgate/test/rig"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -134,7 +135,7 @@ func startMultusNode(t testing.TB, draKeys ...string) *multusNode {
 			t.Fatal(err)
 		}
 	}
-	buildInto(t, binDir, "github.com/podgate/podgate/test/cni/recorder", "pgrecorder")
+	harness.BuildProgram(t, "github.com/podgate/podgate/test/cni/recorder", binDir, "pgrecorder")
 	wrapper := fmt.Sprintf(multusWrapper, m.root, filepath.Join(dir, "devinfo"), rig.NeighbourBin(rig.Multus))
 	if err := os.WriteFile(filepath.Join(binDir, "multus"), []byte(wrapper), 0o755); err != nil { //nolint:gosec // a CNI plugin must be executable
 		t.Fatal(err)
@@ -491,7 +492,7 @@ func TestMultusDRAClaim(t *testing.T) {
 	})
 	m := startMultusNode(t, "prepare: always")
 	c := m.cluster
-	buildInto(t, m.dir, "github.com/podgate/podgate/test/dradriver", "dradriver")
+	harness.BuildProgram(t, "github.com/podgate/podgate/test/dradriver", m.dir, "dradriver")
 	var err error
 	driver, err = dranode.StartDriver(dranode.DriverConfig{
 		Bin: filepath.Join(m.dir, "dradriver"), NodeName: c.NodeName(), Kubeconfig: c.Kubeconfig(),
@@ -603,15 +604,11 @@ func cdiDeviceName(t testing.TB, cdiDir string, claim types.UID) string {
 // waitRunning waits until the pod runs; it fails the test at once if the pod failed.
 func waitRunning(t testing.TB, c *cluster.Cluster, ns, name string) {
 	t.Helper()
-	waitFor(t, 2*time.Minute, "pod "+ns+"/"+name+" running", func() (bool, error) {
-		p, err := c.Client().CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
+	waitPod(t, c, ns, name, func(p *corev1.Pod) bool {
 		if p.Status.Phase == corev1.PodFailed {
 			t.Fatalf("pod %s/%s failed: %s %s", ns, name, p.Status.Reason, p.Status.Message)
 		}
-		return p.Status.Phase == corev1.PodRunning, nil
+		return p.Status.Phase == corev1.PodRunning
 	})
 }
 
@@ -908,16 +905,6 @@ func mustJSON(t testing.TB, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// buildInto builds pkg as dir/name.
-func buildInto(t testing.TB, dir, pkg, name string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-	}
 }
 
 // tail is the last n lines of the file at path, or why there are none.

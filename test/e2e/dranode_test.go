@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,18 +42,6 @@ type draNode struct {
 	binDir          string
 }
 
-// goBuild builds the program at import path pkg into dir.
-func goBuild(t testing.TB, dir, pkg, name string) string {
-	t.Helper()
-	out := filepath.Join(dir, name)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	if b, err := exec.CommandContext(ctx, "go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return out
-}
-
 // draNodeOptions vary startDRANodeWith.
 type draNodeOptions struct {
 	// attach is podgate's dra.attach: the drivers whose devices podgate itself moves into pods.
@@ -89,10 +76,10 @@ func startDRANodeWith(t *testing.T, o draNodeOptions) *draNode {
 	removeTestLinks(t)
 	t.Cleanup(func() { removeTestLinks(t) })
 	n := &draNode{binDir: testfs.ShortDir(t), pgDir: testfs.ShortDir(t)}
-	goBuild(t, n.binDir, "github.com/podgate/podgate/test/cni/recorder", "pgrecorder")
-	goBuild(t, n.binDir, "github.com/podgate/podgate/test/dradriver", "dradriver")
+	harness.BuildProgram(t, "github.com/podgate/podgate/test/cni/recorder", n.binDir, "pgrecorder")
+	harness.BuildProgram(t, "github.com/podgate/podgate/test/dradriver", n.binDir, "dradriver")
 	for pkg, name := range o.cniPlugins {
-		goBuild(t, n.binDir, pkg, name)
+		harness.BuildProgram(t, pkg, n.binDir, name)
 	}
 	n.records = filepath.Join(n.binDir, "cni-record.jsonl")
 	n.events = filepath.Join(n.binDir, "dra-events.jsonl")

@@ -262,7 +262,7 @@ type fakeRuntime struct {
 func startFakeRuntime(b *testing.B, containers, sandboxes int) *fakeRuntime {
 	b.Helper()
 	dir := testfs.ShortDir(b)
-	bin := goBuild(b, dir, "github.com/podgate/podgate/test/e2e/fakeruntime", "fakeruntime")
+	bin := harness.BuildProgram(b, "github.com/podgate/podgate/test/e2e/fakeruntime", dir, "fakeruntime")
 	sock := filepath.Join(dir, "fake.sock")
 	f := &fakeRuntime{
 		cmd:      exec.Command(bin, "-listen", sock, "-containers", fmt.Sprint(containers), "-sandboxes", fmt.Sprint(sandboxes)),

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/podgate/podgate/test/scrape"
@@ -306,4 +307,26 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// buildTimeout bounds BuildProgram: one main package of this module on two loaded cores.
+const buildTimeout = 5 * time.Minute
+
+// BuildProgram compiles the main package pkg of this module (an import path, such as
+// github.com/podgate/podgate/test/cni/recorder) into dir/name for a test, and returns the
+// binary's path; a build that fails, or takes more than five minutes, fails t. CNI plugins are
+// named after their type (pgrecorder), hence the name.
+func BuildProgram(t testing.TB, pkg, dir, name string) string {
+	t.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatalf("build %s: %v", pkg, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), buildTimeout)
+	defer cancel()
+	bin := filepath.Join(dir, name)
+	if err := goBuild(ctx, root, false, []string{"build", "-o", bin, pkg}); err != nil {
+		t.Fatalf("build %s: %v", pkg, err)
+	}
+	return bin
 }
