@@ -145,7 +145,7 @@ func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) af
 	case !f.StreamEnded():
 		return after{reset: s, code: http2.ErrCodeProtocol}
 	}
-	s.req.done = true
+	ss.wholeLocked(s)
 	s.req.recv.shut.Store(true)
 	return s.kind.headers(ss, s, &s.req, f.Fields, true)
 }

@@ -118,6 +118,9 @@ func (ss *session) dataLocked(c *conn, up *upstream, d dataFrame) (*sendStream, 
 	if d.end {
 		w.done = true
 		w.recv.shut.Store(true)
+		if w == &s.req {
+			ss.wholeLocked(s)
+		}
 	}
 	if len(d.payload) == 0 && !d.end {
 		return nil, a

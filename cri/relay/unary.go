@@ -172,7 +172,8 @@ func (ss *session) refuseLocked(s *stream, a after, code codes.Code, msg string,
 // dispatchLocked readies the target's handler to run on the whole request, in a goroutine of
 // its own once mu is let go, and to answer the client when it returns. mu is held.
 func (ss *session) dispatchLocked(s *stream, u *unaryCall) after {
-	s.req.done, s.req.closed = true, true
+	ss.wholeLocked(s)
+	s.req.closed = true
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if u.deadline.IsZero() {
@@ -301,7 +302,11 @@ func encodeGrpcMessage(msg string) string {
 // in a status or a log line: a client cannot make it write its 64 KiB path into every refusal.
 const maxQuote = 256
 
-// clip is v, cut to maxQuote bytes with a note of how long it was.
+// Clip is v, a string a client sent, as a refusal quotes it: at most 256 bytes of it, with a note
+// of how long it was.
+func Clip(v string) string { return clip(v) }
+
+// clip is Clip.
 func clip(v string) string {
 	if len(v) <= maxQuote {
 		return v
