@@ -1655,7 +1655,7 @@ type ImagePull struct {
 	// image is the image's reference, or the security profile's (digest-pinned).
 	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	// kind says what the pull fetches: "image" or "security_profile".
-	Kind  string          `protobuf:"bytes,30,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind  string          `protobuf:"bytes,40,opt,name=kind,proto3" json:"kind,omitempty"`
 	State ImagePull_State `protobuf:"varint,2,opt,name=state,proto3,enum=podgate.podresources.v1alpha1.ImagePull_State" json:"state,omitempty"`
 	// since is when the caller asked for the pull.
 	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
@@ -2092,7 +2092,7 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\battached\x18\x06 \x01(\bR\battached\"\x8b\b\n" +
 	"\tImagePull\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
-	"\x04kind\x18\x1e \x01(\tR\x04kind\x12D\n" +
+	"\x04kind\x18( \x01(\tR\x04kind\x12D\n" +
 	"\x05state\x18\x02 \x01(\x0e2..podgate.podresources.v1alpha1.ImagePull.StateR\x05state\x120\n" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12#\n" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
