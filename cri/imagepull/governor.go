@@ -231,7 +231,7 @@ func (g *Governor) do(ctx context.Context, p Pull, fn flightCall) (any, bool, er
 		}
 	}
 	// A caller that joined a pull already running waited for nothing.
-	g.metrics.wait.WithLabelValues(p.Kind.String()).Observe(max(0, f.started.Sub(arrived).Seconds()))
+	g.metrics.wait[p.Kind].Observe(max(0, f.started.Sub(arrived).Seconds()))
 	if g.observer != nil {
 		g.observer.PullEvent(Event{Kind: EventFinished, Pull: p, Leader: f.pod, Started: true, Err: f.err})
 	}
@@ -256,7 +256,7 @@ func (g *Governor) join(ctx context.Context, p Pull, fn flightCall) (*flight, bo
 	logger := klog.FromContext(ctx).WithValues("image", p.Image, "pod", p.Pod, "priority", p.Priority)
 	if f := g.flights[p.key]; f != nil {
 		f.waiters++
-		g.metrics.deduplicated.WithLabelValues(p.Kind.String()).Inc()
+		g.metrics.deduplicated[p.Kind].Inc()
 		if f.elem != nil && p.Priority > f.prio {
 			g.queue.raise(f, p.Priority)
 		}
@@ -293,7 +293,7 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 	if errors.Is(cause, ErrPodDeleted) {
 		reason = reasonPodDeleted
 	}
-	g.metrics.cancelled.WithLabelValues(p.Kind.String(), reason).Inc()
+	g.metrics.cancelled[p.Kind].WithLabelValues(reason).Inc()
 	logger := klog.FromContext(ctx).WithValues("image", p.Image, "pod", p.Pod)
 
 	g.mu.Lock()
@@ -319,7 +319,7 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 	g.mu.Unlock()
 
 	if started.IsZero() {
-		g.metrics.wait.WithLabelValues(p.Kind.String()).Observe(g.now().Sub(arrived).Seconds())
+		g.metrics.wait[p.Kind].Observe(g.now().Sub(arrived).Seconds())
 	}
 	logger.Info("Image pull abandoned", "reason", reason, "cause", cause.Error(),
 		"started", !started.IsZero(), "sharedWithOthers", shared)
@@ -421,7 +421,7 @@ func (g *Governor) run(f *flight) {
 	case err != nil:
 		result = resultError
 	}
-	g.metrics.duration.WithLabelValues(f.key.kind.String(), result).Observe(g.now().Sub(f.started).Seconds())
+	g.metrics.duration[f.key.kind].WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
 	if err != nil && f.stall != nil {
 		err = f.stall // the backend says "cancelled"; the callers learn why
 	}

@@ -25,15 +25,26 @@ type metrics struct {
 	queueLength      prometheus.Gauge
 	inFlight         prometheus.Gauge
 	registryInFlight *prometheus.GaugeVec
-	wait             *prometheus.HistogramVec
-	duration         *prometheus.HistogramVec
-	deduplicated     *prometheus.CounterVec
-	cancelled        *prometheus.CounterVec
-	stalls           *prometheus.CounterVec
+	// wait, duration, deduplicated and cancelled are by the pull's kind: each its vector with
+	// the kind label filled in.
+	wait         map[Kind]prometheus.Observer
+	duration     map[Kind]prometheus.ObserverVec // by result
+	deduplicated map[Kind]prometheus.Counter
+	cancelled    map[Kind]*prometheus.CounterVec // by reason
+	stalls       *prometheus.CounterVec
+}
+
+// byKind are the vectors labelled by the pull's kind, before their kind is filled in.
+type byKind struct {
+	wait, duration          *prometheus.HistogramVec
+	deduplicated, cancelled *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	v := newByKind()
 	m := &metrics{
+		wait: map[Kind]prometheus.Observer{}, duration: map[Kind]prometheus.ObserverVec{},
+		deduplicated: map[Kind]prometheus.Counter{}, cancelled: map[Kind]*prometheus.CounterVec{},
 		queueLength: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "podgate", Name: "image_pull_queue_length",
 			Help: "Backend pulls waiting for a slot, images and security profiles (callers sharing one pull count once).",
@@ -46,6 +57,33 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "podgate", Name: "image_pull_registry_in_flight",
 			Help: "PullImage and PullSecurityProfile calls in flight to the backend, by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
 		}, []string{"registry"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "podgate", Name: "image_pull_stalls_total",
+			Help: "Backend pulls podgate cancelled as stalled (below imagePulls.stall.minBytesPerSecond over imagePulls.stall.window), by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
+		}, []string{"registry"}),
+	}
+	for _, k := range kinds {
+		kind := prometheus.Labels{"kind": k.String()}
+		m.wait[k] = v.wait.With(kind)
+		m.duration[k] = v.duration.MustCurryWith(kind)
+		m.deduplicated[k] = v.deduplicated.With(kind)
+		m.cancelled[k] = v.cancelled.MustCurryWith(kind)
+		for _, r := range []string{resultSuccess, resultError, resultCanceled} {
+			m.duration[k].WithLabelValues(r)
+		}
+		for _, r := range []string{reasonCaller, reasonPodDeleted} {
+			m.cancelled[k].WithLabelValues(r)
+		}
+	}
+	if reg != nil {
+		reg.MustRegister(m.queueLength, m.inFlight, m.registryInFlight, v.wait, v.duration, v.deduplicated, v.cancelled, m.stalls)
+	}
+	return m
+}
+
+// newByKind makes the vectors labelled by kind.
+func newByKind() byKind {
+	return byKind{
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "podgate", Name: "image_pull_wait_seconds",
 			Help:    "Time a PullImage or PullSecurityProfile caller waited for its pull to start (or until it gave up), by kind (image, security_profile).",
@@ -64,23 +102,5 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "podgate", Name: "image_pull_cancelled_total",
 			Help: "PullImage and PullSecurityProfile callers that stopped waiting, by kind (image, security_profile) and reason (caller: its context ended; pod_deleted).",
 		}, []string{"kind", "reason"}),
-		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "podgate", Name: "image_pull_stalls_total",
-			Help: "Backend pulls podgate cancelled as stalled (below imagePulls.stall.minBytesPerSecond over imagePulls.stall.window), by registry host for the hosts in imagePulls.perRegistry, \"other\" for the rest.",
-		}, []string{"registry"}),
 	}
-	for _, k := range kinds {
-		m.wait.WithLabelValues(k.String())
-		m.deduplicated.WithLabelValues(k.String())
-		for _, r := range []string{resultSuccess, resultError, resultCanceled} {
-			m.duration.WithLabelValues(k.String(), r)
-		}
-		for _, r := range []string{reasonCaller, reasonPodDeleted} {
-			m.cancelled.WithLabelValues(k.String(), r)
-		}
-	}
-	if reg != nil {
-		reg.MustRegister(m.queueLength, m.inFlight, m.registryInFlight, m.wait, m.duration, m.deduplicated, m.cancelled, m.stalls)
-	}
-	return m
 }
