@@ -10,7 +10,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/imagepull"
-	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
 // TestFeatureProfilePulls: a security profile's pull shows as such wherever podgate shows
@@ -74,21 +73,21 @@ func TestFeatureProfilePulls(t *testing.T) {
 	events.await(t, waiting.Name, imagepull.ReasonPullQueued, `Pulling security profile "`+ref+`" waits in podgate's queue`, "imagePulls.maxParallel 1, 1 running")
 	sharingDone := profile(sharing)
 	events.await(t, sharing.Name, imagepull.ReasonPullShared, `Security profile "`+ref+`" is pulled once`, "pod default/pod-waiting")
-	kinds := map[string]string{}
+	kinds := map[string]imagepull.Kind{}
 	for _, p := range f.Pulls("", "") {
-		kinds[p.GetPodName()] = p.GetKind()
-		if p.GetKind() == "security_profile" && (p.GetState() != pb.ImagePull_QUEUED || p.GetStallWindow() != nil) {
-			t.Errorf("the waiting profile pull: %v", p)
+		kinds[p.Pod.Name] = p.Kind
+		if p.Kind == imagepull.KindSecurityProfile && (!p.Started.IsZero() || p.Stall.On()) {
+			t.Errorf("the waiting profile pull: %+v", p)
 		}
 	}
-	want := map[string]string{"pod-running": "image", "pod-waiting": "security_profile", "pod-sharing": "security_profile"}
+	want := map[string]imagepull.Kind{"pod-running": imagepull.KindImage, "pod-waiting": imagepull.KindSecurityProfile, "pod-sharing": imagepull.KindSecurityProfile}
 	for pod, kind := range want {
-		if kinds[pod] != kind {
-			t.Errorf("pulls view: %s's pull of kind %q, want %q (all: %v)", pod, kinds[pod], kind, kinds)
+		if got, ok := kinds[pod]; !ok || got != kind {
+			t.Errorf("pulls view: %s's pull of kind %v, want %v (all: %v)", pod, got, kind, kinds)
 		}
 	}
-	if pulls := f.PodPulls(string(waiting.UID)); len(pulls) != 1 || pulls[0].GetKind() != "security_profile" {
-		t.Errorf("PodPulls of the waiting pod: %v", pulls)
+	if pulls := f.PodPulls(string(waiting.UID)); len(pulls) != 1 || pulls[0].Kind != imagepull.KindSecurityProfile {
+		t.Errorf("PodPulls of the waiting pod: %+v", pulls)
 	}
 
 	images.release <- struct{}{}
