@@ -45,9 +45,6 @@ const (
 	prefaceTimeout = 20 * time.Second
 	// readBuffer is each connection's read buffer: two 16 KiB frames per read.
 	readBuffer = 32 << 10
-	// writeBuffer is the buffer a connection borrows while it has frames to write: the frames
-	// forwarded from one read leave in one write.
-	writeBuffer = 64 << 10
 )
 
 // Target is a server podgate forwards calls to: the runtime, or its own gRPC server for the
