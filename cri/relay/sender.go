@@ -292,8 +292,14 @@ func (s *sender) write(g bool) bool {
 			b.keepLent()
 			s.handOff()
 			return false
-		default:
+		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
 			s.end()
+			return false
+		default:
+			// The peer is gone (EPIPE, ECONNRESET): nothing more can be written, but what it
+			// sent before it left may still wait to be read. Its reader reads on until the
+			// end, and the session closes the connection then.
+			s.endWriting()
 			return false
 		}
 	}
@@ -463,6 +469,13 @@ func (s *sender) kickSoon() {
 // closeAfterFlush closes the connection once what was put before has been written, or after
 // grace at most; it does not wait.
 func (s *sender) closeAfterFlush(grace time.Duration) {
+	select {
+	case <-s.done:
+		// Ended already (its peer broke it): nothing is left to write.
+		_ = s.conn.Close()
+		return
+	default:
+	}
 	s.soon.Do(func() {
 		s.put(event{kind: evClose})
 		t := time.AfterFunc(grace, s.close)
@@ -484,6 +497,22 @@ func (s *sender) shutdown() {
 // end ends the sender, by its owner: nothing more is written, what was queued is dropped and
 // given back, the connection closes. The token is never let go: a dead sender has no owner.
 func (s *sender) end() {
+	s.shutDown(func() { _ = s.conn.Close() })
+}
+
+// endWriting is end for a connection its peer broke: its write side is shut, not the whole of
+// it, so that its reader still reads what the peer sent before; closing it is the session's.
+func (s *sender) endWriting() {
+	s.shutDown(func() {
+		if cw, ok := s.conn.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			return
+		}
+		_ = s.conn.Close()
+	})
+}
+
+// shutDown is end's work, the connection shut by shut.
+func (s *sender) shutDown(shut func()) {
 	o := &s.o
 	if o.ended {
 		return
@@ -514,7 +543,7 @@ func (s *sender) end() {
 	s.responses.Store(0)
 	s.closer.Do(func() {
 		close(s.quit)
-		_ = s.conn.Close()
+		shut()
 	})
 	close(s.done)
 	s.deliver() // the credit of what was dropped
