@@ -71,8 +71,8 @@ func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *s
 // where SpecResources leaves it unset. The kubelet sends 0 for a limit the container does not
 // have: the CPU limit in a memory resize, the memory limit in a CPU resize (kubelet
 // 1.38.0-beta.0, pkg/kubelet/kuberuntime/kuberuntime_manager.go, updatePodContainerResources),
-// as it takes a zero CPU request or limit in the runtime's ContainerStatus.resources as absent
-// (pkg/kubelet/kubelet_pods.go, convertContainerStatusResources). The unified map's keys are
+// and it takes a zero CPU request or limit in the runtime's ContainerStatus.resources as absent
+// too (pkg/kubelet/kubelet_pods.go, convertContainerStatusResources). The unified map's keys are
 // added to the current ones, and a hugepage limit replaces the current one of its page size
 // (containerd appends it, and runc writes them in order). current is not changed; nil is a
 // container whose spec asked nothing. A nil r changes nothing.
