@@ -241,8 +241,7 @@ func (s *Hooks) recheckPods(ctx context.Context) {
 // subtractOverheadFromResourceConfig) is no limit here too:
 //
 //   - a limit left out (0): RunPodSandbox's, when not every container sets one
-//     (kuberuntime_sandbox_linux.go, calculateSandboxResources; kubernetes#141014), or an
-//     UpdatePodSandboxResources' CPU period of a pod without a CPU limit;
+//     (kuberuntime_sandbox_linux.go, calculateSandboxResources; kubernetes#141014);
 //   - a negative CPU quota: -1 of a pod with exclusive CPUs, whose CFS quota is off, less the
 //     overhead's quota when the pod has one (the kubelet subtracts it all the same);
 //   - a memory limit read back from the pod cgroup: cgroup v1's unlimited number
