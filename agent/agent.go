@@ -265,6 +265,11 @@ type proxy struct {
 // lookup (cgroup.Procs; tests replace it).
 var cgroupProcs = cgroup.Procs
 
+// detectCgroups finds the node's cgroups, which decide what the resources feature can do
+// (cgroup.Detect; tests replace it to run memory QoS on a node without the cgroup v2 memory
+// controller).
+var detectCgroups = cgroup.Detect
+
 // buildProxy connects the backends and builds the CRI server with the sandbox pipeline and
 // podgate's other interceptors, from the state on disk, the Kubernetes API's pods and the
 // pod Events (nil without the API).
@@ -280,7 +285,7 @@ func (a *Agent) buildProxy(ctx context.Context, st *state.State, changes *podres
 			closeAll(backends)
 		}
 	}()
-	node := cgroup.Detect()
+	node := detectCgroups()
 	kubelet := newKubeletView(logger, a.cfg.Resources.KubeletConfig, node)
 	kubeletDefaults, _ := kubelet.Get().DefaultPodSysctls()
 	policy, err := sysctlPolicy(&a.cfg.Sysctls, kubeletDefaults)

@@ -38,10 +38,14 @@ func (m Mismatch) String() string {
 //   - CPU shares: cpu.shares on cgroup v1; on v2 cpu.weight, converted with
 //     [CPUSharesToWeight] as runc converts them (as the kubelet does with [WrittenByKubelet]).
 //   - Quota and period: cpu.cfs_quota_us and cpu.cfs_period_us, or cpu.max on v2; a negative
-//     quota is no quota (-1, "max").
+//     quota is no quota (-1, "max"): the kubelet 1.38 asks -1 for a pod or container with
+//     exclusive CPUs (pkg/kubelet/kuberuntime/kuberuntime_container_linux.go,
+//     calculateLinuxResources; doPodResizeAction's ResourceConfigForPod with CFS quota off),
+//     less the overhead's quota in UpdatePodSandboxResources.
 //   - cpuset CPUs and mems, as sets: "0-3" is "0,1,2,3".
 //   - Memory limit: memory.limit_in_bytes or memory.max, rounded down to the page size as
-//     the kernel does; -1 is unlimited.
+//     the kernel does; -1 is unlimited, and so is cgroup v1's unlimited number
+//     ([UnlimitedBytes]), which the kubelet sends back for a pod cgroup without a limit.
 //   - Swap: on cgroup v1 memory.memsw.limit_in_bytes, memory and swap together as the spec
 //     means it (-1 also when the memory limit is -1, as runc sets it); on v2 memory.swap.max,
 //     swap alone, converted as runc converts it (swap − memory, "0" when they are equal,
@@ -276,12 +280,29 @@ func (c *comparer) unifiedKeys(unified map[string]string) {
 }
 
 // bytes is the amount the kernel holds for a byte limit: rounded down to the page size;
-// negative is unlimited (-1).
+// negative, or as large as the kernel's "unlimited" or larger, is unlimited (-1).
 func (c *comparer) bytes(v int64) int64 {
-	if v < 0 {
+	if UnlimitedBytes(v, c.page) {
 		return -1
 	}
 	return v / c.page * c.page
+}
+
+// UnlimitedBytes tells whether a byte limit asked of a cgroup means no limit: it is negative
+// (-1, "max"), or no smaller than the largest limit the kernel holds, its page counter's
+// maximum in bytes (math.MaxInt64 rounded down to pageSize: 9223372036854771712 with 4 KiB
+// pages), which is what cgroup v1's memory.limit_in_bytes shows when unlimited. The kernel
+// takes any larger limit as that one (mm/page_counter.c, page_counter_memparse), and cgroup v2
+// then shows "max".
+//
+// The kubelet asks for that number itself: for a pod without a memory limit, an in-place
+// resize reads the pod cgroup's memory.limit_in_bytes back (kubelet 1.38.0-beta.0,
+// pkg/kubelet/cm/cgroup_manager_linux.go, readCgroupMemoryConfig, called from
+// kuberuntime_manager.go, doPodResizeAction, as currentPodMemoryConfig) and sends it in
+// UpdatePodSandboxResources as the memory limit; a pod has none unless every container sets
+// one or the pod does (component-helpers resource.PodLimits, kubernetes#141014).
+func UnlimitedBytes(v, pageSize int64) bool {
+	return v < 0 || v >= math.MaxInt64/max(pageSize, 1)*max(pageSize, 1)
 }
 
 // showBytes shows a byte limit as it should be in the file.

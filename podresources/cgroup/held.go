@@ -218,7 +218,7 @@ func (p *parser) v1Bytes(name string) *int64 {
 		p.fail(name, s, err)
 		return nil
 	}
-	if v >= math.MaxInt64/p.pageSize*p.pageSize {
+	if UnlimitedBytes(v, p.pageSize) {
 		v = -1
 	}
 	return &v

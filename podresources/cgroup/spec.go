@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -58,11 +59,62 @@ func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *s
 	if r == nil {
 		return nil
 	}
+	out := &specs.LinuxResources{}
+	withResources(out, r, newSpecConfig(opts))
+	return out
+}
+
+// UpdateSpecResources is [SpecResources] for an UpdateContainerResources of a container whose
+// runtime spec resources were current: containerd lays the request over them (containerd v2.4
+// internal/cri/server/container_update_resources_linux.go, updateOCIResource, with the same
+// opts.WithResources), so a zero or empty value is absent and keeps what the container had,
+// where SpecResources leaves it unset. The kubelet sends 0 for a limit the container does not
+// have: the CPU limit in a memory resize, the memory limit in a CPU resize (kubelet
+// 1.38.0-beta.0, pkg/kubelet/kuberuntime/kuberuntime_manager.go, updatePodContainerResources),
+// and it takes a zero CPU request or limit in the runtime's ContainerStatus.resources as absent
+// too (pkg/kubelet/kubelet_pods.go, convertContainerStatusResources). The unified map's keys are
+// added to the current ones, and a hugepage limit replaces the current one of its page size
+// (containerd appends it, and runc writes them in order). current is not changed; nil is a
+// container whose spec asked nothing. A nil r changes nothing.
+func UpdateSpecResources(current *specs.LinuxResources, r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *specs.LinuxResources {
+	if r == nil {
+		return current
+	}
+	out := &specs.LinuxResources{}
+	if current != nil {
+		*out = *current // the pointers' values are never changed: only replaced
+		out.HugepageLimits = slices.Clone(current.HugepageLimits)
+		out.Unified = maps.Clone(current.Unified)
+		if current.CPU != nil {
+			cpu := *current.CPU
+			out.CPU = &cpu
+		}
+		if current.Memory != nil {
+			mem := *current.Memory
+			out.Memory = &mem
+		}
+	}
+	withResources(out, r, newSpecConfig(opts))
+	return out
+}
+
+func newSpecConfig(opts []SpecOption) specConfig {
 	c := specConfig{swap: swapControllerAvailable, hugetlb: containerdDefaultHugetlb}
 	for _, o := range opts {
 		o(&c)
 	}
-	out := &specs.LinuxResources{CPU: &specs.LinuxCPU{}, Memory: &specs.LinuxMemory{}}
+	return c
+}
+
+// withResources lays r over out as containerd's opts.WithResources does: what r sets (not 0,
+// not empty) replaces out's; CPU and Memory are made when nil.
+func withResources(out *specs.LinuxResources, r *runtimeapi.LinuxContainerResources, c specConfig) {
+	if out.CPU == nil {
+		out.CPU = &specs.LinuxCPU{}
+	}
+	if out.Memory == nil {
+		out.Memory = &specs.LinuxMemory{}
+	}
 	if p := uint64(r.GetCpuPeriod()); p != 0 {
 		out.CPU.Period = &p
 	}
@@ -72,7 +124,12 @@ func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *s
 	if s := uint64(r.GetCpuShares()); s != 0 {
 		out.CPU.Shares = &s
 	}
-	out.CPU.Cpus, out.CPU.Mems = r.GetCpusetCpus(), r.GetCpusetMems()
+	if cpus := r.GetCpusetCpus(); cpus != "" {
+		out.CPU.Cpus = cpus
+	}
+	if mems := r.GetCpusetMems(); mems != "" {
+		out.CPU.Mems = mems
+	}
 	limit, swap := r.GetMemoryLimitInBytes(), r.GetMemorySwapLimitInBytes()
 	if limit != 0 {
 		out.Memory.Limit = &limit
@@ -85,13 +142,16 @@ func SpecResources(r *runtimeapi.LinuxContainerResources, opts ...SpecOption) *s
 	}
 	if hp := r.GetHugepageLimits(); len(hp) > 0 && c.hugetlb() {
 		for _, l := range hp {
+			out.HugepageLimits = slices.DeleteFunc(out.HugepageLimits, func(h specs.LinuxHugepageLimit) bool { return h.Pagesize == l.GetPageSize() })
 			out.HugepageLimits = append(out.HugepageLimits, specs.LinuxHugepageLimit{Pagesize: l.GetPageSize(), Limit: l.GetLimit()})
 		}
 	}
 	if u := r.GetUnified(); u != nil {
-		out.Unified = maps.Clone(u)
+		if out.Unified == nil {
+			out.Unified = make(map[string]string, len(u))
+		}
+		maps.Copy(out.Unified, u)
 	}
-	return out
 }
 
 // swapControllerAvailable is containerd's SwapControllerAvailable (internal/cri/opts,

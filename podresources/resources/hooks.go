@@ -256,11 +256,11 @@ func (s *Hooks) UpdateContainerResources(ctx context.Context, req *runtimeapi.Up
 	if err != nil || req.GetLinux() == nil {
 		return resp, err
 	}
-	asked := cgroup.SpecResources(req.GetLinux())
-	if !s.records.update(id, func(c *container) { c.asked = asked }) {
+	// The runtime lays the request over what the container asked before: a zero keeps it.
+	if !s.records.update(id, func(c *container) { c.asked = cgroup.UpdateSpecResources(c.asked, req.GetLinux()) }) {
 		// Not rebuilt yet (podgate just started), or not a container of the runtime's own
 		// listing: learnt of here; the next rebuild or recheck corrects what is missing.
-		s.records.set(id, container{asked: asked, verification: ResultUnverified})
+		s.records.set(id, container{asked: cgroup.SpecResources(req.GetLinux()), verification: ResultUnverified})
 		if !known {
 			s.containers.AddContainer(registry.ContainerRecord{ID: id, Origin: registry.OriginAdopted})
 		}

@@ -3,6 +3,7 @@ package resources
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -234,16 +235,33 @@ func (s *Hooks) recheckPods(ctx context.Context) {
 // the overhead out of what it sends). With a CPU overhead the CPU shares are not compared:
 // the kubelet's conversion between shares and milli-CPUs rounds, so their sum may be off by
 // one. The kubelet writes neither swap nor, from these fields, hugepages into the pod cgroup.
+//
+// What the kubelet 1.38 sends for a pod cgroup without a limit (kubelet 1.38.0-beta.0,
+// pkg/kubelet/kuberuntime/kuberuntime_manager.go, doPodResizeAction, and helpers_linux.go,
+// subtractOverheadFromResourceConfig) is no limit here too:
+//
+//   - a limit left out (0): RunPodSandbox's, when not every container sets one
+//     (kuberuntime_sandbox_linux.go, calculateSandboxResources; kubernetes#141014);
+//   - a negative CPU quota: -1 of a pod with exclusive CPUs, whose CFS quota is off, less the
+//     overhead's quota when the pod has one (the kubelet subtracts it all the same);
+//   - a memory limit read back from the pod cgroup: cgroup v1's unlimited number
+//     (cgroup.UnlimitedBytes) or v2's "max" as -1, less the overhead's.
 func podSpec(res, overhead *runtimeapi.LinuxContainerResources) *specs.LinuxResources {
 	if res == nil {
 		return nil
 	}
 	sum := cloneResources(res)
-	if q := overhead.GetCpuQuota(); q > 0 && sum.CpuQuota > 0 {
+	switch q := overhead.GetCpuQuota(); {
+	case sum.CpuQuota < 0:
+		sum.CpuQuota = -1
+	case q > 0 && sum.CpuQuota > 0:
 		sum.CpuQuota += q
 	}
-	if m := overhead.GetMemoryLimitInBytes(); m > 0 && sum.MemoryLimitInBytes > 0 {
-		sum.MemoryLimitInBytes += m
+	switch m := overhead.GetMemoryLimitInBytes(); {
+	case sum.MemoryLimitInBytes < 0:
+		sum.MemoryLimitInBytes = -1
+	case m > 0 && sum.MemoryLimitInBytes > 0:
+		sum.MemoryLimitInBytes = addBytes(sum.MemoryLimitInBytes, m)
 	}
 	if overhead.GetCpuShares() > 0 {
 		sum.CpuShares = 0
@@ -260,8 +278,11 @@ func cloneResources(r *runtimeapi.LinuxContainerResources) *runtimeapi.LinuxCont
 
 // podQuantities are the pod-level requests and limits as quantities ("200m", "128Mi"), from
 // what the runtime was told: the CPU request from the shares, the CPU limit from the quota and
-// period, the memory limit. The kubelet's conversions (cm.SharesToMilliCPU, QuotaToMilliCPU).
-func podQuantities(r *runtimeapi.LinuxContainerResources) (requests, limits map[string]string) {
+// period, the memory limit. The kubelet's conversions (cm.SharesToMilliCPU, QuotaToMilliCPU);
+// a zero or negative value is absent, as the kubelet 1.38 takes a zero CPU request or limit
+// (pkg/kubelet/kubelet_pods.go, convertContainerStatusResources), and so is a memory limit
+// that is the kernel's unlimited once the overhead is added back (podSpec).
+func podQuantities(r, overhead *runtimeapi.LinuxContainerResources, pageSize int64) (requests, limits map[string]string) {
 	requests, limits = map[string]string{}, map[string]string{}
 	if sh := r.GetCpuShares(); sh > minShares {
 		requests["cpu"] = milliCPU((sh*1000 + 1023) / 1024) // rounded up
@@ -269,10 +290,18 @@ func podQuantities(r *runtimeapi.LinuxContainerResources) (requests, limits map[
 	if q, p := r.GetCpuQuota(), r.GetCpuPeriod(); q > 0 && p > 0 {
 		limits["cpu"] = milliCPU(q * 1000 / p)
 	}
-	if m := r.GetMemoryLimitInBytes(); m > 0 {
+	if m := r.GetMemoryLimitInBytes(); m > 0 && !cgroup.UnlimitedBytes(addBytes(m, max(overhead.GetMemoryLimitInBytes(), 0)), pageSize) {
 		limits["memory"] = bytesQuantity(m)
 	}
 	return requests, limits
+}
+
+// addBytes is a+b, both not negative, at most math.MaxInt64 (no limit, to the kernel).
+func addBytes(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // minShares are the kubelet's shares for no CPU request (cm.MinShares).

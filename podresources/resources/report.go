@@ -63,7 +63,7 @@ func (s *Hooks) describePod(id string) *pb.PodLevelResources {
 		Held: heldResources(e.held), Verification: e.verification, Mismatches: slices.Clone(e.mismatches), Error: e.err,
 		CgroupParent: e.cgroupParent, Resizes: e.resizes,
 	}
-	out.Requests, out.Limits = podQuantities(e.resources)
+	out.Requests, out.Limits = podQuantities(e.resources, e.overhead, s.pageSize)
 	if !e.verifiedAt.IsZero() {
 		out.VerifiedAt = timestamppb.New(e.verifiedAt)
 	}
