@@ -89,7 +89,8 @@ func attacks(silence time.Duration) []attack {
 			return budgets(ctx, sock, 8, 4, 15<<20)
 		}},
 	}
-	return append(rows, writeAttacks()...)
+	rows = append(rows, writeAttacks()...)
+	return append(rows, faultAttacks()...)
 }
 
 // writeAttacks are issue 38's attacks on the CRI socket's write path, with default limits.
