@@ -57,8 +57,9 @@ type target struct {
 	pg     *harness.Podgate // nil for grpc-go
 }
 
-// attacks are every row: silence is how long the silent connections stay silent.
-func attacks(silence time.Duration) []attack {
+// attacks are every row: silence is how long the silent connections stay silent, stressFor how
+// long the write path's stress test runs.
+func attacks(silence, stressFor time.Duration) []attack {
 	rows := []attack{
 		{name: "40 UpdateContainerResources requests of 16 MiB, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return bodies(ctx, sock, 40, 16<<20, 16<<20, nil)
@@ -90,7 +91,7 @@ func attacks(silence time.Duration) []attack {
 		}},
 	}
 	rows = append(rows, writeAttacks()...)
-	return append(rows, faultAttacks()...)
+	return append(rows, faultAttacks(stressFor)...)
 }
 
 // writeAttacks are issue 38's attacks on the CRI socket's write path, with default limits.

@@ -71,6 +71,9 @@ type dialer struct {
 	sock  string
 	shape readShape
 	dials atomic.Int64
+
+	mu   sync.Mutex
+	last net.Conn // the connection made last, for a client that breaks it off
 }
 
 func (d *dialer) dial(ctx context.Context, _ string) (net.Conn, error) {
@@ -80,10 +83,22 @@ func (d *dialer) dial(ctx context.Context, _ string) (net.Conn, error) {
 		return nil, err
 	}
 	d.dials.Add(1)
+	d.mu.Lock()
+	d.last = c
+	d.mu.Unlock()
 	if d.shape == (readShape{}) {
 		return c, nil
 	}
 	return &shapedConn{Conn: c, shape: d.shape}, nil
+}
+
+// breakOff closes the connection made last at once, under the client's feet.
+func (d *dialer) breakOff() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last != nil {
+		_ = d.last.Close()
+	}
 }
 
 // client is a grpc-go client of sock through d, with more options; it receives messages up to

@@ -5,7 +5,8 @@ package main
 // F2, a kubelet-like client reads its lists beside ~250 connections whose parked answers fill
 // the budget; F3, Version beside a slowly read large answer on the same connection; F4,
 // 1,000 connections that never read, flooding PINGs or calls refused with a 60 KB quote
-// (flood.go). F5, a write deadline left behind, is a relay test (cri/relay).
+// (flood.go). F5, a write deadline left behind, is a relay test (cri/relay). And the stress
+// test of the write path, every answer checked byte for byte (stress.go).
 
 import (
 	"context"
@@ -45,9 +46,9 @@ func (r *results[T]) get(server string) (T, bool) {
 	return v, ok
 }
 
-// faultAttacks are issue 47's rows.
-func faultAttacks() []attack {
-	return []attack{f1StaticWindows(), f2Parked(), f3Slow(), f3Kubelet(), f4Pings(), f4Quotes(), f4Pipelined()}
+// faultAttacks are issue 47's rows, and the write path's stress test run for stressFor.
+func faultAttacks(stressFor time.Duration) []attack {
+	return []attack{f1StaticWindows(), f2Parked(), f3Slow(), f3Kubelet(), f4Pings(), f4Quotes(), f4Pipelined(), stressAttack(stressFor)}
 }
 
 // F1: a client whose windows are so large it never sends a WINDOW_UPDATE.

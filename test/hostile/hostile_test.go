@@ -72,14 +72,15 @@ func programs(t *testing.T) *rig {
 // (verdict): podgate's peak RSS within peakRSS, the kubelet-like client's Version answered
 // throughout, a log line naming the attacking process where podgate refused it, and the
 // attack's own check. A row whose check compares podgate with grpc-go attacks the grpc-go
-// server first. The silent connections stay silent 5 s here (make attacks: 30 s).
+// server first. The silent connections stay silent 5 s and the stress test runs 20 s here
+// (make attacks: 30 s and a minute).
 func TestAttacks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the attacks take minutes: not with -short")
 	}
 	ctx := context.Background()
 	r := programs(t)
-	for _, a := range attacks(5 * time.Second) {
+	for _, a := range attacks(5*time.Second, 20*time.Second) {
 		t.Run(a.name, func(t *testing.T) {
 			if a.anchored {
 				anchor, err := measure(ctx, r, a, "grpc-go")

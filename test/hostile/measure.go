@@ -19,10 +19,10 @@ import (
 // runAttacks runs every attack against podgate and against the grpc-go server, each on fresh
 // processes, and prints the table; the last column says whether podgate held what TestAttacks
 // checks of the attack (verdict).
-func runAttacks(ctx context.Context, r *rig, silence time.Duration, only string) {
+func runAttacks(ctx context.Context, r *rig, silence, stressFor time.Duration, only string) {
 	fmt.Println("| what one local client does | server | RSS MB before → after (peak) | goroutines after | kubelet's Version answered | what the server did | podgate's refusal log lines | CPU | held MB | check |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
-	for _, a := range attacks(silence) {
+	for _, a := range attacks(silence, stressFor) {
 		if !strings.Contains(a.name, only) {
 			continue
 		}
