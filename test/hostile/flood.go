@@ -169,9 +169,11 @@ func f4Quotes() attack {
 				return err.Error(), func() {}
 			}
 			got.set(t.server, c)
-			st, cleanup := floodConns(ctx, t.sock, f4Conns, 40*len(quotedBlock), 120<<10, func(k int) []byte {
-				return callFrames(uint32(2*k+1), quotedBlock)
-			})
+			calls := make([][]byte, 40) // the same for every connection: made once
+			for k := range calls {
+				calls[k] = callFrames(uint32(2*k+1), quotedBlock)
+			}
+			st, cleanup := floodConns(ctx, t.sock, f4Conns, 40*len(quotedBlock), 120<<10, func(k int) []byte { return calls[k] })
 			return fmt.Sprintf("CPU per refusal %s quoted, %s unquoted; then %s", c.quoted.Round(time.Microsecond),
 				c.unquoted.Round(time.Microsecond), st), cleanup
 		},

@@ -227,12 +227,12 @@ func (h *h2conn) waitEnd(id uint32, d time.Duration) (string, time.Time) {
 	return h.ended[id], h.endedAt[id]
 }
 
-// waitBegun waits at most d for the server to begin its answer on stream id (or end it), and
-// says whether it did.
+// waitBegun waits at most d for the server to begin its answer on stream id, or to end the
+// stream or the connection, and says whether it began the answer.
 func (h *h2conn) waitBegun(id uint32, d time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.waitLocked(d, func() bool { return h.begun[id] || h.closed != nil })
+	h.waitLocked(d, func() bool { return h.begun[id] || h.ended[id] != "" || h.closed != nil })
 	return h.begun[id]
 }
 

@@ -104,6 +104,7 @@ func (p *parker) hold(ready chan struct{}) {
 	defer once.Do(func() { close(ready) })
 	first := true
 	for !p.stopped() {
+		dialed := time.Now()
 		h, err := dialH2(context.Background(), p.sock)
 		if err != nil {
 			return
@@ -121,7 +122,7 @@ func (p *parker) hold(ready chan struct{}) {
 			if h.call(id, parkPath) != nil {
 				break
 			}
-			h.waitBegun(id, 10*time.Second)
+			h.waitBegun(id, 10*time.Second) // or ended
 			once.Do(func() { close(ready) })
 			for !p.stopped() {
 				if how, _ := h.waitEnd(id, time.Second); how != "" {
@@ -132,6 +133,8 @@ func (p *parker) hold(ready chan struct{}) {
 			time.Sleep(time.Until(parked.Add(100 * time.Millisecond)))
 		}
 		h.close()
+		// The attacker's own pace: at most one connection a slot each 100 ms.
+		time.Sleep(time.Until(dialed.Add(100 * time.Millisecond)))
 	}
 }
 
