@@ -26,34 +26,36 @@ func runAttacks(ctx context.Context, r *rig, silence, stressFor time.Duration, o
 		if !strings.Contains(a.name, only) {
 			continue
 		}
+		// As TestAttacks does: an anchored attack's check compares podgate with grpc-go, which
+		// goes first; any other's reads what the attack saw of podgate, so that it is checked
+		// before grpc-go is attacked.
 		servers := []string{"podgate", "grpc-go"}
-		if a.podResources {
+		switch {
+		case a.podResources:
 			servers = servers[:1]
+		case a.anchored:
+			servers = []string{"grpc-go", "podgate"}
 		}
 		rows := map[string]string{}
-		var pgOutcome *outcome
 		for _, server := range servers {
-			row := "error"
 			o, err := measure(ctx, r, a, server)
-			if err != nil {
-				row += ": " + err.Error()
-			} else {
-				row = o.row(a)
-				if server == "podgate" {
-					pgOutcome = &o
-				}
-			}
-			rows[server] = row
-		}
-		for _, server := range servers {
-			held := "—"
-			if server == "podgate" && pgOutcome != nil {
-				held = "holds"
-				if errs := verdict(a, *pgOutcome); len(errs) > 0 {
+			switch {
+			case err != nil:
+				rows[server] = "error: " + err.Error() + " | —"
+			case server != "podgate":
+				rows[server] = o.row(a) + " | —"
+			default:
+				held := "holds"
+				if errs := verdict(a, o); len(errs) > 0 {
 					held = "**fails**: " + strings.ReplaceAll(errors.Join(errs...).Error(), "\n", " ")
 				}
+				rows[server] = o.row(a) + " | " + held
 			}
-			fmt.Printf("| %s | %s | %s | %s |\n", a.name, server, rows[server], held)
+		}
+		for _, server := range []string{"podgate", "grpc-go"} {
+			if row, ok := rows[server]; ok {
+				fmt.Printf("| %s | %s | %s |\n", a.name, server, row)
+			}
 		}
 	}
 }
