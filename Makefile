@@ -11,8 +11,9 @@
 #   make unit    the inner loop: the unit tests (not the real-stack ones under test/), no root,
 #                rig nor lint
 #   make bench   benchmarks: direct vs. through podgate (see BENCHMARKS.md)
-#   make attacks the hostile local clients of issue 30 against podgate and grpc-go: RSS, the
-#                kubelet's Version answered, what each server did; a table (test/hostile; root)
+#   make attacks the hostile local clients of issues 30, 38 and 47 against podgate and grpc-go:
+#                RSS, the kubelet's Version answered, what each server did, whether podgate held
+#                what TestAttacks checks; the write path's stress test; a table (test/hostile; root)
 #   make h2spec  h2spec v2.2.1 with gRPC-shaped requests against podgate and grpc-go (also with
 #                podgate's stream limit), side by side
 #                (test/h2spec; root)
@@ -207,7 +208,8 @@ bench: $(BIN)/benchstat
 	$(GO) test -run '^$$' -bench . -count 6 ./cri ./cri/imagepull | tee bench.txt
 	$(BIN)/benchstat -col /path bench.txt
 
-# attacks: issue 30's hostile clients, each against fresh processes (test/hostile).
+# attacks: the hostile clients of issues 30, 38 and 47 and the write path's stress test, each
+# against fresh processes (test/hostile).
 attacks:
 	$(GO) run ./test/hostile
 

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,15 +37,30 @@ type attack struct {
 	// per frame.
 	frames int
 	run    func(ctx context.Context, sock string) (string, func())
+	// on, set instead of run, attacks a server it is told more of: which, its pid, its metrics.
+	on func(ctx context.Context, t target) (string, func())
 	// check, when set, says what podgate did that it must not have, beside what every attack
 	// checks (TestAttacks); nil when it held.
 	check func(o outcome) error
+	// anchored: check compares podgate with the grpc-go server, which TestAttacks then attacks
+	// too, first.
+	anchored bool
 	// offends: podgate refuses the attacker, and its log must name the attacking process.
 	offends bool
 }
 
-func attacks(silence time.Duration) []attack {
-	return append([]attack{
+// target is the server an attack's on function attacks.
+type target struct {
+	server string // "podgate" or "grpc-go"
+	sock   string
+	pid    int
+	pg     *harness.Podgate // nil for grpc-go
+}
+
+// attacks are every row: silence is how long the silent connections stay silent, stressFor how
+// long the write path's stress test runs.
+func attacks(silence, stressFor time.Duration) []attack {
+	rows := []attack{
 		{name: "40 UpdateContainerResources requests of 16 MiB, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return bodies(ctx, sock, 40, 16<<20, 16<<20, nil)
 		}},
@@ -76,7 +89,9 @@ func attacks(silence time.Duration) []attack {
 		{name: "8 connections × 4 UpdateContainerResources requests of 15 MiB, never ended", offends: true, run: func(ctx context.Context, sock string) (string, func()) {
 			return budgets(ctx, sock, 8, 4, 15<<20)
 		}},
-	}, writeAttacks()...)
+	}
+	rows = append(rows, writeAttacks()...)
+	return append(rows, faultAttacks(stressFor)...)
 }
 
 // writeAttacks are issue 38's attacks on the CRI socket's write path, with default limits.
@@ -129,139 +144,6 @@ func writeAttacks() []attack {
 			},
 		},
 	}
-}
-
-// runAttacks runs every attack against podgate and against the grpc-go server, each on fresh
-// processes, and prints the table.
-func runAttacks(ctx context.Context, r *rig, silence time.Duration, only string) {
-	fmt.Println("| what one local client does | server | RSS MB before → after (peak) | goroutines after | kubelet's Version answered | what the server did | podgate's refusal log lines | CPU | held MB |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
-	for _, a := range attacks(silence) {
-		if !strings.Contains(a.name, only) {
-			continue
-		}
-		for _, server := range []string{"podgate", "grpc-go"} {
-			if a.podResources && server == "grpc-go" {
-				continue
-			}
-			row := "error"
-			o, err := measure(ctx, r, a, server)
-			if err != nil {
-				row += ": " + err.Error()
-			} else {
-				row = o.row(a)
-			}
-			fmt.Printf("| %s | %s | %s |\n", a.name, server, row)
-		}
-	}
-}
-
-// outcome is what one attack did to one server.
-type outcome struct {
-	before, after    memory
-	goroutines       string
-	answered, calls  int64
-	did              string
-	log              string // podgate's
-	cpu              time.Duration
-	held             string // podgate_cri_budget_held_bytes at the attack's end
-	podgate          bool
-	pid, attackerPID int
-}
-
-// refusalLines are podgate's log lines for a client it refused or cut off, on either socket.
-func (o outcome) refusalLines() int {
-	return strings.Count(o.log, "Refused a PodResources client") + strings.Count(o.log, "A CRI client misbehaved")
-}
-
-func (o outcome) row(a attack) string {
-	logLines, cpu := "—", o.cpu.Round(time.Millisecond).String()
-	if o.podgate {
-		logLines = fmt.Sprint(o.refusalLines())
-	}
-	if a.frames > 0 {
-		cpu = fmt.Sprintf("%.1f µs/frame", float64(o.cpu.Microseconds())/float64(a.frames))
-	}
-	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.answered, o.calls, o.did, logLines, cpu, o.held)
-}
-
-func measure(ctx context.Context, r *rig, a attack, server string) (outcome, error) {
-	f, err := r.startFake(a.fake...)
-	if err != nil {
-		return outcome{}, err
-	}
-	defer f.stop()
-	o := outcome{goroutines: "—", held: "—", attackerPID: os.Getpid()}
-	pid, sock, criSock := f.cmd.Process.Pid, f.sock, f.sock
-	var pg *harness.Podgate
-	if server == "podgate" {
-		if pg, err = r.startPodgate(ctx, f, a.config); err != nil {
-			return outcome{}, err
-		}
-		defer func() { _, _ = pg.Stop(30 * time.Second) }()
-		pid, sock, criSock = pg.PID(), pg.Socket, pg.Socket
-		if a.podResources {
-			sock = pg.PodResourcesSocket
-		}
-		o.podgate = true
-	}
-	o.pid = pid
-	k, err := startKubelet(criSock)
-	if err != nil {
-		return outcome{}, err
-	}
-	// The kubelet-shaped client is answered before the attack, and again while the attack's
-	// connections are still held.
-	if err := k.waitCalls(3); err != nil {
-		k.finish()
-		return outcome{}, err
-	}
-	o.before = readMemory(pid)
-	cpuBefore := readCPU(pid)
-	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	did, cleanup := a.run(actx, sock)
-	cancel()
-	err = k.waitCalls(k.calls.Load() + 3)
-	o.did = did
-	o.cpu = readCPU(pid) - cpuBefore
-	o.after = readMemory(pid)
-	if pg != nil {
-		o.goroutines = metricLine(ctx, pg, "go_goroutines")
-		if held, err := strconv.ParseFloat(metricLine(ctx, pg, "podgate_cri_budget_held_bytes"), 64); err == nil {
-			o.held = fmt.Sprintf("%.1f", held/1e6)
-		}
-	}
-	cleanup()
-	o.answered, o.calls = k.finish()
-	if pg != nil {
-		o.log = pg.Log.String()
-	}
-	return o, err
-}
-
-// waitCalls waits until the client has made n calls, at most 30 s (it calls every 100 ms, each
-// with a 1 s deadline).
-func (k *kubelet) waitCalls(n int64) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for k.calls.Load() < n {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the kubelet-shaped client made %d calls in 30 s, not %d", k.calls.Load(), n)
-		}
-		time.Sleep(20 * time.Millisecond) // polls a counter the client's ticker advances
-	}
-	return nil
-}
-
-func metricLine(ctx context.Context, pg *harness.Podgate, name string) string {
-	page, err := pg.Metrics(ctx)
-	if err != nil {
-		return "?"
-	}
-	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(page)
-	if m == nil {
-		return "?"
-	}
-	return m[1]
 }
 
 // summary says how the server ended the attack's streams.

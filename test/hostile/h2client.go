@@ -29,6 +29,7 @@ type h2conn struct {
 	initWin   int64
 	streamWin map[uint32]int64
 	ended     map[uint32]string // a stream the server reset or answered whole: how
+	begun     map[uint32]bool   // a stream whose answer's headers came
 	endedAt   map[uint32]time.Time
 	closed    error
 	goAway    bool
@@ -43,7 +44,7 @@ func dialH2(ctx context.Context, sock string) (*h2conn, error) {
 		return nil, err
 	}
 	h := &h2conn{c: c, bw: bufio.NewWriterSize(c, 64<<10), connWin: 65535, initWin: 65535,
-		streamWin: map[uint32]int64{}, ended: map[uint32]string{}, endedAt: map[uint32]time.Time{}}
+		streamWin: map[uint32]int64{}, ended: map[uint32]string{}, begun: map[uint32]bool{}, endedAt: map[uint32]time.Time{}}
 	h.cond = sync.NewCond(&h.mu)
 	h.fr = http2.NewFramer(h.bw, bufio.NewReader(c))
 	h.fr.ReadMetaHeaders = hpack.NewDecoder(65536, nil)
@@ -117,6 +118,7 @@ func (h *h2conn) frame(f http2.Frame) {
 	case *http2.RSTStreamFrame:
 		h.end(f.StreamID, "RST_STREAM "+f.ErrCode.String())
 	case *http2.MetaHeadersFrame:
+		h.begun[f.StreamID] = true
 		if f.StreamEnded() {
 			st := "trailers"
 			for _, hf := range f.Fields {
@@ -223,6 +225,15 @@ func (h *h2conn) waitEnd(id uint32, d time.Duration) (string, time.Time) {
 		return "connection closed", time.Now()
 	}
 	return h.ended[id], h.endedAt[id]
+}
+
+// waitBegun waits at most d for the server to begin its answer on stream id, or to end the
+// stream or the connection, and says whether it began the answer.
+func (h *h2conn) waitBegun(id uint32, d time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waitLocked(d, func() bool { return h.begun[id] || h.ended[id] != "" || h.closed != nil })
+	return h.begun[id]
 }
 
 // waitClosed waits at most d for the connection to end, and says whether it did.

@@ -26,6 +26,7 @@ func main() {
 	h2spec := flag.String("h2spec", "", "run this h2spec binary against podgate and grpc-go instead of the attacks")
 	path := flag.String("path", "/runtime.v1.RuntimeService/Version", "the path h2spec's requests take")
 	silence := flag.Duration("silence", 30*time.Second, "how long the silent connections stay silent")
+	stressFor := flag.Duration("stress", time.Minute, "how long the write path's stress test runs")
 	only := flag.String("only", "", "run only the attacks whose name contains this")
 	flood := flag.String("flood", "", "internal: flood this PodResources socket with List calls")
 	podgate := flag.String("podgate", "", "attack this podgate binary (an older build, say) instead of one built from ./cmd/podgate")
@@ -50,7 +51,7 @@ func main() {
 		}
 		return
 	}
-	runAttacks(ctx, env, *silence, *only)
+	runAttacks(ctx, env, *silence, *stressFor, *only)
 }
 
 func fail(err error) {

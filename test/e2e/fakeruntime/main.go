@@ -15,6 +15,10 @@
 // With -stream-page N it answers StreamContainers with its containers in messages of N each,
 // made once at start (filters are not applied), as a runtime that streams its lists does
 // (containerd 2.4); cri-api's fake sends the whole list as one message.
+//
+// With -stress it also answers the call of test/hostile's stress test of podgate's write path
+// (stresscall.Method, a runtime method podgate does not know): it checks every byte of the
+// request and answers bytes the client can check (package stresscall).
 package main
 
 import (
@@ -35,6 +39,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
+
+	"github.com/podgate/podgate/test/hostile/stresscall"
 )
 
 func main() {
@@ -44,19 +50,27 @@ func main() {
 	maxStreams := flag.Uint("max-streams", 0, "advertise and enforce this SETTINGS_MAX_CONCURRENT_STREAMS (0: grpc-go's default, none)")
 	listsOnce := flag.Bool("lists-once", false, "answer ListContainers with one message encoded once at start, filters not applied")
 	streamPage := flag.Int("stream-page", 0, "answer StreamContainers in messages of this many containers, made once at start (0: the fake's own, one message)")
+	stress := flag.Bool("stress", false, "answer test/hostile's stress call too (stresscall.Method)")
 	flag.Parse()
 	f := fake.NewFakeRemoteRuntime()
 	f.RuntimeService.SetFakeSandboxes(fakeSandboxes(*sandboxes))
 	f.RuntimeService.SetFakeContainers(fakeContainers(*containers, *sandboxes))
 	var stop func()
 	var err error
+	var opts []grpc.ServerOption
+	if *maxStreams > 0 {
+		opts = append(opts, grpc.MaxConcurrentStreams(uint32(*maxStreams)))
+	}
+	if *stress {
+		opts = append(opts, grpc.UnknownServiceHandler(stresscall.Serve))
+	}
 	switch {
 	case *listsOnce:
-		stop, err = serveListsOnce(f, *listen)
+		stop, err = serveListsOnce(f, *listen, opts)
 	case *streamPage > 0:
-		stop, err = servePaged(f, *listen, *streamPage)
+		stop, err = servePaged(f, *listen, *streamPage, opts)
 	default:
-		stop, err = serve(f, *listen, uint32(*maxStreams))
+		stop, err = serve(f, *listen, opts)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fakeruntime:", err)
@@ -69,17 +83,17 @@ func main() {
 	stop()
 }
 
-// serve serves f on the unix socket: with the fake's own server, or, with a stream limit, with
-// a server of that option holding the same services.
-func serve(f *fake.RemoteRuntime, sock string, maxStreams uint32) (stop func(), err error) {
-	if maxStreams == 0 {
+// serve serves f on the unix socket: with the fake's own server, or, with options (a stream
+// limit, the stress call), with a server of those options holding the same services.
+func serve(f *fake.RemoteRuntime, sock string, opts []grpc.ServerOption) (stop func(), err error) {
+	if len(opts) == 0 {
 		return f.Stop, f.Start("unix://" + sock)
 	}
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.MaxConcurrentStreams(maxStreams))
+	srv := grpc.NewServer(opts...)
 	runtimeapi.RegisterRuntimeServiceServer(srv, f)
 	runtimeapi.RegisterImageServiceServer(srv, f)
 	go func() { _ = srv.Serve(l) }()
@@ -176,8 +190,8 @@ func (c onceCodec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 // serveListsOnce serves f on the unix socket with its ListContainers answer made and encoded
-// once.
-func serveListsOnce(f *fake.RemoteRuntime, sock string) (stop func(), err error) {
+// once, and the server options opts.
+func serveListsOnce(f *fake.RemoteRuntime, sock string, opts []grpc.ServerOption) (stop func(), err error) {
 	list, err := f.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
 	if err != nil {
 		return nil, err
@@ -191,7 +205,7 @@ func serveListsOnce(f *fake.RemoteRuntime, sock string) (stop func(), err error)
 		return nil, err
 	}
 	codec := onceCodec{CodecV2: encoding.GetCodecV2(encproto.Name), once: list, encoded: encoded}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(codec))
+	srv := grpc.NewServer(append(opts, grpc.ForceServerCodecV2(codec))...)
 	runtimeapi.RegisterRuntimeServiceServer(srv, onceLists{RemoteRuntime: f, containers: list})
 	runtimeapi.RegisterImageServiceServer(srv, f)
 	go func() { _ = srv.Serve(l) }()
@@ -214,7 +228,7 @@ func (p paged) StreamContainers(_ *runtimeapi.StreamContainersRequest, srv grpc.
 }
 
 // servePaged serves f on the unix socket with its containers streamed n to a message.
-func servePaged(f *fake.RemoteRuntime, sock string, n int) (stop func(), err error) {
+func servePaged(f *fake.RemoteRuntime, sock string, n int, opts []grpc.ServerOption) (stop func(), err error) {
 	list, err := f.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
 	if err != nil {
 		return nil, err
@@ -227,7 +241,7 @@ func servePaged(f *fake.RemoteRuntime, sock string, n int) (stop func(), err err
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	runtimeapi.RegisterRuntimeServiceServer(srv, paged{RemoteRuntime: f, pages: pages})
 	runtimeapi.RegisterImageServiceServer(srv, f)
 	go func() { _ = srv.Serve(l) }()
