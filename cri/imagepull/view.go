@@ -125,7 +125,17 @@ func pullMessage(p pull) *pb.ImagePull {
 	if p.Shared {
 		m.SharedWith = p.SharedWith.String()
 	}
+	m.PushBackCode, m.Probing, m.PushBacks = uint32(p.PushBackCode), p.Probing, uint32(p.PushBacks)
+	m.CoolingSince, m.NextTry, m.HeldUntil = timestampOrNil(p.CoolingSince), timestampOrNil(p.NextTry), timestampOrNil(p.HeldUntil)
 	return m
+}
+
+// timestampOrNil is t, unset when zero.
+func timestampOrNil(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }
 
 // waited is how long the caller has waited, up to now or to the start of its pull.
