@@ -38,9 +38,6 @@ func newBudgets(rates map[string]Rate, now time.Time) budgets {
 	return b
 }
 
-// has tells whether registry has a budget.
-func (b budgets) has(registry string) bool { return b.buckets[registry] != nil }
-
 // mayStart tells whether registry's budget has a token at now (a registry without one always
 // has).
 func (b budgets) mayStart(registry string, now time.Time) bool {

@@ -1,8 +1,6 @@
 package imagepull
 
 import (
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -72,27 +70,6 @@ func (g *Governor) coolingByLabel() map[string]int {
 	for registry, s := range g.cool.reg {
 		if s.cooling(now) {
 			out[g.registryLabel(registry)]++
-		}
-	}
-	return out
-}
-
-// Cooling returns the registries cooling down now, each with the end of its cool-down (zero
-// while a probe runs).
-func (g *Governor) Cooling() map[string]time.Time {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	out := map[string]time.Time{}
-	if g.cool == nil {
-		return out
-	}
-	now := g.now()
-	for registry, s := range g.cool.reg {
-		if s.cooling(now) {
-			out[registry] = s.until
-			if !s.probe.IsZero() {
-				out[registry] = time.Time{}
-			}
 		}
 	}
 	return out
