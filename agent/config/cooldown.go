@@ -79,10 +79,8 @@ func (c *PullCoolDown) validate() error {
 	if maxDelay != 0 && maxDelay < minCoolDown {
 		errs = append(errs, fmt.Errorf("imagePulls.coolDown.maxDelay: %s: must be at least %s", maxDelay, minCoolDown))
 	}
-	if initial, maxDelay, retryFor := c.Durations(); initial > maxDelay {
+	if initial, maxDelay, _ := c.Durations(); initial > maxDelay {
 		errs = append(errs, fmt.Errorf("imagePulls.coolDown.maxDelay: %s: must not be below initialDelay %s", maxDelay, initial))
-	} else if retryFor > 0 && retryFor < initial {
-		errs = append(errs, fmt.Errorf("imagePulls.coolDown.retryFor: %s: must be 0 (off) or at least initialDelay %s, or no pull is ever tried again", retryFor, initial))
 	}
 	if c.RetryFor != nil && c.RetryFor.Duration < 0 {
 		errs = append(errs, fmt.Errorf("imagePulls.coolDown.retryFor: %s: must not be negative (0 turns cool-downs off)", c.RetryFor.Duration))

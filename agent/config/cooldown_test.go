@@ -23,8 +23,7 @@ func TestPullCoolDownConfig(t *testing.T) {
 			"imagePulls.coolDown.maxDelay: 50ms: must be at least 100ms"}},
 		{name: "cap below start", doc: "imagePulls: {coolDown: {initialDelay: 5m}}", wantError: []string{
 			"imagePulls.coolDown.maxDelay: 2m0s: must not be below initialDelay 5m0s"}},
-		{name: "retry shorter than the first cool-down", doc: "imagePulls: {coolDown: {initialDelay: 10s, retryFor: 5s}}", wantError: []string{
-			"imagePulls.coolDown.retryFor: 5s: must be 0 (off) or at least initialDelay 10s"}},
+		{name: "hold shorter than the first cool-down", doc: "imagePulls: {coolDown: {initialDelay: 10s, retryFor: 5s}}", initial: 10 * time.Second, maxDelay: 2 * time.Minute, retry: 5 * time.Second},
 		{name: "negative retry", doc: "imagePulls: {coolDown: {retryFor: -1m}}", wantError: []string{
 			"imagePulls.coolDown.retryFor: -1m0s: must not be negative (0 turns cool-downs off)"}},
 		{name: "not a duration", doc: "imagePulls: {coolDown: {maxDelay: 2 minutes}}", wantError: []string{"imagePulls.coolDown.maxDelay"}},
