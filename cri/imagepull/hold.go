@@ -68,8 +68,11 @@ func (g *Governor) initHolds() {
 	g.budget = newBudgets(g.limits.PerRegistryRate, g.now())
 }
 
-// holding tells whether anything but the caps may hold a pull.
-func (g *Governor) holding() bool { return g.cool != nil || len(g.budget.buckets) > 0 }
+// holding tells whether anything but the caps may hold a pull now: a registry cools down, or
+// has a budget. g.mu is held.
+func (g *Governor) holding() bool {
+	return g.cool != nil && len(g.cool.reg) > 0 || len(g.budget.buckets) > 0
+}
 
 // mayStart tells whether the queued flight f may start now: its registry has a free slot, is
 // not cooling down (or f's hold has run out) and has a token. g.mu is held.

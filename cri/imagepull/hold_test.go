@@ -431,6 +431,9 @@ func TestRegistryRate(t *testing.T) {
 	if s.Waiting != WaitingRate || !s.NextTry.Equal(t0.Add(5*time.Second)) || s.Rate.Pulls != 2 {
 		t.Fatalf("b: %+v, want waiting for r.io's budget until %s", s, t0.Add(5*time.Second))
 	}
+	if note := queuedNote(pull{PullStatus: s}, fc.Now()); !strings.Contains(note, "the request budget of registry r.io is spent (imagePulls.perRegistryRate: 2 pulls per 10s, bursts of 1); next pull at 2026-12-08T10:00:05Z") {
+		t.Errorf("PullQueued note %q does not name the budget and the next token", note)
+	}
 	if got := g.RegistryLabel("r.io"); got != "r.io" {
 		t.Errorf("r.io's metric label %q, want its own", got)
 	}

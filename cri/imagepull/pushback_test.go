@@ -29,6 +29,9 @@ func TestPushBackOf(t *testing.T) {
 		// form, seen on the rig with a loopback registry).
 		{"2.x HEAD", cri("127.0.0.1:5000/e2e/img0:v1",
 			"unexpected status from HEAD request to http://127.0.0.1:5000/v2/e2e/img0/manifests/v1: 429 Too Many Requests"), true, 429, 0},
+		// containerd 2.4.2's transfer service, as it answered the rig's CRI PullImage from a
+		// loopback registry refusing every request (TestImagePullThrottledGivesUp), verbatim.
+		{"2.4.2 resolve image", status.Error(codes.Unknown, `failed to pull and unpack image "127.0.0.1:44687/refused/img0:v1": failed to resolve image: unexpected status from HEAD request to http://127.0.0.1:44687/v2/refused/img0/manifests/v1: 429 Too Many Requests`), true, 429, 0},
 		// containerd 1.x's fetcher, Docker Hub's pull-rate limit (kubernetes#17118 and the
 		// issues that quote it).
 		{"1.x GET Docker Hub", cri("docker.io/library/busybox:latest",
