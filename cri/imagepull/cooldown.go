@@ -48,6 +48,8 @@ type coolDowns struct {
 	// rand returns a number in [0, 1), for the jitter.
 	rand func() float64
 	reg  map[string]*coolState
+	// probes numbers the probes, from 1.
+	probes uint64
 }
 
 // coolState is one registry's cool-down.
@@ -60,9 +62,10 @@ type coolState struct {
 	pushedAt time.Time
 	// backOff is the last back-off, before its jitter: the next one is twice it.
 	backOff time.Duration
-	// probe is when the pull trying the registry after the cool-down started; zero when none
-	// runs.
-	probe time.Time
+	// probe is when the pull trying the registry after the cool-down started, probeID which
+	// probe it is; zero when none runs.
+	probe   time.Time
+	probeID uint64
 	// code is the last push-back's HTTP status; pushBacks counts the push-backs.
 	code, pushBacks int
 }
@@ -88,25 +91,35 @@ func (c *coolDowns) mayStart(registry string, holdOver bool, now time.Time) bool
 	return holdOver || !now.Before(s.until)
 }
 
-// started records that a pull of registry started at now, and reports whether it is the
-// registry's probe: the pull that tries a registry whose cool-down has ended.
-func (c *coolDowns) started(registry string, now time.Time) bool {
+// started records that a pull of registry started at now, and returns its probe's number when
+// it is the registry's probe, the pull that tries a registry whose cool-down has ended; 0 when
+// it is not.
+func (c *coolDowns) started(registry string, now time.Time) uint64 {
 	s := c.reg[registry]
 	if s == nil || !s.probe.IsZero() {
-		return false
+		return 0
 	}
-	s.probe = now
-	return true
+	c.probes++
+	s.probe, s.probeID = now, c.probes
+	return s.probeID
 }
 
-// pushedBack records that the registry refused a pull that started at started, and returns
-// the end of the registry's cool-down. The first push-back starts a cool-down of InitialDelay;
-// each push-back of a pull that started after the last one's doubles the back-off, up to
-// MaxDelay; a Retry-After longer than the back-off is waited out instead, up to MaxDelay.
-func (c *coolDowns) pushedBack(registry string, started, now time.Time, pb pushBack, probe bool) time.Time {
+// probeEnded forgets the probe numbered probe, if it is s's.
+func (s *coolState) probeEnded(probe uint64) {
+	if probe != 0 && s.probeID == probe {
+		s.probe, s.probeID = time.Time{}, 0
+	}
+}
+
+// pushedBack records that the registry refused a pull that started at started (the probe
+// numbered probe, or 0), and returns the end of the registry's cool-down. The first push-back
+// starts a cool-down of InitialDelay; each push-back of a pull that started after the last
+// one's doubles the back-off, up to MaxDelay, and the registry is cooling again whatever probe
+// runs; a Retry-After longer than the back-off is waited out instead, up to MaxDelay.
+func (c *coolDowns) pushedBack(registry string, started, now time.Time, pb pushBack, probe uint64) time.Time {
 	s := c.reg[registry]
-	if probe && s != nil {
-		s.probe = time.Time{}
+	if s != nil {
+		s.probeEnded(probe)
 	}
 	switch {
 	case s == nil:
@@ -121,6 +134,7 @@ func (c *coolDowns) pushedBack(registry string, started, now time.Time, pb pushB
 		return s.until
 	default:
 		s.backOff = min(2*s.backOff, c.MaxDelay)
+		s.probe, s.probeID = time.Time{}, 0 // a probe past its grace no longer opens the registry
 	}
 	s.pushBacks++
 	s.code, s.pushedAt = pb.code, now
@@ -132,14 +146,12 @@ func (c *coolDowns) pushedBack(registry string, started, now time.Time, pb pushB
 // answered records that a pull of registry that started at started ended without a push-back
 // (it succeeded, or failed for another reason): when it started after the last push-back, the
 // registry answered it, and its cool-down ends.
-func (c *coolDowns) answered(registry string, started time.Time, probe bool) {
+func (c *coolDowns) answered(registry string, started time.Time, probe uint64) {
 	s := c.reg[registry]
 	if s == nil {
 		return
 	}
-	if probe {
-		s.probe = time.Time{}
-	}
+	s.probeEnded(probe)
 	if !started.Before(s.pushedAt) {
 		delete(c.reg, registry)
 	}
@@ -147,9 +159,9 @@ func (c *coolDowns) answered(registry string, started time.Time, probe bool) {
 
 // abandoned records that a pull of registry ended without an answer from the registry
 // (cancelled); a probe's turn passes to the next pull.
-func (c *coolDowns) abandoned(registry string, probe bool) {
-	if s := c.reg[registry]; s != nil && probe {
-		s.probe = time.Time{}
+func (c *coolDowns) abandoned(registry string, probe uint64) {
+	if s := c.reg[registry]; s != nil {
+		s.probeEnded(probe)
 	}
 }
 

@@ -35,7 +35,7 @@ func TestCoolDownBackOff(t *testing.T) {
 					t.Fatalf("push-back %d: a pull may not start at the end of the cool-down", i)
 				}
 				probe := cd.started("r.io", started)
-				if i > 0 && !probe {
+				if i > 0 && probe == 0 {
 					t.Errorf("push-back %d: the pull after the cool-down is not the probe", i)
 				}
 				now = now.Add(50 * time.Millisecond) // the registry's answer
@@ -68,7 +68,7 @@ func TestCoolDownRetryAfter(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cd := newCoolDowns(c, fixedRand(0.5))
-			if until := cd.pushedBack("r.io", t0, t0, pushBack{code: 503, retryAfter: tt.retryAfter}, false); until.Sub(t0) != tt.want {
+			if until := cd.pushedBack("r.io", t0, t0, pushBack{code: 503, retryAfter: tt.retryAfter}, 0); until.Sub(t0) != tt.want {
 				t.Errorf("cool-down of %s, want %s", until.Sub(t0), tt.want)
 			}
 			if s := cd.state("r.io"); s.code != 503 || s.since != t0 {
@@ -83,17 +83,17 @@ func TestCoolDownRetryAfter(t *testing.T) {
 // Retry-After among them is honoured.
 func TestCoolDownSameRefusal(t *testing.T) {
 	cd := newCoolDowns(CoolDown{InitialDelay: time.Second, MaxDelay: time.Minute, RetryFor: time.Hour}, fixedRand(0.5))
-	first := cd.pushedBack("r.io", t0, t0.Add(10*time.Millisecond), pushBack{code: 429}, false)
+	first := cd.pushedBack("r.io", t0, t0.Add(10*time.Millisecond), pushBack{code: 429}, 0)
 	for i := range 3 {
 		at := t0.Add(time.Duration(20+i) * time.Millisecond)
-		if until := cd.pushedBack("r.io", t0.Add(-time.Second), at, pushBack{code: 429}, false); !until.Equal(first) {
+		if until := cd.pushedBack("r.io", t0.Add(-time.Second), at, pushBack{code: 429}, 0); !until.Equal(first) {
 			t.Errorf("push-back %d of a pull sent before the first: cool-down until %s, want %s unchanged", i, until, first)
 		}
 	}
 	if s := cd.state("r.io"); s.backOff != time.Second || s.pushBacks != 4 {
 		t.Errorf("state %+v: want the initial back-off, 4 push-backs", s)
 	}
-	longer := cd.pushedBack("r.io", t0, t0.Add(30*time.Millisecond), pushBack{code: 429, retryAfter: 5 * time.Second}, false)
+	longer := cd.pushedBack("r.io", t0, t0.Add(30*time.Millisecond), pushBack{code: 429, retryAfter: 5 * time.Second}, 0)
 	if want := t0.Add(30*time.Millisecond + 5*time.Second); !longer.Equal(want) {
 		t.Errorf("the same refusal with Retry-After 5s: until %s, want %s", longer, want)
 	}
@@ -104,7 +104,7 @@ func TestCoolDownSameRefusal(t *testing.T) {
 // hold ran out may try a registry still cooling, but not beside a probe.
 func TestCoolDownOneProbe(t *testing.T) {
 	cd := newCoolDowns(CoolDown{InitialDelay: time.Second, MaxDelay: time.Minute, RetryFor: time.Hour}, fixedRand(0.5))
-	until := cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, false)
+	until := cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, 0)
 	if cd.mayStart("r.io", false, t0) || !cd.mayStart("other.io", false, t0) {
 		t.Fatal("while r.io cools: its pulls must wait, other registries' must not")
 	}
@@ -114,7 +114,8 @@ func TestCoolDownOneProbe(t *testing.T) {
 	if !cd.state("r.io").cooling(t0) || cd.state("r.io").cooling(until) {
 		t.Error("cooling() does not end with the cool-down")
 	}
-	if !cd.started("r.io", until) {
+	probe := cd.started("r.io", until)
+	if probe == 0 {
 		t.Fatal("the first pull after the cool-down is not the probe")
 	}
 	for _, at := range []time.Time{until, until.Add(probeGrace - time.Nanosecond)} {
@@ -125,7 +126,7 @@ func TestCoolDownOneProbe(t *testing.T) {
 			t.Errorf("%s after the probe's start: not cooling", at.Sub(until))
 		}
 	}
-	if !cd.mayStart("r.io", false, until.Add(probeGrace)) || cd.started("r.io", until.Add(probeGrace)) {
+	if !cd.mayStart("r.io", false, until.Add(probeGrace)) || cd.started("r.io", until.Add(probeGrace)) != 0 {
 		t.Error("after probeGrace the registry is not open, or a second probe is counted")
 	}
 	if got := cd.wake("r.io", until); !got.Equal(until.Add(probeGrace)) {
@@ -133,15 +134,42 @@ func TestCoolDownOneProbe(t *testing.T) {
 	}
 
 	// The probe's answer ends the cool-down; a probe cancelled passes its turn on.
-	cd.answered("r.io", until, true)
+	cd.answered("r.io", until, probe)
 	if cd.state("r.io") != nil {
 		t.Error("the probe's answer did not end the cool-down")
 	}
-	until = cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, false)
-	cd.started("r.io", until)
-	cd.abandoned("r.io", true)
-	if !cd.mayStart("r.io", false, until) || !cd.started("r.io", until) {
+	until = cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, 0)
+	cd.abandoned("r.io", cd.started("r.io", until))
+	if !cd.mayStart("r.io", false, until) || cd.started("r.io", until) == 0 {
 		t.Error("a cancelled probe's turn did not pass to the next pull")
+	}
+}
+
+// TestCoolDownRefusalAfterGrace: a probe past its grace opens the registry; a pull started
+// then and refused puts the registry in a longer cool-down, which holds its pulls though the
+// old probe still runs; when the old probe ends at last, it does not end the newer probe's turn.
+func TestCoolDownRefusalAfterGrace(t *testing.T) {
+	cd := newCoolDowns(CoolDown{InitialDelay: time.Second, MaxDelay: time.Minute, RetryFor: time.Hour}, fixedRand(0.5))
+	until := cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, 0)
+	old := cd.started("r.io", until)
+	open := until.Add(probeGrace)
+	if !cd.mayStart("r.io", false, open) || cd.started("r.io", open) != 0 {
+		t.Fatal("a probe past its grace does not open the registry")
+	}
+	again := cd.pushedBack("r.io", open, open.Add(time.Millisecond), pushBack{code: 429}, 0)
+	if want := open.Add(time.Millisecond + 2*time.Second); !again.Equal(want) {
+		t.Errorf("refused after the grace: cool-down until %s, want %s (doubled)", again, want)
+	}
+	if cd.mayStart("r.io", false, again.Add(-time.Nanosecond)) {
+		t.Error("the old probe, still running, opens the registry cooling again")
+	}
+	newer := cd.started("r.io", again)
+	if newer == 0 || newer == old {
+		t.Fatalf("probe numbers %d then %d, want a new one", old, newer)
+	}
+	cd.answered("r.io", until, old) // the old probe, sent before the last refusal, ends well
+	if s := cd.state("r.io"); s == nil || s.probeID != newer {
+		t.Errorf("the old probe's end changed the registry's state to %+v; want the newer probe out", s)
 	}
 }
 
@@ -149,12 +177,12 @@ func TestCoolDownOneProbe(t *testing.T) {
 // says nothing of the registry now; one sent after it ends the cool-down.
 func TestCoolDownAnsweredBeforePushBack(t *testing.T) {
 	cd := newCoolDowns(CoolDown{InitialDelay: time.Second, MaxDelay: time.Minute, RetryFor: time.Hour}, fixedRand(0.5))
-	cd.pushedBack("r.io", t0, t0.Add(time.Second), pushBack{code: 429}, false)
-	cd.answered("r.io", t0, false)
+	cd.pushedBack("r.io", t0, t0.Add(time.Second), pushBack{code: 429}, 0)
+	cd.answered("r.io", t0, 0)
 	if cd.state("r.io") == nil {
 		t.Fatal("a pull sent before the push-back ended the cool-down")
 	}
-	cd.answered("r.io", t0.Add(time.Second), false)
+	cd.answered("r.io", t0.Add(time.Second), 0)
 	if cd.state("r.io") != nil {
 		t.Error("a pull sent after the push-back did not end the cool-down")
 	}
@@ -164,7 +192,7 @@ func TestCoolDownAnsweredBeforePushBack(t *testing.T) {
 // forgotten: the registry's next push-back starts from InitialDelay again.
 func TestCoolDownForget(t *testing.T) {
 	cd := newCoolDowns(CoolDown{InitialDelay: time.Second, MaxDelay: 10 * time.Second, RetryFor: time.Hour}, fixedRand(0.5))
-	until := cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, false)
+	until := cd.pushedBack("r.io", t0, t0, pushBack{code: 429}, 0)
 	cd.forget(until.Add(20 * time.Second))
 	if cd.state("r.io") == nil {
 		t.Fatal("forgotten at 2 × MaxDelay after its end; want only past it")

@@ -223,13 +223,8 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 			return nil, g.leave(ctx, f, p, arrived)
 		}
 	}
-	// A caller that joined a pull already running waited for nothing; one whose pull was held
-	// for its registry's cool-down until its time was up, till now.
-	started := f.started
-	if started.IsZero() {
-		started = g.now()
-	}
-	g.metrics.wait.Observe(max(0, started.Sub(arrived).Seconds()))
+	// A caller that joined a pull already running waited for nothing.
+	g.metrics.wait.Observe(max(0, f.started.Sub(arrived).Seconds()))
 	if g.observer != nil {
 		g.observer.PullEvent(Event{Kind: EventFinished, Pull: p, Leader: f.pod, Started: true, Err: f.err})
 	}
@@ -423,10 +418,6 @@ func (g *Governor) run(f *flight) {
 	g.labelInFlight[g.registryLabel(f.registry)]--
 	g.metrics.inFlight.Set(float64(g.inFlight))
 	g.setRegistryGauge(f.registry)
-	if g.requeue(f, err) { // its registry pushed back: it waits for the next try
-		g.dispatch()
-		return
-	}
 	if g.flights[f.key] == f {
 		delete(g.flights, f.key)
 	}
@@ -440,6 +431,10 @@ func (g *Governor) run(f *flight) {
 	g.metrics.duration.WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
 	if err != nil && f.stall != nil {
 		err = f.stall // the backend says "cancelled"; the callers learn why
+	}
+	if g.requeue(f, err) { // its registry pushed back: it waits for the next try
+		g.dispatch()
+		return
 	}
 	f.resp, f.err = resp, err
 	f.cancel(nil)

@@ -49,8 +49,8 @@ type hold struct {
 	// heldSince starts the flight's hold: the first push-back it met, or, for a pull that
 	// started because its hold ran out, when its registry's cool-down began to hold it.
 	heldSince time.Time
-	// probe: this run is its registry's probe.
-	probe bool
+	// probe numbers this run when it is its registry's probe; 0 when it is not.
+	probe uint64
 	// pushBacks counts the push-backs it met; lastErr is the last one's error, what its callers
 	// get when their time is up.
 	pushBacks int
@@ -126,16 +126,17 @@ func (g *Governor) startHold(f *flight) {
 	}
 }
 
-// requeue tells the cool-down how f's backend call ended (err), and puts f back in the queue
-// when its registry pushed back and f may wait for its next try: the cool-down ends before
-// f's hold does. It reports whether it did. g.mu is held.
+// requeue tells the cool-down how f's backend call ended (err), and puts f back in the queue,
+// and among the flights new callers join, when its registry pushed back and f may wait for its
+// next try: the cool-down ends before f's hold does. It reports whether it did. run has freed
+// f's slots, recorded its call's duration and taken it out of the flights. g.mu is held.
 func (g *Governor) requeue(f *flight, err error) bool {
 	if g.cool == nil {
 		return false
 	}
 	now := g.now()
 	probe := f.probe
-	f.probe = false
+	f.probe = 0
 	pb, pushed := pushBackOf(err)
 	switch {
 	case f.abandoned:
@@ -160,11 +161,11 @@ func (g *Governor) requeue(f *flight, err error) bool {
 			"retryFor", g.cool.RetryFor)
 		return false
 	}
-	g.metrics.duration.WithLabelValues(resultError).Observe(now.Sub(f.started).Seconds())
 	f.lastErr, f.started = err, time.Time{}
 	g.seq++
 	f.seq = g.seq // behind the registry's other waiting pulls: the next try is another's
 	g.queue.push(f)
+	g.flights[f.key] = f // neither abandoned nor stalled: run took it out, and nothing since
 	g.metrics.queueLength.Set(float64(g.queue.len))
 	logger.Info("Image pull pushed back by its registry; it waits for the registry's cool-down", "waiters", f.waiters,
 		"giveUpAt", f.heldSince.Add(g.cool.RetryFor))
@@ -193,7 +194,8 @@ func (g *Governor) expire(now time.Time) {
 		g.hm.gaveUp.WithLabelValues(g.registryLabel(f.registry)).Inc()
 		klog.FromContext(f.ctx).Info("Image pull held for its registry's cool-down too long; its callers get the registry's error",
 			"image", f.image, "registry", f.registry, "heldSince", f.heldSince, "retryFor", g.cool.RetryFor, "pushBacks", f.pushBacks)
-		f.err = f.lastErr
+		// Its callers waited until now: for them the pull starts and ends with its error.
+		f.err, f.started = f.lastErr, now
 		f.cancel(nil)
 		close(f.done)
 		g.traceEvent("done", f)
