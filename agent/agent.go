@@ -10,8 +10,6 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
@@ -180,8 +178,8 @@ func (a *Agent) runnables(p *proxy, services []service) []runnable {
 	if p.events != nil {
 		list = append(list, runnable{name: "pod events", run: loop(p.events.Run)})
 	}
-	if p.pods != nil {
-		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { a.readNode(ctx, p) })})
+	if p.node != nil {
+		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { p.node.run(ctx, rebuildBackoff) })})
 	}
 	if p.dra != nil {
 		list = append(list, p.dra.runnables()...)
@@ -244,6 +242,9 @@ type proxy struct {
 	runtime  runtimeapi.RuntimeServiceClient
 	// kubelet is the node's kubelet, from which each feature's share of the work is decided.
 	kubelet *kubeletinfo.View
+	// node reads the Node (the kubelet's version) for kubelet and what else depends on it;
+	// nil without the Kubernetes API.
+	node *nodeReader
 
 	sysctls *sysctl.Stages
 	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
@@ -301,14 +302,18 @@ func (a *Agent) buildProxy(ctx context.Context, st *state.State, changes *podres
 	if err != nil {
 		return nil, err
 	}
-	draF := a.newDRA(ctx, st, pods, runtime, podRes)
+	var nodeRead *nodeReader
+	if pods != nil {
+		nodeRead = newNodeReader(logger, pods, kubelet, a.learnNode(kubelet, res))
+	}
+	draF := a.newDRA(ctx, st, pods, runtime, podRes, nodeRead)
 	var runnerOpts []pipeline.RunnerOption
 	if events != nil {
 		runnerOpts = append(runnerOpts, pipeline.WithEvents(sandboxEvents(events), a.cfg.Events.SandboxHeldAfter.Duration))
 	}
 	p := &proxy{
 		state: st, pods: pods, events: events, tracing: tr,
-		server: server, backends: backends, runtime: runtime, kubelet: kubelet,
+		server: server, backends: backends, runtime: runtime, kubelet: kubelet, node: nodeRead,
 		sysctls: sysctls, core: core, dra: draF, pulls: pulls, resources: res, podResources: podRes,
 		pipeline: pipeline.NewRunner(sandboxStages(core, sysctls, draF, res), st.Sandboxes, a.registry, runnerOpts...),
 	}
@@ -356,35 +361,6 @@ func resourcesOptions(pods *kube.PodLookup, quiet func(context.Context) error, k
 		opts = append(opts, resources.WithPods(pods))
 	}
 	return opts
-}
-
-// readNode reads this node's Node object once — one GET at start-up, retried with a backoff
-// while the API server does not answer — and hands it to what depends on it: the kubelet's
-// version (logged against the tested range; dra.prepare auto; whether the kubelet writes memory
-// QoS itself), memory QoS's ceiling without the kubelet's config file.
-func (a *Agent) readNode(ctx context.Context, p *proxy) {
-	logger := klog.FromContext(ctx)
-	var node *corev1.Node
-	err := wait.ExponentialBackoffWithContext(ctx, rebuildBackoff, func(ctx context.Context) (bool, error) {
-		n, err := p.pods.Node(ctx)
-		if err != nil {
-			logger.V(1).Info("Node not read yet", "node", p.pods.NodeName(), "err", err)
-			return false, nil
-		}
-		node = n
-		return true, nil
-	})
-	if err != nil {
-		return // ctx ended
-	}
-	a.peers.See(ctx, "kubelet", "kubelet", compat.Kubelet.Check(node.Status.NodeInfo.KubeletVersion))
-	p.kubelet.LearnVersion(logger, node.Status.NodeInfo.KubeletVersion, p.resources.MemoryQoS())
-	if p.resources.MemoryQoS() && p.kubelet.Get().Config == nil { // no kubelet configuration read: the Node is better than MemTotal
-		p.resources.ResolveAllocatable(ctx, nil, node)
-	}
-	if p.dra != nil {
-		p.dra.manager.SetKubeletVersion(ctx, node)
-	}
 }
 
 // checkNotSelf refuses a backend endpoint that is podgate's own socket under another name (a

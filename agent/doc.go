@@ -7,7 +7,10 @@
 //
 // Start-up builds each piece once, complete, from the values the pieces before it return, so
 // that the order is the one the types allow: the state on disk (openState) and the Kubernetes
-// API (newKube, nil without it), then the pod Events (newEvents, from the API), then the proxy
-// with every feature (buildProxy, from all three), then the listeners (openServices). A feature
-// that is off is not built: it adds no stage, no hook and no runnable.
+// API (newKube, nil without it), then the pod Events (newEvents, from the API) and tracing
+// (tracing.New), then the proxy with every feature (buildProxy, from all of them), then the
+// listeners (openServices). What podgate learns later, from the Node (node.go), reaches the
+// features through the functions agent handed them (the kubelet's description) and memory
+// QoS's ceiling (ResolveAllocatable). A feature that is off is not built: it adds no stage, no
+// hook and no runnable.
 package agent

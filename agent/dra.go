@@ -35,8 +35,9 @@ type draFeature struct {
 
 // newDRA builds the DRA feature with the Kubernetes API; without it (pods nil) DRA is off,
 // which it says once, and newDRA returns nil. podRes, when podgate serves PodResources, is how
-// dra.prepare auto asks the kubelet whether it manages a pod.
-func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server) *draFeature {
+// dra.prepare auto asks the kubelet whether it manages a pod; node, whether the kubelet's
+// version prepares claims.
+func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server, node *nodeReader) *draFeature {
 	logger := klog.FromContext(ctx)
 	if pods == nil {
 		logger.Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
@@ -63,6 +64,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLooku
 		manager.WithSettle(a.rebuilt, att),
 		manager.WithHostInterfaces(hostIfs),
 		manager.WithSandboxHookDrivers(cfg.SandboxHookDrivers...),
+		manager.WithKubeletPrepares(node.kubeletPreparesDRA),
 	}
 	if podRes != nil && a.cfg.PodResources.KubeletSocket != nil && *a.cfg.PodResources.KubeletSocket != "" {
 		// With auto: the kubelet, asked through podgate's PodResources server, within the

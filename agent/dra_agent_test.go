@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,9 +22,11 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	crifake "k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2/ktesting"
@@ -200,15 +203,19 @@ func serveKubeletKnows(t *testing.T, path string, pods ...string) {
 // server), the agent's DRA manager asks the kubelet through podgate's PodResources server,
 // built before it: a kubelet that manages the pod prepared its claims (the driver sees no call
 // from podgate); a kubelet that died and left its socket behind is asked once per pod start,
-// refused at connect and not waited for (podgate prepares, before the sandbox).
+// refused at connect and not waited for (podgate prepares, before the sandbox). A Node the
+// kubelet registers after podgate started is read by the pod start (or the start-up read,
+// whichever comes first): the kubelet's version is agent's to hand the manager.
 func TestAgentDRAAsksTheKubelet(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		kubelet  bool // the kubelet listens, managing the pods; else its socket is left behind
+		late     bool // the Node is created once podgate runs
 		preparer string
 	}{
-		{"the kubelet manages the pod", true, manager.PreparedByKubelet},
-		{"the kubelet died", false, manager.PreparedByPodgate},
+		{"the kubelet manages the pod", true, false, manager.PreparedByKubelet},
+		{"the kubelet died", false, false, manager.PreparedByPodgate},
+		{"the kubelet registered its Node after podgate started", true, true, manager.PreparedByKubelet},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testfs.ShortDir(t)
@@ -232,8 +239,30 @@ func TestAgentDRAAsksTheKubelet(t *testing.T) {
 			cfg.DRA.PluginRegistryDir = regDir
 			cfg.DRA.Prepare = config.PrepareAuto
 			cfg.PodResources.KubeletSocket = &socket
-			a := runAgentWithAPI(t, cfg, fake.NewClientset(p1, p2, rig.Claim("net1", p1), rig.Claim("net2", p2), node))
+			client := fake.NewClientset(p1, p2, rig.Claim("net1", p1), rig.Claim("net2", p2))
+			var nodeGets atomic.Int32
+			client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+				nodeGets.Add(1)
+				return false, nil, nil // the tracker answers
+			})
+			if !tc.late {
+				if err := client.Tracker().Add(node); err != nil {
+					t.Fatal(err)
+				}
+			}
+			a := runAgentWithAPI(t, cfg, client)
 			waitGauge(t, a, "podgate_dra_drivers", 1)
+			if tc.late {
+				// The start-up read has found no Node: the kubelet's version is not known.
+				if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+					return nodeGets.Load() > 0, nil
+				}); err != nil {
+					t.Fatalf("podgate never read the Node: %v", err)
+				}
+				if _, err := client.CoreV1().Nodes().Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			cri := criClient(t, cfg.CRISocket)
 			for i, pod := range []*corev1.Pod{p1, p2} {
 				if _, err := cri.RunPodSandbox(t.Context(), &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{

@@ -7,10 +7,7 @@ import (
 	"github.com/podgate/podgate/agent/kube"
 	"github.com/podgate/podgate/agent/kubeletinfo"
 	"github.com/podgate/podgate/cri/imagepull"
-	"github.com/podgate/podgate/podresources"
 )
-
-var _ podresources.PullLister = (*imagepull.Feature)(nil)
 
 // newImagePulls builds the image-pull feature (cri/imagepull): with the node's pods when
 // podgate has the Kubernetes API, the pod Events when it can write them (each nil otherwise),

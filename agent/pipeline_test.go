@@ -126,20 +126,52 @@ func TestSandboxStagesInDocumentedOrder(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^\s+\d+\.\s+(\S+)`).FindAllStringSubmatch(block, -1) {
 		documented = append(documented, m[1])
 	}
+	names := stageNames(everyStage(t).stages())
+	if !slices.Equal(names, documented) {
+		t.Errorf("agent's stages %q, docs/architecture.md's %q", names, documented)
+	}
+}
+
+// allFeatures are the features that have stages, each on, built for their stages alone.
+type allFeatures struct {
+	core *pipeline.Core
+	sys  *sysctl.Stages
+	dra  *draFeature
+	res  *resources.Hooks
+}
+
+func everyStage(t *testing.T) allFeatures {
+	t.Helper()
 	st := openTestState(t, t.TempDir())
 	policy, err := sysctlPolicy(&config.Sysctls{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	metrics := prometheus.NewRegistry()
-	sys := sysctl.NewStages(policy, sysctl.VerifyWarn, st.Sysctls, metrics)
-	withDRA := &draFeature{ // every feature on
-		manager: manager.New(rig.NewPods(clientfake.NewClientset()), nil, nil, st.Claims, st.Sandboxes, nil, metrics),
-		attach:  attach.New(st.Sandboxes, st.Intents, metrics),
+	return allFeatures{
+		core: pipeline.NewCore(st.Sandboxes, nil, nil),
+		sys:  sysctl.NewStages(policy, sysctl.VerifyWarn, st.Sysctls, metrics),
+		dra: &draFeature{
+			manager: manager.New(rig.NewPods(clientfake.NewClientset()), nil, nil, st.Claims, st.Sandboxes, nil, metrics),
+			attach:  attach.New(st.Sandboxes, st.Intents, metrics),
+		},
+		res: testResources(st.Sandboxes),
 	}
-	names := stageNames(sandboxStages(pipeline.NewCore(st.Sandboxes, nil, nil), sys, withDRA, testResources(st.Sandboxes)))
-	if !slices.Equal(names, documented) {
-		t.Errorf("agent's stages %q, docs/architecture.md's %q", names, documented)
+}
+
+// stages are the agent's stages with every feature on.
+func (f allFeatures) stages() []pipeline.Stage { return sandboxStages(f.core, f.sys, f.dra, f.res) }
+
+// TestDRARigStagesInAgentsOrder: the DRA test rig's stage list (dra/dratest/rig.Stages, which
+// dra's tests run, and which cannot import agent) is the agent's with the sysctl and resources
+// stages left out: a stage added to the agent's list, or moved in it, fails here until the
+// rig's copy follows.
+func TestDRARigStagesInAgentsOrder(t *testing.T) {
+	f := everyStage(t)
+	leftOut := stageNames([]pipeline.Stage{f.sys.CheckStage(), f.sys.VerifyStage(), f.res.PodStage()})
+	want := slices.DeleteFunc(stageNames(f.stages()), func(name string) bool { return slices.Contains(leftOut, name) })
+	if got := stageNames(rig.Stages(f.core, f.dra.manager, f.dra.attach)); !slices.Equal(got, want) {
+		t.Errorf("the DRA rig's stages %q, the agent's without %q: %q", got, leftOut, want)
 	}
 }
 

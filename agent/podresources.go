@@ -35,7 +35,7 @@ func (a *Agent) newPodResources(ctx context.Context, st *state.State, b *podreso
 	}
 	s, err := podresources.NewServer(podresources.Options{
 		Source:        &podview.Source{Registry: st.Sandboxes, Claims: st.Claims, Pulls: pulls, Informer: pods, Resources: res},
-		Pulls:         pulls,
+		Pulls:         podview.Pulls{Feature: pulls},
 		Broadcaster:   b,
 		KubeletSocket: *cfg.KubeletSocket,
 		QPS:           cfg.QPS, Burst: cfg.Burst,

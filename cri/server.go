@@ -268,7 +268,7 @@ func methodNames(ms []grpc.MethodDesc, ss []grpc.StreamDesc) []string {
 }
 
 func unknownService(fullMethod string) error {
-	return status.Errorf(codes.Unimplemented, "podgate serves only %s and %s, not %s", runtimeService, imageService, fullMethod)
+	return status.Errorf(codes.Unimplemented, "podgate serves only %s and %s, not %s", runtimeService, imageService, relay.Clip(fullMethod))
 }
 
 // Probe checks that every backend answers a cheap call (Version for the runtime, ImageFsInfo

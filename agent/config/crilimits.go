@@ -35,8 +35,9 @@ type CRISocketLimits struct {
 	// not handed on yet (intercepted requests until their end, the header blocks of open calls,
 	// request bytes waiting for the runtime). Default 64 MiB.
 	ConnectionBytes int64 `json:"connectionBytes,omitempty"`
-	// TotalBytes bounds the same over every connection; over it, the connection that holds the
-	// most is closed, or its call refused. Default 256 MiB.
+	// TotalBytes bounds the same over every connection; over it, the connections that are stuck
+	// (requests not finished, answers not taken) are closed, the longest stuck first, and a
+	// call of a connection that holds more than a little is refused. Default 256 MiB.
 	TotalBytes int64 `json:"totalBytes,omitempty"`
 	// MaxConnections bounds the connections open at once; one over it is closed as it is
 	// accepted. Default 4096.

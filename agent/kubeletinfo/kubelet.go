@@ -81,6 +81,26 @@ func (k Kubelet) Gate(name string) Gate {
 	}
 }
 
+// draPreparesFrom is the first kubelet release whose DRA manager prepares pods' claims by
+// default: DynamicResourceAllocation is GA, on by default, in 1.34 (and locked on from 1.35).
+var draPreparesFrom = version.MajorMinor(1, 34)
+
+// PreparesDRAClaims is whether the kubelet's own DRA manager prepares pods' claims before it
+// calls RunPodSandbox, by its version: from 1.34. known is false while the version is not known
+// or not understood. An older kubelet may prepare too, with its feature gate on: the operator
+// says so with dra.prepare never.
+func (k Kubelet) PreparesDRAClaims() (prepares, known bool, why string) {
+	v, err := k.version()
+	switch {
+	case err != nil:
+		return false, false, fmt.Sprintf("the kubelet's version is not known (%v)", err)
+	case v.AtLeast(draPreparesFrom):
+		return true, true, fmt.Sprintf("kubelet %s prepares DRA claims (from %d.%d)", k.Version, draPreparesFrom.Major(), draPreparesFrom.Minor())
+	default:
+		return false, true, fmt.Sprintf("kubelet %s predates DRA on by default (%d.%d)", k.Version, draPreparesFrom.Major(), draPreparesFrom.Minor())
+	}
+}
+
 // version is the kubelet's version, parsed.
 func (k Kubelet) version() (*version.Version, error) {
 	if k.Version == "" {

@@ -69,6 +69,30 @@ func TestWritesMemoryQoS(t *testing.T) {
 	}
 }
 
+// TestPreparesDRAClaims: the kubelet's DRA manager prepares claims from 1.34, by its version;
+// not known without a version it understands.
+func TestPreparesDRAClaims(t *testing.T) {
+	for _, tt := range []struct {
+		version         string
+		prepares, known bool
+		why             string
+	}{
+		{"v1.36.3", true, true, "kubelet v1.36.3 prepares DRA claims"},
+		{"v1.34.0", true, true, "prepares DRA claims"},
+		{"v1.34.1-eks-1", true, true, "prepares DRA claims"},
+		{"v1.33.5", false, true, "kubelet v1.33.5 predates DRA on by default (1.34)"},
+		{"", false, false, "no Node read"},
+		{"latest", false, false, `kubeletVersion "latest"`},
+	} {
+		t.Run(tt.version, func(t *testing.T) {
+			prepares, known, why := Kubelet{Version: tt.version}.PreparesDRAClaims()
+			if prepares != tt.prepares || known != tt.known || !strings.Contains(why, tt.why) {
+				t.Errorf("PreparesDRAClaims() = %v, %v, %q; want %v, %v, a reason containing %q", prepares, known, why, tt.prepares, tt.known, tt.why)
+			}
+		})
+	}
+}
+
 // TestDefaultPodSysctls: the kubelet's defaults count only with its gate on.
 func TestDefaultPodSysctls(t *testing.T) {
 	const defaults = "defaultPodSysctls: {net.ipv4.tcp_keepalive_time: \"120\"}\n"

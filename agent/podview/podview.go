@@ -81,7 +81,7 @@ func (s *Source) enrich(p *pb.Pod) *pb.Pod {
 		s.Resources.Describe(p)
 	}
 	if s.Pulls != nil {
-		p.ImagePulls = s.Pulls.PodPulls(p.GetUid())
+		p.ImagePulls = pullMessages(s.Pulls.PodPulls(p.GetUid()))
 	}
 	return p
 }

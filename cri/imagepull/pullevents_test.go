@@ -19,7 +19,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/imagepull"
-	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 	"github.com/podgate/podgate/test/crifake"
 	"github.com/podgate/podgate/test/testfs"
 )
@@ -244,20 +243,20 @@ func TestFeaturePullEvents(t *testing.T) {
 // the node's cap, the sharing one naming the pod it shares with; one pod's pulls alone.
 func checkPulls(t *testing.T, f *imagepull.Feature) {
 	t.Helper()
-	got := map[string]*pb.ImagePull{}
+	got := map[string]imagepull.PullView{}
 	for _, p := range f.Pulls("", "") {
-		got[p.GetPodName()] = p
+		got[p.Pod.Name] = p
 	}
-	if p := got["pod-running"]; p.GetState() != pb.ImagePull_PULLING || p.GetBytesDone() != 1<<20+1024 || p.GetBytesTotal() != 4<<20+1024 || p.GetStarted() == nil {
-		t.Errorf("running pull: %v", p)
+	if p := got["pod-running"]; p.Started.IsZero() || p.Progress.Done != 1<<20+1024 || p.Progress.Total != 4<<20+1024 {
+		t.Errorf("running pull: %+v", p)
 	}
-	if p := got["pod-waiting"]; p.GetState() != pb.ImagePull_QUEUED || p.GetPosition() != 1 || p.GetWaitingFor() != "node" || p.GetMaxParallel() != 1 || p.GetInFlight() != 1 {
-		t.Errorf("waiting pull: %v", p)
+	if p := got["pod-waiting"]; !p.Started.IsZero() || p.Position != 1 || p.Waiting != imagepull.WaitingNode || p.MaxParallel != 1 || p.InFlight != 1 {
+		t.Errorf("waiting pull: %+v", p)
 	}
-	if p := got["pod-sharing"]; p.GetSharedWith() != "default/pod-waiting" || p.GetImage() != "example.com/other:v1" {
-		t.Errorf("sharing pull: %v", p)
+	if p := got["pod-sharing"]; !p.Shared || p.SharedWith.String() != "default/pod-waiting" || p.Image != "example.com/other:v1" {
+		t.Errorf("sharing pull: %+v", p)
 	}
-	if one := f.Pulls("default", "pod-waiting"); len(one) != 1 || one[0].GetPodName() != "pod-waiting" {
-		t.Errorf("pulls of pod-waiting: %v", one)
+	if one := f.Pulls("default", "pod-waiting"); len(one) != 1 || one[0].Pod.Name != "pod-waiting" {
+		t.Errorf("pulls of pod-waiting: %+v", one)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podgate/podgate/cri/imagepull"
-	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
 // answeredBackend is the runtime's image service behind the feature: each pull waits for the
@@ -93,9 +92,9 @@ func TestFeaturePullThrottled(t *testing.T) {
 	laterDone := pull(later, other)
 	events.await(t, later.Name, imagepull.ReasonPullThrottled, `"`+other+`"`, "registry registry.test pushed back (429 Too Many Requests)", "podgate holds the pull until")
 	ps := f.Pulls("default", later.Name)
-	if len(ps) != 1 || ps[0].GetWaitingFor() != "cool-down" || ps[0].GetPushBackCode() != 429 || ps[0].GetCoolingSince() == nil ||
-		ps[0].GetHeldUntil() == nil || ps[0].GetState() != pb.ImagePull_QUEUED {
-		t.Errorf("pulls of %s: %v, want it queued for registry.test's cool-down", later.Name, ps)
+	if len(ps) != 1 || ps[0].Waiting != imagepull.WaitingCoolDown || ps[0].PushBackCode != 429 || ps[0].CoolingSince.IsZero() ||
+		ps[0].HeldUntil.IsZero() || !ps[0].Started.IsZero() {
+		t.Errorf("pulls of %s: %+v, want it queued for registry.test's cool-down", later.Name, ps)
 	}
 
 	retry := backend.next(t)

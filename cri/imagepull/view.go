@@ -4,12 +4,9 @@ import (
 	"context"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 
 	"github.com/podgate/podgate/cri/imagepull/progress"
-	pb "github.com/podgate/podgate/podresources/api/v1alpha1"
 )
 
 // view shows the governor's pulls, with the bytes containerd has fetched for them, to the
@@ -42,25 +39,36 @@ type pull struct {
 	stall    progress.StallRule
 }
 
+// PullView is one caller's pull as the pulls view shows it (PodResources' PodPulls and each
+// pod's image_pulls, made of it by agent/podview): where it stands, the bytes containerd has
+// fetched for it, and the stall rule it is measured against.
+type PullView struct {
+	PullStatus
+	// Progress is the pull's bytes in containerd's content store; zero while it waits or with
+	// pull progress off.
+	Progress progress.Progress
+	// Stall is the stall rule the pull is measured against; off when stalls are not found.
+	Stall progress.StallRule
+}
+
 // Pulls returns the pulls of the pod namespace/name, every caller's when namespace is "",
-// oldest first, as PodResources' extension shows them (its PullLister).
-func (f *Feature) Pulls(namespace, name string) []*pb.ImagePull {
-	var out []*pb.ImagePull
+// oldest first.
+func (f *Feature) Pulls(namespace, name string) []PullView {
+	var out []PullView
 	for _, p := range f.view.pulls() {
 		if namespace != "" && (p.Pod.Namespace != namespace || p.Pod.Name != name) {
 			continue
 		}
-		out = append(out, pullMessage(p))
+		out = append(out, p.export())
 	}
 	return out
 }
 
-// PodPulls returns the pulls of the pod with this UID, oldest first, as PodResources shows
-// them in the pod's image_pulls.
-func (f *Feature) PodPulls(uid string) []*pb.ImagePull {
-	var out []*pb.ImagePull
+// PodPulls returns the pulls of the pod with this UID, oldest first.
+func (f *Feature) PodPulls(uid string) []PullView {
+	var out []PullView
 	for _, s := range f.governor.PodPulls(uid) {
-		out = append(out, pullMessage(f.view.withProgress(s)))
+		out = append(out, f.view.withProgress(s).export())
 	}
 	return out
 }
@@ -102,40 +110,9 @@ func (v *view) Stalled(ctx context.Context, r progress.Running, p progress.Progr
 	v.governor.Stall(r.Image, r.Started, p.Stall.Rate, v.stall)
 }
 
-// pullMessage is a pull as the extension shows it.
-func pullMessage(p pull) *pb.ImagePull {
-	m := &pb.ImagePull{
-		Image: p.Image, State: pb.ImagePull_QUEUED, Since: timestamppb.New(p.Since),
-		PodNamespace: p.Pod.Namespace, PodName: p.Pod.Name, PodUid: p.PodUID,
-		Registry: p.Registry, Priority: p.Priority.String(),
-		Position: uint32(p.Position), WaitingFor: string(p.Waiting),
-		Queued: uint32(p.Queued), InFlight: uint32(p.InFlight), RegistryInFlight: uint32(p.RegistryInFlight),
-		MaxParallel: uint32(p.MaxParallel), RegistryCap: uint32(p.RegistryCap),
-		BytesDone: uint64(max(p.progress.Done, 0)), BytesTotal: uint64(max(p.progress.Total, 0)), BytesPerSecond: p.progress.Rate,
-	}
-	if !p.Started.IsZero() {
-		m.State, m.Started = pb.ImagePull_PULLING, timestamppb.New(p.Started)
-	}
-	if p.stall.On() {
-		m.StallMinBytesPerSecond, m.StallWindow = uint64(p.stall.MinBytesPerSecond), durationpb.New(p.stall.Window)
-		if s := p.progress.Stall; s.Stalling() {
-			m.StallingFor, m.StallBytesPerSecond = durationpb.New(s.For), s.Rate
-		}
-	}
-	if p.Shared {
-		m.SharedWith = p.SharedWith.String()
-	}
-	m.PushBackCode, m.Probing, m.PushBacks = uint32(p.PushBackCode), p.Probing, uint32(p.PushBacks)
-	m.CoolingSince, m.NextTry, m.HeldUntil = timestampOrNil(p.CoolingSince), timestampOrNil(p.NextTry), timestampOrNil(p.HeldUntil)
-	return m
-}
-
-// timestampOrNil is t, unset when zero.
-func timestampOrNil(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
+// export is the pull as the pulls view shows it.
+func (p pull) export() PullView {
+	return PullView{PullStatus: p.PullStatus, Progress: p.progress, Stall: p.stall}
 }
 
 // waited is how long the caller has waited, up to now or to the start of its pull.

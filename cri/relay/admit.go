@@ -22,7 +22,9 @@ func (ss *session) clientHeaders(f *http2.MetaHeadersFrame) error {
 	id := f.StreamID
 	ss.mu.Lock()
 	if s := ss.streams[id]; s != nil {
-		ss.unlock(ss.clientTrailersLocked(s, f))
+		a := ss.clientTrailersLocked(s, f)
+		ss.mu.Unlock()
+		ss.after(ss.down, a)
 		return nil
 	}
 	if id <= ss.lastID && !ss.wasReset(id) && ss.wasClosed(id) {
@@ -92,7 +94,7 @@ func (ss *session) admitBytes(s *stream, f *http2.MetaHeadersFrame) bool {
 	if reason == "" {
 		return true
 	}
-	ss.report(refusal{reason, fmt.Sprintf("opened a call of %s while its connection held %d bytes and all of them %d", s.path, held, ss.srv.held.Load()), "RST_STREAM REFUSED_STREAM"})
+	ss.report(refusal{reason, fmt.Sprintf("opened a call of %s while its connection held %d bytes and all of them %d", clip(s.path), held, ss.srv.held.Load()), "RST_STREAM REFUSED_STREAM"})
 	ss.rstClient(s.downID, http2.ErrCodeRefusedStream)
 	return false
 }
@@ -114,57 +116,72 @@ func grpcTimeout(fields []hpack.HeaderField) (time.Duration, bool) {
 func (ss *session) notPost(f *http2.MetaHeadersFrame, method string) {
 	ct := headerValue(f.Fields, "content-type")
 	httpStatus, code := "405", codes.Internal
-	msg := fmt.Sprintf("Received a HEADERS frame with :method %q which should be POST", method)
+	msg := fmt.Sprintf("Received a HEADERS frame with :method %q which should be POST", clip(method))
 	if ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
 		httpStatus, code = "415", codes.InvalidArgument
-		msg = fmt.Sprintf("invalid gRPC request content-type %q", ct)
+		msg = fmt.Sprintf("invalid gRPC request content-type %q", clip(ct))
 		ct = "application/grpc"
 	}
 	fields := []hpack.HeaderField{{Name: ":status", Value: httpStatus}, {Name: "content-type", Value: ct}}
 	fields = append(fields, statusFields(status.New(code, msg))...)
-	t := todo{}.frame(ss.down, f.StreamID, item{headers: fields, end: true})
+	id := f.StreamID
+	st := newSendStream(ss.down.out, id, nil, creditTo{}, true)
 	ss.mu.Lock()
+	ss.down.out.put(event{kind: evHeaders, st: st, fields: fields, end: true, response: true, held: headerListSize(fields)})
 	if f.StreamEnded() {
-		ss.noteClosedLocked(f.StreamID)
+		ss.noteClosedLocked(id)
 	} else {
-		t.rstID, t.rstCode = f.StreamID, http2.ErrCodeNo
+		ss.rstClientLocked(id, http2.ErrCodeNo)
 	}
-	ss.unlock(t)
+	ss.mu.Unlock()
+	ss.down.touch(ss.down.out)
 }
 
 // clientTrailersLocked takes the client's trailers on s: they end its request. mu is held.
-func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) todo {
+func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) after {
 	switch {
-	case s.toUp.done:
-		return todo{reset: s, code: http2.ErrCodeStreamClosed} // half-closed (remote), §5.1
+	case s.req.done:
+		return after{reset: s, code: http2.ErrCodeStreamClosed} // half-closed (remote), §5.1
 	case !f.StreamEnded():
-		return todo{reset: s, code: http2.ErrCodeProtocol}
+		return after{reset: s, code: http2.ErrCodeProtocol}
 	}
-	s.toUp.done = true
-	return s.kind.request(ss, s, item{headers: f.Fields, end: true})
+	ss.wholeLocked(s)
+	s.req.recv.shut.Store(true)
+	return s.kind.headers(ss, s, &s.req, f.Fields, true)
 }
 
-// newClientStream is a client's new call before it is routed, with the ways of a call the
-// relay answers itself (the passthrough route changes them).
+// newClientStream is a client's new call before it is routed.
 func (ss *session) newClientStream(id uint32, path string, ended bool) *stream {
 	s := &stream{downID: id, path: path}
-	s.req = dir{src: ss.down, toUp: true}
-	s.ans = dir{src: ss.self, dst: ss.down}
-	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
-	s.toUp.done = ended
+	s.req = way{from: ss.down, fromID: id, recv: newRecvWindow(streamWindow), done: ended}
 	return s
 }
 
-// rstClient resets the client's stream id and remembers it, so that the frames the client
-// sent before it learnt of the reset are ignored, as HTTP/2 wants.
+// rstClient resets the client's stream id, which has no stream at the sender (a call refused
+// before it began, or forgotten), and remembers it, so that the frames the client sent before
+// it learnt of the reset are ignored, as HTTP/2 wants.
 func (ss *session) rstClient(id uint32, code http2.ErrCode) {
-	ss.noteReset(id)
-	ss.down.writeRST(id, code)
+	ss.mu.Lock()
+	ss.rstClientLocked(id, code)
+	ss.mu.Unlock()
+	ss.down.touch(ss.down.out)
 }
 
+// rstClientLocked is rstClient under mu; the caller kicks the client's sender.
+func (ss *session) rstClientLocked(id uint32, code http2.ErrCode) {
+	ss.noteResetLocked(id)
+	ss.down.out.put(event{kind: evRST, id: id, code: code, response: true, held: rstSize})
+}
+
+// noteReset remembers that podgate reset the client's stream id.
 func (ss *session) noteReset(id uint32) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
+	ss.noteResetLocked(id)
+}
+
+// noteResetLocked is noteReset under mu.
+func (ss *session) noteResetLocked(id uint32) {
 	ss.resets[ss.nreset%len(ss.resets)] = id
 	ss.nreset++
 }
@@ -184,10 +201,5 @@ func (ss *session) wasClosed(id uint32) bool {
 
 // wasReset says whether podgate reset the client's stream id lately. mu is held.
 func (ss *session) wasReset(id uint32) bool {
-	for _, r := range ss.resets {
-		if r == id {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(ss.resets[:], id)
 }

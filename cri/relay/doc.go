@@ -6,7 +6,7 @@
 //
 // The relay keeps HTTP/2's rules on each connection, as a proxy must: its own SETTINGS, flow
 // control on both sides (it holds at most one stream window of a call's bytes for a reader
-// that is slower than the writer, and gives a writer its window back only as the bytes leave),
+// that is slower than the writer, and gives a writer its window back as the bytes leave),
 // header compression per connection, stream ids of its own upstream. What it cannot pass on
 // it answers as gRPC does: Unavailable when a server cannot be reached or its connection
 // breaks, REFUSED_STREAM for the calls a server's GOAWAY did not take.
@@ -17,40 +17,55 @@
 // intercepts in the process (Target.Unary), whose handlers send them on to the runtime on the
 // same client's connection to it (UnaryCall.Forward).
 //
-// Inside, a call is a stream of one of three kinds (streamKind): passthrough, between the
-// client and a server; answered in the process (unaryCall), whose request a handler takes and
-// whose answer it gives; forwarded (forwarded), a handler's call to a server, whose answer the
-// handler takes. A fourth, answered, is a call whose answer is settled while the client may
-// still send: the relay answered it itself, or its server answered whole and reset the
-// request (a passthrough becomes one then); what the client sends on it is dropped. The flow
-// functions hand a stream's frames to its kind, request or answer, along the two ways the
-// stream fixes as it begins (stream.req, stream.ans: which endpoints each goes between), so
-// none of them tests which kind a stream is. The kinds are an interface rather than a struct of
-// handlers because each is already a type with state of its own (the request's bytes, the
-// handler's wait), and an interface value of an empty struct costs the passthrough nothing.
+// # Concurrency
 //
-// No client can take the relay down (Limits): what it holds for a client, requests not yet
-// handed on and answers the client has not taken, counts against a budget per connection and
-// one per process (chargeLocked, forceChargeLocked), a call's grpc-timeout applies from its
+// A session is one client connection and its connections to the targets (conn). Each conn has
+// one reader goroutine, which alone reads its frames, and one sender, whose owner alone decides
+// and writes everything the connection sends: DATA, header blocks, WINDOW_UPDATE, SETTINGS and
+// their acknowledgement, PING answers, RST_STREAM, GOAWAY; the peer's windows and settings,
+// the streams' queues and turns, HPACK's encoder are the owner's (sender.o). The owner is
+// whoever holds the sender's token: every other goroutine only puts events to the sender
+// (sender.put, an append under sender.mu) and kicks it, which makes the kicker the owner if
+// nobody is — it writes without waiting for the socket, the usual case — and the sender's
+// writer goroutine, handed the token when the socket takes no more, is the only goroutine that
+// ever waits for a peer. A reader that reads DATA for another connection takes that sender's
+// token for the frames of one read when it can, so the bytes leave from its read buffer with
+// one writev (conn.lend). What a call is — its kind, its two ways, its ids, whether each way
+// ended — is the session's, under session.mu; the steps taken under it (the *Locked functions)
+// only decide and put events, and return what is left to do once mu is let go (after): a
+// kick, the observer's End, a handler to start, a reset.
+//
+// The locks, in the order they may be taken: session.mu, then Server.mu (a charge over the
+// process's budget: shedStuck) or a sender's mu (put); no function returns holding one or hands
+// one to its callee. A sender's token is not a lock: it is only tried, never waited for, and
+// nobody holding session.mu or Server.mu kicks a sender, because its owner calls the session's
+// hooks (senderHooks), which take session.mu.
+//
+// # Kinds of call
+//
+// A call is a stream of one of three kinds (streamKind): passthrough, between the client and a
+// server; answered in the process (unaryCall), whose request a handler takes and whose answer
+// it gives; forwarded (forwarded), a handler's call to a server, whose answer the handler
+// takes. A fourth, answered, is a call whose answer is settled while the client may still send:
+// the relay answered it itself, or its server answered whole and reset the request (a
+// passthrough becomes one then); what the client sends on it is dropped. A stream's two ways
+// (stream.req, stream.ans) say where its bytes come from (a conn, or a handler) and where they
+// go (a sendStream at a sender, or a handler), so the flow functions never test which kind a
+// stream is; it is forgotten once the end of each way has reached where it goes.
+//
+// # Limits
+//
+// No client can take the relay down (Limits): what it holds for a client — requests not yet
+// handed on, answers and every other frame put for it and not yet written — counts against a
+// budget per connection and one per process (chargeLocked, session.hold). Over the process's
+// budget the connections that are stuck are closed (shedStuck): those whose client has not
+// finished sending its requests, or has not taken answers for a while with none of them
+// leaving; a client that reads is never closed for it. A call's grpc-timeout applies from its
 // headers and a request without one must arrive within RequestTimeout, a connection without
-// calls closes after IdleTimeout, one that answers no PING after KeepaliveTimeout, one that takes
-// nothing written to it after WriteTimeout, an answer left on a shut window is reset after
-// WindowTimeout, and the connections are capped. A client that goes over a limit is refused,
-// logged once per connection (its pid and uid from SO_PEERCRED, at most a line a second per
-// reason) and counted (Server.Refused).
-//
-// Frames are encoded into memory (endpoint.out) under the endpoint's wmu, which is never held
-// across a write. A flush writes them at once as far as the socket takes them without waiting
-// (a non-blocking write: no goroutine to wake on the usual path), and hands the rest, with the
-// right to write, to the connection's one writer goroutine (endpoint.writeLoop), the only one
-// that ever waits for a peer, as grpc-go's transports have one. A client that stops reading
-// blocks its writer alone: keepalive, timeouts, resets, sheds and closes only encode or close,
-// and DATA beyond a few writes' worth (outRoom) waits in its stream's queue, counted.
-//
-// Flow control keeps its arithmetic in one type (window, RFC 9113 §6.9). The steps that move
-// windows and frames run under the session's mu and return what is left to do (a todo: frames
-// to encode, a stream's end to tell); session.unlock encodes the frames under mu, so that they
-// leave in the order their windows were counted, lets mu go and does the rest. A
-// WINDOW_UPDATE or SETTINGS touches only the streams with bytes waiting (endpoint.waiting), and
-// a change of SETTINGS_INITIAL_WINDOW_SIZE none (half.sendSize).
+// calls closes after IdleTimeout, one that answers no PING after KeepaliveTimeout, one that
+// takes nothing written to it after WriteTimeout, an answer left on a shut window is reset
+// after WindowTimeout, a reader stops reading while more than 50 of its frames' answers wait,
+// and the connections are capped. A client that goes over a limit is refused, logged once per
+// connection (its pid and uid from SO_PEERCRED, at most a line a second per reason) and
+// counted (Server.Refused).
 package relay

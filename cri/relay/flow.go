@@ -1,210 +1,229 @@
 package relay
 
-// Passing frames between the sides: HTTP/2 flow control both ways, the queues of what waits for
-// a window, and a stream's end. The steps here run under the session's mu and return what is
-// left to do once it is let go (a todo, for ss.unlock).
+// Passing a call's frames between its sides: DATA and header blocks to where the stream's kind
+// sends them, and the stream's end. The steps that decide run under the session's mu and
+// return what is left to do once it is let go (after); what goes to a connection is put to its
+// sender, whose owner writes it.
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// dataLocked takes a DATA frame from d.src (d.toUp when it is the client's) on s, nil when the
-// stream is unknown or gone. mu is held.
-func (ss *session) dataLocked(d dir, s *stream, f *http2.DataFrame) (todo, error) {
-	n := int64(f.Header().Length)
-	payload := f.Data()
-	if d.src.recv.receive(n) != http2.ErrCodeNo {
-		return todo{}, connError{http2.ErrCodeFlowControl, "sent more than the connection's window"}
+// after is what a step taken under the session's mu leaves for once mu is let go: none of it
+// may run under mu, because it writes (kicks a sender), calls out (the observer, the log) or
+// takes the lock again (a reset).
+type after struct {
+	kicks   [2]*sender // senders put events to
+	ended   *stream    // the stream the step forgot: the observer's End
+	handler func()     // a Unary target's call, run in a goroutine of its own
+	// reset is reset on both sides with code: an error in what a side sent.
+	reset *stream
+	code  http2.ErrCode
+	note  *refusal // what the client did that the step refused, to report
+}
+
+// kick notes that s was put events.
+func (a *after) kick(s *sender) {
+	switch {
+	case s == nil, a.kicks[0] == s, a.kicks[1] == s:
+	case a.kicks[0] == nil:
+		a.kicks[0] = s
+	default:
+		a.kicks[1] = s // a call has two sides, at most
+	}
+}
+
+// after does a, once mu is let go. The kicks of a reader's step (c, the connection it reads)
+// wait for its flush, so that the frames of one read leave in one write; nil kicks now.
+func (ss *session) after(c *conn, a after) {
+	if a.note != nil {
+		ss.report(*a.note) // counted before the client learns of it
+	}
+	for _, k := range a.kicks {
+		switch {
+		case k == nil:
+		case c != nil:
+			c.touch(k)
+		default:
+			k.kick()
+		}
+	}
+	if a.ended != nil {
+		ss.observeEnd(a.ended)
+	}
+	if a.handler != nil {
+		ss.srv.handlers.Go(a.handler)
+	}
+	if a.reset != nil {
+		ss.resetAndTell(a.reset, a.code)
+	}
+}
+
+// data takes a DATA frame from c, the client's connection (up nil) or up's, its payload lent
+// from c's read buffer.
+func (ss *session) data(c *conn, up *upstream, d dataFrame) error {
+	if !c.recv.receive(d.length) {
+		return connError{http2.ErrCodeFlowControl, "sent more than the connection's window"}
+	}
+	ss.mu.Lock()
+	to, a := ss.dataLocked(c, up, d)
+	ss.mu.Unlock()
+	if to != nil {
+		c.lend(to, d.payload, d.end)
+	}
+	ss.after(c, a)
+	return nil
+}
+
+// dataLocked decides where d goes: the stream it is lent to, or nil when its stream's kind took
+// it, or it was dropped (unknown or ended stream). mu is held.
+func (ss *session) dataLocked(c *conn, up *upstream, d dataFrame) (*sendStream, after) {
+	var a after
+	s := ss.streams[d.id]
+	if up != nil {
+		s = up.streams[d.id]
 	}
 	if s == nil || s.removed {
 		// A stream that ended (or was reset): the bytes go back to the connection's window.
-		ss.credit(d, nil, n)
-		if id := f.StreamID; d.toUp && !ss.wasReset(id) && ss.wasClosed(id) {
+		a.kick(c.give(0, nil, d.length))
+		if up == nil && !ss.wasReset(d.id) && ss.wasClosed(d.id) {
 			// Closed by the client's END_STREAM or RST_STREAM (RFC 9113 §5.1).
-			return todo{rstID: id, rstCode: http2.ErrCodeStreamClosed}, nil
+			ss.rstClientLocked(d.id, http2.ErrCodeStreamClosed)
+			a.kick(c.out)
 		}
-		return todo{}, nil
+		return nil, a
 	}
-	h := d.half(s)
-	if h.done {
+	w := &s.ans
+	if up == nil {
+		w = &s.req
+	}
+	switch {
+	case w.done:
 		// Half-closed (remote): its sender ended it (RFC 9113 §5.1).
-		ss.credit(d, nil, n)
-		return todo{reset: s, code: http2.ErrCodeStreamClosed}, nil
-	}
-	if h.recv.receive(n) != http2.ErrCodeNo {
-		ss.credit(d, nil, n)
-		return todo{reset: s, code: http2.ErrCodeFlowControl}, nil
+		a.kick(c.give(0, nil, d.length))
+		a.reset, a.code = s, http2.ErrCodeStreamClosed
+		return nil, a
+	case !w.recv.receive(d.length):
+		a.kick(c.give(0, nil, d.length))
+		a.reset, a.code = s, http2.ErrCodeFlowControl
+		return nil, a
 	}
 	// Padding is not passed on: it goes back at once.
-	ss.credit(d, s, n-int64(len(payload)))
-	h.done = f.StreamEnded()
-	if len(payload) == 0 && !h.done {
-		return todo{}, nil // nothing to pass on
+	a.kick(c.give(w.fromID, w.recv, d.length-int64(len(d.payload))))
+	if d.end {
+		w.done = true
+		w.recv.shut.Store(true)
+		if w == &s.req {
+			ss.wholeLocked(s)
+		}
 	}
-	it := item{data: payload, end: h.done}
-	if d.toUp {
-		return s.kind.request(ss, s, it), nil
+	if len(d.payload) == 0 && !d.end {
+		return nil, a
 	}
-	return s.kind.answer(ss, s, it), nil
+	to, b := s.kind.data(ss, s, w, d.payload, d.end)
+	b.kick(a.kicks[0])
+	return to, b
 }
 
-// dropLocked drops it, from the client, on a stream that wants no more of the request: its
+// dropLocked drops bytes, from the client, of a stream that wants no more of the request: its
 // window goes back at once, and its end ends the stream's request. mu is held.
-func (ss *session) dropLocked(s *stream, it item) todo {
-	ss.credit(s.req, s, int64(len(it.data)))
-	if !it.end {
-		return todo{}
+func (ss *session) dropLocked(s *stream, n int64, end bool) after {
+	var a after
+	a.kick(s.req.from.give(s.req.fromID, s.req.recv, n))
+	if end {
+		s.req.closed = true
+		ss.endLocked(s, &a)
 	}
-	s.toUp.sentEnd = true
-	return ss.endLocked(s)
+	return a
 }
 
-// sendLocked sends it to d.dst as far as the windows allow and queues the rest (copied: the
-// framer reuses its buffers). What waits counts against the budget, whichever way it goes: a
-// client's request the server has no window for, an answer the client has none for. mu is
-// held.
-func (ss *session) sendLocked(d dir, s *stream, it item) todo {
-	h := d.half(s)
-	if h.q.empty() {
-		n := int64(len(it.data))
-		if it.headers != nil || (n <= h.sendSize(d.dst) && n <= d.dst.send.size() && n <= d.dst.room()) {
-			// The usual case: all of it goes now, from the framer's buffer.
-			if it.headers == nil {
-				ss.spendLocked(d, s, n)
-			}
-			return ss.writeLocked(d, s, todo{one: it, hasOne: true})
+// headersLocked puts a header block of s on its way w, to w's sender. mu is held.
+func (ss *session) headersLocked(w *way, fields []hpack.HeaderField, end bool) after {
+	var a after
+	w.to.out.put(event{kind: evHeaders, st: w.to, fields: fields, end: end, held: headerListSize(fields)})
+	a.kick(w.to.out)
+	return a
+}
+
+// send puts data or a header block of s, from a handler, on its way w (a Unary answer, a
+// Forward request) unless s has gone: it says whether s is still there.
+func (ss *session) send(s *stream, w *way, it item) bool {
+	ss.mu.Lock()
+	there := !s.removed
+	if there {
+		if w == &s.ans && it.headers != nil && !it.end {
+			s.headersSent = true
 		}
-	}
-	ss.forceChargeLocked(s, int64(len(it.data)))
-	if h.q.empty() {
-		h.moved = time.Now() // it begins to wait
-	}
-	h.q.push(it)
-	out, done := ss.takeLocked(d, s)
-	t := ss.writeLocked(d, s, todo{out: out, done: done})
-	ss.listLocked(d, s)
-	return t
-}
-
-// spendLocked counts n bytes of s going to d.dst now: out of the windows, into the endpoint's
-// out until written, and back to d.src's windows. mu is held.
-func (ss *session) spendLocked(d dir, s *stream, n int64) {
-	d.half(s).send.spend(n)
-	d.dst.send.spend(n)
-	if d.dst.w != nil {
-		d.dst.w.commit(n)
-	}
-	ss.credit(d, s, n)
-}
-
-// takeLocked takes from s's queue toward d.dst what the windows and the endpoint's room allow;
-// the chunks it returns go back to the pool once written. mu is held.
-func (ss *session) takeLocked(d dir, s *stream) ([]item, []*[]byte) {
-	h := d.half(s)
-	room := d.dst.room()
-	n := max(min(h.sendSize(d.dst), d.dst.send.size(), room), 0)
-	before := h.q.size
-	out, done := h.q.take(n)
-	sent := before - h.q.size
-	if sent > 0 {
-		ss.spendLocked(d, s, sent)
-		ss.releaseLocked(s, sent)
-		h.moved = time.Now()
-	}
-	if h.q.size > 0 && room <= n && d.dst.w != nil {
-		d.dst.w.starved.Store(true) // the writer lets the rest go once it has made room
-	}
-	return out, done
-}
-
-// listLocked puts s on d.dst's waiting list while bytes of it wait toward d.dst. mu is held.
-func (ss *session) listLocked(d dir, s *stream) {
-	h := d.half(s)
-	if h.listed || h.q.empty() || s.removed {
-		return
-	}
-	h.listed = true
-	d.dst.waiting = append(d.dst.waiting, s)
-}
-
-// writeLocked readies t's frames to go to d.dst on s: the ends they carry count as sent, and
-// s is forgotten once both its directions have ended. mu is held; ss.unlock writes them.
-func (ss *session) writeLocked(d dir, s *stream, t todo) todo {
-	if !t.hasOne && len(t.out) == 0 {
-		return t
-	}
-	h := d.half(s)
-	if t.one.end {
-		h.sentEnd = true
-	}
-	for _, it := range t.out {
 		if it.end {
-			h.sentEnd = true
+			w.done = true
+		}
+		if it.headers != nil {
+			w.to.out.put(event{kind: evHeaders, st: w.to, fields: it.headers, end: it.end, held: headerListSize(it.headers)})
+		} else {
+			w.to.out.putOwned(w.to, it.data, it.end)
 		}
 	}
-	if ss.removeIfDone(s) {
-		t.ended = s
-	}
-	t.dst, t.id = d.dst, d.dstID(s)
-	return t
+	ss.mu.Unlock()
+	w.to.out.kick()
+	return there
 }
 
-// credit gives n bytes back to d.src's windows: the connection's, and s's stream's when s is
-// set and src may still send on it, once enough have been passed on to be worth a
-// WINDOW_UPDATE (written at the next flush). mu is held.
-func (ss *session) credit(d dir, s *stream, n int64) {
-	if n <= 0 || d.src.conn == nil {
-		return // nothing to give back to the answers of a Unary target
-	}
-	src := d.src
-	if inc := src.recv.credit(n, connWindow/4); inc > 0 {
-		src.updates = append(src.updates, windowUpdate{0, inc})
-	}
+// putOwned puts DATA of st from bytes the caller will not touch again.
+func (s *sender) putOwned(st *sendStream, p []byte, end bool) { s.putCopy(st, p, end) }
+
+// wayEnded is the senders' hook: the end of st's way went out. s is forgotten once both its
+// ways have ended.
+func (ss *session) wayEnded(st *sendStream) {
+	s := st.s
 	if s == nil {
+		return // a stream answered before it became a call (notPost)
+	}
+	var a after
+	ss.mu.Lock()
+	if s.req.to == st {
+		s.req.closed = true
+	} else {
+		s.ans.closed = true
+	}
+	ss.endLocked(s, &a)
+	ss.mu.Unlock()
+	ss.after(nil, a)
+}
+
+// endLocked forgets s once both its ways have ended: the observer's End follows. mu is held.
+func (ss *session) endLocked(s *stream, a *after) {
+	if s.removed || !s.req.closed || !s.ans.closed {
 		return
 	}
-	h := d.half(s)
-	if h.done {
-		return
-	}
-	if inc := h.recv.credit(n, streamWindow/4); inc > 0 {
-		src.updates = append(src.updates, windowUpdate{d.srcID(s), inc})
-	}
+	ss.removeLocked(s, noRST, noRST)
+	a.ended = s
 }
 
-// removeIfDone forgets s once both its directions have ended; it says whether it did. mu is
-// held.
-func (ss *session) removeIfDone(s *stream) bool {
-	if s.removed || !s.toUp.sentEnd || !s.toDown.sentEnd {
-		return false
-	}
-	ss.removeLocked(s)
-	return true
+// rstCode is the RST_STREAM a stream's removal sends to one side, if any.
+type rstCode struct {
+	send bool
+	code http2.ErrCode
 }
 
-// endLocked is removeIfDone, with the observer's End to follow. mu is held.
-func (ss *session) endLocked(s *stream) todo {
-	if ss.removeIfDone(s) {
-		return todo{ended: s}
-	}
-	return todo{}
-}
+var noRST rstCode
 
-// removeLocked forgets s; what it still held in its queues goes back to the windows of where
-// it came from. mu is held.
-func (ss *session) removeLocked(s *stream) {
+func rst(code http2.ErrCode) rstCode { return rstCode{true, code} }
+
+// removeLocked forgets s: what its senders still hold of it is dropped (and given back to the
+// windows of where it came from), and down and up are the RST_STREAMs its client and its
+// server are told. mu is held.
+func (ss *session) removeLocked(s *stream, down, up rstCode) {
 	s.kind.removed()
 	s.removed = true
 	if s.timer != nil {
 		s.timer.Stop()
 	}
-	if s.downID != 0 && s.toUp.done {
+	if s.downID != 0 && s.req.done {
 		ss.noteClosedLocked(s.downID)
 	}
 	if ss.streams[s.downID] == s {
@@ -213,8 +232,14 @@ func (ss *session) removeLocked(s *stream) {
 			ss.idleSince = time.Now()
 		}
 	}
-	ss.credit(s.req, nil, s.toUp.q.drop())
-	ss.credit(s.ans, nil, s.toDown.q.drop())
+	for _, w := range []*way{&s.req, &s.ans} {
+		if w.recv != nil {
+			w.recv.shut.Store(true)
+		}
+	}
+	// The answer's way goes to the client; the request's to the server.
+	dropSend(s.ans.to, s.ans.closed, down)
+	dropSend(s.req.to, s.req.closed, up)
 	ss.releaseLocked(s, s.held)
 	if s.up == nil {
 		return
@@ -226,6 +251,23 @@ func (ss *session) removeLocked(s *stream) {
 		ss.closeUpstreamLocked(s.up)
 	}
 }
+
+// dropSend tells st's sender that its way ended without its end (closed: it did), and to reset
+// it on the peer when r says so. The caller kicks the sender.
+func dropSend(st *sendStream, closed bool, r rstCode) {
+	if st == nil || (closed && !r.send) {
+		return
+	}
+	held := int64(0)
+	if r.send {
+		held = rstSize
+	}
+	st.out.put(event{kind: evReset, st: st, rst: r.send, code: r.code, held: held})
+	st.out.kickSoon()
+}
+
+// rstSize is a RST_STREAM frame's size, what it is charged while it waits.
+const rstSize = 13
 
 func (ss *session) observeEnd(s *stream) {
 	if s.observed {
@@ -249,32 +291,26 @@ func (ss *session) resetStream(s *stream, code http2.ErrCode, toClient, toUp boo
 	if s == nil {
 		return
 	}
-	client, ok := ss.endReset(s, code)
-	if !ok {
+	ss.mu.Lock()
+	if s.removed {
+		ss.mu.Unlock()
 		return
 	}
-	if toClient && client {
-		ss.rstClient(s.downID, code)
-	}
-	if toUp && s.up != nil {
-		s.up.ep.writeRST(s.upID, upCode)
-	}
-	ss.observeEnd(s)
-}
-
-// endReset forgets s, reset with code; it says whether s was still there, and whether its
-// client has a stream to be told.
-func (ss *session) endReset(s *stream, code http2.ErrCode) (client, ok bool) {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if s.removed {
-		return false, false
-	}
-	if !s.toDown.done {
+	if !s.ans.done {
 		s.code = deadlineCode(s, resetCode(code))
 	}
-	ss.removeLocked(s)
-	return s.kind.abort(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code)), true
+	client := s.kind.abort(status.Errorf(resetCode(code), "stream terminated by RST_STREAM with error code: %v", code))
+	down, up := noRST, noRST
+	if toClient && client {
+		down = rst(code)
+		ss.noteResetLocked(s.downID)
+	}
+	if toUp && s.up != nil {
+		up = rst(upCode)
+	}
+	ss.removeLocked(s, down, up)
+	ss.mu.Unlock()
+	ss.observeEnd(s)
 }
 
 // resetCode is the gRPC code a client sees for a stream reset with code.
@@ -290,205 +326,47 @@ func resetCode(code http2.ErrCode) codes.Code {
 	return codes.Internal
 }
 
-// settings applies a peer's SETTINGS. u is the upstream e belongs to, nil for the client.
-func (ss *session) settings(e *endpoint, u *upstream, f *http2.SettingsFrame) error {
-	if f.IsAck() {
-		return nil
-	}
-	var grow bool
-	err := f.ForeachSetting(func(st http2.Setting) error {
-		if err := st.Valid(); err != nil {
-			code := http2.ErrCodeProtocol
-			var ce http2.ConnectionError
-			if errors.As(err, &ce) {
-				code = http2.ErrCode(ce)
-			}
-			return connError{code, fmt.Sprintf("setting %v: %v", st, err)}
-		}
-		if st.ID == http2.SettingHeaderTableSize {
-			e.wmu.Lock()
-			defer e.wmu.Unlock()
-			e.henc.SetMaxDynamicTableSize(st.Val)
-			return nil
-		}
-		ss.mu.Lock()
-		defer ss.mu.Unlock()
-		more, err := ss.settingLocked(e, u, st)
-		grow = grow || more
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if err := e.encode(e.fr.WriteSettingsAck); err != nil { // leaves with the reader's next flush
-		return err
-	}
-	if grow {
-		ss.sendPending(e)
-	}
-	return nil
-}
-
-// settingLocked applies one of the peer's settings that the session's state holds; it says
-// whether the streams' windows grew. mu is held.
-func (ss *session) settingLocked(e *endpoint, u *upstream, st http2.Setting) (grow bool, err error) {
-	switch st.ID {
-	case http2.SettingInitialWindowSize:
-		delta := int64(st.Val) - e.peerInitWindow
-		e.peerInitWindow = int64(st.Val)
-		if delta == 0 {
-			return false, nil
-		}
-		// RFC 9113 §6.9.2: every open stream's window moves by the difference, which
-		// sendSize reads from e; only a window that might pass 2^31-1 is looked for.
-		if e.sendMost+e.peerInitWindow > maxWindow && ss.windowOverLocked(e, u) {
-			return false, connError{http2.ErrCodeFlowControl, "window above 2^31-1"}
-		}
-		return delta > 0, nil
-	case http2.SettingMaxConcurrentStreams:
-		if u != nil {
-			u.maxStreams = st.Val
-		}
-	case http2.SettingMaxFrameSize:
-		e.peerMaxFrame = st.Val
-	case http2.SettingMaxHeaderListSize:
-		e.peerMaxHeaderList = st.Val
-	}
-	return false, nil
-}
-
-// windowUpdate applies a peer's WINDOW_UPDATE and sends what waited for it.
-func (ss *session) windowUpdate(e *endpoint, u *upstream, f *http2.WindowUpdateFrame) error {
+// failStream ends s with a gRPC status, dropping what it still held: the client is told unless
+// its answer went out whole already, and the server with a RST_STREAM CANCEL when rstUp.
+func (ss *session) failStream(s *stream, code codes.Code, msg string, rstUp bool) {
 	ss.mu.Lock()
-	if f.StreamID == 0 {
-		code := e.send.update(f.Increment)
-		waiting := len(e.waiting) > 0
-		ss.mu.Unlock()
-		if code != http2.ErrCodeNo {
-			return connError{code, "connection window above 2^31-1"}
-		}
-		if waiting {
-			ss.sendPending(e)
-		}
-		return nil
-	}
-	ss.unlock(ss.streamUpdateLocked(e, u, f))
-	return nil
-}
-
-// streamUpdateLocked applies a WINDOW_UPDATE of a stream toward u (the client when nil) and
-// takes what waited for it. mu is held.
-func (ss *session) streamUpdateLocked(e *endpoint, u *upstream, f *http2.WindowUpdateFrame) todo {
-	s := ss.streams[f.StreamID]
-	if u != nil {
-		s = u.streams[f.StreamID]
-	}
-	if s == nil {
-		return todo{}
-	}
-	if code := ss.halfToward(s, u).updateSend(e, f.Increment); code != http2.ErrCodeNo {
-		return todo{reset: s, code: code}
-	}
-	return ss.pendingLocked(s, u != nil)
-}
-
-// sendPending sends what waits toward e as far as the windows and e's room allow now. It
-// walks e's waiting list, the streams with bytes queued toward e, not every stream: a
-// WINDOW_UPDATE or SETTINGS costs what it lets go.
-func (ss *session) sendPending(e *endpoint) {
-	var ended []*stream
-	var tooLarge []uint32
-	ss.mu.Lock()
-	list := e.waiting
-	e.waiting = nil
-	for _, s := range list {
-		d := s.ans
-		if s.req.dst == e {
-			d = s.req
-		}
-		d.half(s).listed = false
-		if s.removed {
-			continue
-		}
-		out, done := ss.takeLocked(d, s)
-		t := ss.writeLocked(d, s, todo{out: out, done: done})
-		if t.dst != nil && errors.Is(t.dst.writeTodo(&t), errHeaderListTooLarge) {
-			tooLarge = append(tooLarge, t.id)
-		}
-		release(done)
-		if t.ended != nil {
-			ended = append(ended, t.ended)
-		}
-		ss.listLocked(d, s)
-	}
+	a := ss.failLocked(s, code, msg, rstUp)
 	ss.mu.Unlock()
-	e.flush()
-	for _, s := range ended {
-		ss.observeEnd(s)
-	}
-	for _, id := range tooLarge {
-		ss.headerListTooLarge(e, id)
-	}
+	ss.after(nil, a)
 }
 
-// pendingLocked takes what waits on s toward its server (toUp) or its client, as far as the
-// windows allow. mu is held.
-func (ss *session) pendingLocked(s *stream, toUp bool) todo {
+// failLocked is failStream under mu.
+func (ss *session) failLocked(s *stream, code codes.Code, msg string, rstUp bool) after {
 	if s.removed {
-		return todo{}
+		return after{}
 	}
-	d := s.ans
-	if toUp {
-		d = s.req
+	trailersOnly, answered := !s.headersSent, s.ans.done
+	s.code = code
+	tell := s.kind.abort(status.Error(code, msg)) && !answered
+	up := noRST
+	if rstUp && s.up != nil {
+		up = rst(http2.ErrCodeCancel)
 	}
-	out, done := ss.takeLocked(d, s)
-	t := ss.writeLocked(d, s, todo{out: out, done: done})
-	ss.listLocked(d, s)
-	return t
+	a := after{ended: s}
+	if tell {
+		// What waits of the answer is dropped; the status ends it.
+		fields := grpcStatus(code, msg, trailersOnly)
+		s.ans.done, s.ans.closed = true, true
+		s.ans.to.out.put(event{kind: evReset, st: s.ans.to, fields: fields, held: headerListSize(fields)})
+		a.kick(s.ans.to.out)
+	}
+	ss.removeLocked(s, noRST, up)
+	return a
 }
 
-// windowOverLocked says whether a stream's window toward e (u's, or the client's when u is
-// nil) is above 2^31-1. mu is held.
-func (ss *session) windowOverLocked(e *endpoint, u *upstream) bool {
-	streams := ss.streams
-	if u != nil {
-		streams = u.streams
+// streamReset is the senders' hook: a sender reset st on its peer with code (a header block
+// over the peer's limit, a window past 2^31-1); the other side is told, as gRPC's server does.
+func (ss *session) streamReset(st *sendStream, code http2.ErrCode) {
+	s := st.s
+	if st.out == ss.down.out {
+		ss.noteReset(s.downID)
+		ss.resetStream(s, code, false, true, http2.ErrCodeCancel)
+		return
 	}
-	for _, s := range streams {
-		if ss.halfToward(s, u).sendSize(e) > maxWindow {
-			return true
-		}
-	}
-	return false
-}
-
-// openSend opens the half's window toward dst at dst's SETTINGS_INITIAL_WINDOW_SIZE.
-func (h *half) openSend(dst *endpoint) {
-	h.send, h.sendBase = newWindow(dst.peerInitWindow), dst.peerInitWindow
-}
-
-// sendSize is what dst lets the half send now: its window, moved by every change of dst's
-// SETTINGS_INITIAL_WINDOW_SIZE since the stream began (RFC 9113 §6.9.2). SETTINGS records the
-// change once, in dst, rather than in each of up to MaxStreams streams. mu is held.
-func (h *half) sendSize(dst *endpoint) int64 {
-	return h.send.size() + dst.peerInitWindow - h.sendBase
-}
-
-// updateSend applies a WINDOW_UPDATE of the half's stream from dst. mu is held.
-func (h *half) updateSend(dst *endpoint, inc uint32) http2.ErrCode {
-	if code := h.send.update(inc); code != http2.ErrCodeNo {
-		return code
-	}
-	if h.sendSize(dst) > maxWindow {
-		return http2.ErrCodeFlowControl
-	}
-	dst.sendMost = max(dst.sendMost, h.send.size()-h.sendBase)
-	return http2.ErrCodeNo
-}
-
-func (ss *session) halfToward(s *stream, u *upstream) *half {
-	if u != nil {
-		return &s.toUp
-	}
-	return &s.toDown
+	ss.resetStream(s, code, true, false, code)
 }

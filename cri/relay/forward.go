@@ -67,35 +67,23 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 			return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
 		}
 	}
-	headers := item{headers: c.forwardFields(ctx, md)}
-	up, err := ss.lockUpstream(t)
+	fields := c.forwardFields(ctx, md)
+	fw := &forwarded{done: make(chan struct{}), limit: t.maxMessage()}
+	s := &stream{path: c.Path, kind: fw}
+	var opened error
+	err := ss.onUpstream(t, func(up *upstream) {
+		opened = ss.openForwardLocked(s, up, fields)
+	})
+	if err == nil {
+		err = opened
+	}
 	if err != nil {
 		return &UnaryAnswer{Err: status.Error(codes.Unavailable, status.Convert(err).Message())}
-	}
-	fw := &forwarded{done: make(chan struct{}), limit: t.maxMessage()}
-	s := &stream{path: c.Path, kind: fw, up: up}
-	s.req = dir{src: ss.self, dst: up.ep, toUp: true}
-	s.ans = dir{src: up.ep} // to the handler, through fw
-	s.toUp.recv, s.toDown.recv = newWindow(streamWindow), newWindow(streamWindow)
-	s.toUp.done = true // the handler sends the request whole
-
-	// A failed write ends s (upstreamFailed).
-	opened, err := ss.openForwardLocked(s, up, headers)
-	ss.unlock(opened)
-	if err != nil {
-		return &UnaryAnswer{Err: err}
 	}
 	framed := make([]byte, 5+len(msg))
 	binary.BigEndian.PutUint32(framed[1:5], uint32(len(msg)))
 	copy(framed[5:], msg)
-	for len(framed) > 0 {
-		n := min(len(framed), maxFrame)
-		if !ss.request(s, item{data: framed[:n], end: n == len(framed)}) {
-			break
-		}
-		framed = framed[n:]
-	}
-	ss.flush(up.ep)
+	ss.send(s, &s.req, item{data: framed, end: true})
 
 	select {
 	case <-fw.done:
@@ -106,34 +94,25 @@ func (c *UnaryCall) Forward(ctx context.Context, t *Target, md metadata.MD, msg 
 	return fw.result()
 }
 
-// openForwardLocked opens s, a forwarded call, on up and sends its header block. mu is held.
-func (ss *session) openForwardLocked(s *stream, up *upstream, headers item) (todo, error) {
+// openForwardLocked opens s, a forwarded call, on up and puts its header block. mu is held.
+func (ss *session) openForwardLocked(s *stream, up *upstream, fields []hpack.HeaderField) error {
 	t := up.target
 	switch {
 	case ss.closed:
-		return todo{}, status.Error(codes.Unavailable, "client connection ended")
+		return status.Error(codes.Unavailable, "client connection ended")
 	case up.gone:
-		return todo{}, status.Errorf(codes.Unavailable, "connection to %s ended", t.Name)
+		return status.Errorf(codes.Unavailable, "connection to %s ended", t.Name)
 	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
-		return todo{}, status.Errorf(codes.Unavailable, "%s allows %d calls at once on a connection", t.Name, up.maxStreams)
+		return status.Errorf(codes.Unavailable, "%s allows %d calls at once on a connection", t.Name, up.maxStreams)
 	}
-	s.upID = up.nextID
+	s.up, s.upID = up, up.nextID
 	up.nextID += 2
-	s.toUp.openSend(up.ep)
+	// The handler sends the request whole; the answer comes to it (to nil).
+	s.req = way{to: newSendStream(up.c.out, s.upID, s, creditTo{}, false)}
+	s.ans = way{from: up.c, fromID: s.upID, recv: newRecvWindow(streamWindow)}
 	up.streams[s.upID] = s
-	return s.kind.request(ss, s, headers), nil
-}
-
-// request sends it on s toward its server unless s has gone; it says whether s is still there.
-func (ss *session) request(s *stream, it item) bool {
-	ss.mu.Lock()
-	var t todo
-	there := !s.removed
-	if there {
-		t = s.kind.request(ss, s, it)
-	}
-	ss.unlock(t)
-	return there
+	up.c.out.put(event{kind: evHeaders, st: s.req.to, fields: fields, held: headerListSize(fields)})
+	return nil
 }
 
 // forwardFields is the header block a forwarded call goes with: the client's, md set in it,
@@ -152,8 +131,9 @@ func (c *UnaryCall) forwardFields(ctx context.Context, md metadata.MD) []hpack.H
 
 // collectLocked takes it, from the target, for the handler that waits for the answer; the
 // bytes are taken at once, so their window goes back at once. mu is held.
-func (ss *session) collectLocked(s *stream, fw *forwarded, it item) todo {
-	ss.credit(s.ans, s, int64(len(it.data)))
+func (ss *session) collectLocked(s *stream, fw *forwarded, it item) after {
+	var a after
+	a.kick(s.ans.from.give(s.ans.fromID, s.ans.recv, int64(len(it.data))))
 	var fail error
 	switch {
 	case it.headers != nil && fw.header == nil:
@@ -175,15 +155,17 @@ func (ss *session) collectLocked(s *stream, fw *forwarded, it item) todo {
 	if fail != nil {
 		// The first end counts: the handler sees fail, and the server is told CANCEL.
 		fw.end(fail)
-		return todo{reset: s, code: http2.ErrCodeCancel}
+		a.reset, a.code = s, http2.ErrCodeCancel
+		return a
 	}
 	if !it.end {
-		return todo{}
+		return a
 	}
-	s.toDown.sentEnd = true
-	ss.removeIfDone(s)
+	s.ans.closed = true
+	ss.endLocked(s, &a)
+	a.ended = nil // a forwarded call has no observer of its own
 	fw.end(nil)
-	return todo{}
+	return a
 }
 
 // result reads the answer that came: a gRPC status, metadata, the message.

@@ -4,7 +4,9 @@ package relay
 // connections' limits, and the report of a client that went over them.
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,8 +23,11 @@ type Limits struct {
 	// header blocks of its open calls, request bytes that wait for the runtime's window. A call
 	// that would go over it is refused.
 	ConnectionBytes int64
-	// TotalBytes bounds the same over every connection. Over it, the connection that holds the
-	// most pays: its call is refused when it is the caller's, else that connection is closed.
+	// TotalBytes bounds the same over every connection, and what podgate holds for them to
+	// read. Over it, the connections whose bytes wait on their client without moving are
+	// closed (the requests they have not finished sending, the answers they have not taken
+	// for a second), the most such bytes first; a call of a connection that holds more than a
+	// little is refused meanwhile. A connection whose client reads is never closed for it.
 	TotalBytes int64
 	// MaxConnections bounds the client connections open at once; a connection over it is closed
 	// as soon as it is accepted.
@@ -193,8 +198,8 @@ func (s *Server) logger() klog.Logger {
 	return s.Logger
 }
 
-// chargeLocked counts n more bytes that s holds for its client. When they do not fit it
-// counts none and says why; over the process's budget, the connection that holds the most is
+// chargeLocked counts n more bytes that s holds for its client's request. When they do not fit
+// it counts none and says why; over the process's budget, the connections that are stuck are
 // closed to make room (makeRoom). mu is held.
 func (ss *session) chargeLocked(s *stream, n int64) string {
 	lim := &ss.srv.lim
@@ -206,28 +211,35 @@ func (ss *session) chargeLocked(s *stream, n int64) string {
 	case ss.srv.held.Load()+n > lim.TotalBytes && !ss.srv.makeRoom(ss, n):
 		return ReasonTotalBudget
 	}
-	ss.forceChargeLocked(s, n)
+	s.held += n
+	if !s.req.done {
+		s.partial += n
+		ss.partial.Add(n)
+	}
+	ss.srv.held.Add(n)
+	ss.held.Add(n)
 	return ""
 }
 
-// forceChargeLocked counts n more bytes s holds, over the budget or not: bytes the windows
-// bound already, which have arrived. Over the process's budget, the connection that holds the
-// most is closed. mu is held.
-func (ss *session) forceChargeLocked(s *stream, n int64) {
-	s.held += n
-	ss.hold(n)
-	if over := ss.srv.held.Load() - ss.srv.lim.TotalBytes; over > 0 {
-		ss.srv.mu.Lock()
-		ss.srv.shedLocked(over, nil)
-		ss.srv.mu.Unlock()
+// wholeLocked notes that s's request is whole: what it holds no longer waits on its client.
+// mu is held.
+func (ss *session) wholeLocked(s *stream) {
+	s.req.done = true
+	if s.partial != 0 {
+		ss.partial.Add(-s.partial)
+		s.partial = 0
 	}
 }
 
-// hold counts n more (or, negative, fewer) bytes the session holds, toward its budget and the
-// process's.
+// hold counts n more (or, negative, fewer) bytes held for the session's connections — what
+// their senders hold until written — toward its budget and the process's. Over the process's
+// budget, the connections that are stuck are closed to make room: these bytes have arrived
+// already (the windows bound them), so they are counted whatever the budget says.
 func (ss *session) hold(n int64) {
 	ss.held.Add(n)
-	ss.srv.held.Add(n)
+	if total := ss.srv.held.Add(n); n > 0 && total > ss.srv.lim.TotalBytes {
+		ss.srv.shedStuck(total-ss.srv.lim.TotalBytes, ss)
+	}
 }
 
 // releaseLocked gives back n of the bytes s held. mu is held.
@@ -236,67 +248,131 @@ func (ss *session) releaseLocked(s *stream, n int64) {
 		return
 	}
 	s.held -= n
-	ss.hold(-n)
+	if s.partial != 0 {
+		ss.partial.Add(-s.partial)
+		s.partial = 0
+	}
+	ss.held.Add(-n)
+	ss.srv.held.Add(-n)
 }
 
-// makeRoom is called when n more bytes of ss would go over the process's budget: the
-// connections that hold the most, while they hold more than ss, are closed (shed). Their bytes
-// count until their calls have ended, which closing them sets off: until then, only a
-// connection that holds little (within reserve) still gets its n bytes, so that a kubelet's
-// call is not refused because another client filled the budget. It says whether n fits.
+// makeRoom is called when n more bytes of a request of ss would go over the process's budget:
+// the connections that are stuck are closed (shed) to make room. Their bytes count until their
+// calls have ended, which closing them sets off: until then, only a connection that holds
+// little (within reserve) and is not stuck itself still gets its n bytes, so that a kubelet's
+// call is not refused because other clients filled the budget. It says whether n fits.
 func (s *Server) makeRoom(ss *session, n int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	over := s.held.Load() + n - s.lim.TotalBytes
-	paying := s.shedLocked(over, ss)
-	return ss.held.Load()+n <= s.lim.TotalBytes/smallShare && (paying || over <= s.lim.TotalBytes/reserveShare)
+	leaving := s.shedStuck(over, ss)
+	waited, _, answers := ss.stuck(time.Now())
+	small := ss.held.Load()+n <= s.lim.TotalBytes/smallShare
+	return small && (answers == 0 || waited < minStuck) && (leaving >= over || over <= s.lim.TotalBytes/reserveShare)
 }
 
 // A connection that holds at most 1/smallShare of the process's budget (a kubelet's) gets its
-// calls over the budget while connections that hold more are being shed, and otherwise within
+// calls over the budget while stuck connections are being shed, and otherwise within
 // 1/reserveShare of it.
 const (
 	smallShare   = 256
 	reserveShare = 16
 )
 
-// shedLocked closes the connections that hold the most until those being closed hold at least
-// over bytes. With caller set, only connections that hold more than the caller are shed. It
-// says whether connections that hold more than the caller are being shed. s.mu is held.
-func (s *Server) shedLocked(over int64, caller *session) (paying bool) {
-	var leaving int64 // what the connections being shed still hold
+// minStuck is how long the answers a client has not taken must have waited, with no byte of
+// them leaving, for its connection to be shed: a client that reads — a kubelet taking a large
+// list, a byte leaving every few milliseconds — is never shed, however full the budget is.
+const minStuck = 100 * time.Millisecond
+
+// stuck is what the session holds that waits on its client: the requests its client has not
+// finished sending (partial), and the answers it has not taken, which have waited without a
+// byte leaving for waited.
+func (ss *session) stuck(now time.Time) (waited time.Duration, partial, answers int64) {
+	return ss.down.out.stuckFor(now), ss.partial.Load(), ss.down.out.held.Load()
+}
+
+// shedStuck closes the connections that are stuck — what they hold waits on their client and
+// does not move: requests it has not finished sending, answers it has not taken for minStuck —
+// the longest stuck first, until those being closed hold at least over bytes; a connection that
+// is not stuck is never closed, nor except. It returns what the connections being closed still
+// hold.
+func (s *Server) shedStuck(over int64, except *session) (leaving int64) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.lastShedLook) < shedLookInterval {
+		return s.leaving // looked a moment ago
+	}
+	s.lastShedLook = now
 	for o := range s.sessions {
 		if o.shedding.Load() {
 			leaving += o.held.Load()
-			paying = paying || caller == nil || o.held.Load() > caller.held.Load()
 		}
 	}
-	for leaving < over {
-		var top *session
-		for o := range s.sessions {
-			if !o.shedding.Load() && (top == nil || o.held.Load() > top.held.Load()) {
-				top = o
-			}
-		}
-		switch {
-		case top == nil, top == caller, caller != nil && top.held.Load() <= caller.held.Load(),
-			top.held.Load() == 0, !top.shedding.CompareAndSwap(false, true):
-			return paying
-		}
-		leaving += top.held.Load()
-		paying = true
-		go top.shed()
+	type candidate struct {
+		ss    *session
+		for_  time.Duration
+		bytes int64
 	}
-	return paying
+	var cands []candidate
+	for o := range s.sessions {
+		d, partial, answers := o.stuck(now)
+		if d < minStuck {
+			answers = 0
+		}
+		if b := partial + answers; b > 0 && o != except && !o.shedding.Load() {
+			cands = append(cands, candidate{o, d, b})
+		}
+	}
+	// The longest stuck first; of requests not finished, the most bytes first.
+	slices.SortFunc(cands, func(a, b candidate) int {
+		if c := cmp.Compare(b.for_, a.for_); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.bytes, a.bytes)
+	})
+	for _, c := range cands {
+		if leaving >= over {
+			break
+		}
+		if !c.ss.shedding.CompareAndSwap(false, true) {
+			continue
+		}
+		leaving += c.ss.held.Load()
+		go c.ss.shed(c.for_, c.bytes)
+	}
+	s.leaving = leaving
+	if leaving < over && !s.relooking {
+		// Answers that are not yet stuck long enough may be by then: the budget stays over
+		// until they are shed, whether or not another byte is charged.
+		s.relooking = true
+		time.AfterFunc(minStuck, s.relook)
+	}
+	return leaving
 }
 
-// shed closes the connection, the one that held the most when the process's budget ran out:
-// GOAWAY ENHANCE_YOUR_CALM, and the close, which does not wait for a client that does not
-// read; its calls end then, which gives their bytes back.
-func (ss *session) shed() {
-	ss.report(refusal{ReasonTotalBudget, fmt.Sprintf("held %d bytes, the most of any connection, when all of them together reached %d", ss.held.Load(), ss.srv.lim.TotalBytes), "closed the connection"})
-	ss.down.goAway(ss.lastIDLocked(), http2.ErrCodeEnhanceYourCalm)
-	ss.down.closeAfterFlush(shedGrace)
+// relook looks for stuck connections again while the process's budget is over.
+func (s *Server) relook() {
+	s.mu.Lock()
+	s.relooking = false
+	s.lastShedLook = time.Time{}
+	s.mu.Unlock()
+	if over := s.held.Load() - s.lim.TotalBytes; over > 0 {
+		s.shedStuck(over, nil)
+	}
+}
+
+// shedLookInterval is how often, at most, the connections are looked through for stuck ones
+// while the budget stays over: not at every byte charged.
+const shedLookInterval = 10 * time.Millisecond
+
+// shed closes the connection, stuck when the process's budget ran out: GOAWAY
+// ENHANCE_YOUR_CALM, and the close, which does not wait for a client that does not read; its
+// calls end then, which gives their bytes back.
+func (ss *session) shed(waited time.Duration, stuck int64) {
+	did := fmt.Sprintf("held %d bytes, %d of them waiting on it (requests it had not finished sending, answers it had not taken: none left for %s), when all connections together reached %d",
+		ss.held.Load(), stuck, waited.Round(time.Millisecond), ss.srv.lim.TotalBytes)
+	ss.report(refusal{ReasonTotalBudget, did, "closed the connection"})
+	ss.down.out.put(event{kind: evGoAway, id: ss.clientLastID(), code: http2.ErrCodeEnhanceYourCalm, held: goAwaySize})
+	ss.down.out.closeAfterFlush(shedGrace)
 }
 
 // shedGrace bounds how long a shed connection's GOAWAY may take to leave: what it holds counts

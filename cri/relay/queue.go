@@ -41,11 +41,32 @@ func (q *queue) push(it item) {
 		q.size += int64(k)
 	}
 	if it.headers != nil || it.end {
-		tail := item{headers: it.headers, end: it.end}
+		tail := item{headers: it.headers, end: it.end, held: it.held}
 		if tail.headers != nil {
 			tail.headers = append([]hpack.HeaderField(nil), tail.headers...)
 		}
 		q.tail = &tail
+	}
+}
+
+// pushChunk queues the bytes of c, a chunk of the pool the caller filled (its copy of bytes
+// lent to it), without copying them again; end ends the stream after them. The queue owns c.
+func (q *queue) pushChunk(c *[]byte, end bool) {
+	n := len(*c)
+	q.size += int64(n)
+	switch k := len(q.data); {
+	case n == 0:
+		release([]*[]byte{c})
+	case k > 0 && len(*q.data[k-1])+n <= chunkSize:
+		// A small one joins the last chunk: a stream of tiny frames holds bytes, not chunks.
+		last := q.data[k-1]
+		*last = append(*last, *c...)
+		release([]*[]byte{c})
+	default:
+		q.data = append(q.data, c)
+	}
+	if end {
+		q.tail = &item{end: true}
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"slices"
 	"strings"
@@ -183,14 +182,19 @@ type Server struct {
 	// calls go on a fresh one; 0 is HTTP/2's own, 2^31−1. Tests set it small.
 	lastUpstreamStreamID uint32
 
-	mu        sync.Mutex
-	open      int // client connections accepted and not yet ended (Limits.MaxConnections)
-	sessions  map[*session]struct{}
-	listeners map[net.Listener]struct{}
-	stopping  bool
-	quit      chan struct{} // closed by Shutdown: Serve's waits end
-	conns     sync.WaitGroup
-	handlers  sync.WaitGroup // the Unary targets' calls under way
+	mu   sync.Mutex
+	open int // client connections accepted and not yet ended (Limits.MaxConnections)
+	// lastShedLook is when shedStuck last looked for stuck connections, leaving what those
+	// being closed held then.
+	lastShedLook time.Time
+	leaving      int64
+	relooking    bool // a look is due once answers that wait now may count as stuck
+	sessions     map[*session]struct{}
+	listeners    map[net.Listener]struct{}
+	stopping     bool
+	quit         chan struct{} // closed by Shutdown: Serve's waits end
+	conns        sync.WaitGroup
+	handlers     sync.WaitGroup // the Unary targets' calls under way
 }
 
 // Serve accepts client connections on l and serves each until Shutdown. It returns nil after
@@ -318,7 +322,7 @@ func (s *Server) Shutdown(ctx context.Context) {
 	}
 	s.mu.Lock()
 	for ss := range s.sessions {
-		ss.down.close()
+		ss.down.out.close()
 	}
 	s.mu.Unlock()
 	<-done
@@ -351,21 +355,15 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	s.init()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	br := bufio.NewReaderSize(c, readBuffer)
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
-	ss.down = newEndpoint(c, br, endpointHooks{timeout: s.lim.WriteTimeout, hold: ss.hold, drained: ss.sendPending, stalled: ss.stalled})
-	defer ss.down.close() // the writer's end, on every way out
+	ss.down = newConn(c, bufio.NewReaderSize(c, readBuffer), s.lim.MaxHeaderList, ss.hooks(s.lim.WriteTimeout))
+	defer ss.down.out.close() // the sender's end, on every way out
 	ss.peer = peerCred(c)
-	// The source of what Unary targets answer: no connection, windows nobody counts.
-	ss.self = &endpoint{recv: newWindow(math.MaxInt64)}
-	// HPACK's decoder counts the header list as it decodes it and keeps nothing past the limit.
-	ss.down.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	ss.down.fr.MaxHeaderListSize = s.lim.MaxHeaderList
 	if !s.addSession(ss) {
 		return nil
 	}
 	defer s.removeSession(ss)
-	stop := context.AfterFunc(ctx, ss.down.close)
+	stop := context.AfterFunc(ctx, ss.down.out.close)
 	defer stop()
 	err := ss.serve()
 	ss.ended(err)
@@ -375,10 +373,27 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	return err
 }
 
+// hooks is what the session's senders tell it; timeout bounds their writes (WriteTimeout, for
+// the client's connection).
+func (ss *session) hooks(timeout time.Duration) senderHooks {
+	return senderHooks{
+		timeout: timeout,
+		hold:    ss.hold,
+		ended:   ss.wayEnded,
+		reset:   ss.streamReset,
+		broke: func(code http2.ErrCode, reason string) {
+			ss.report(refusal{ReasonProtocol, reason, fmt.Sprintf("GOAWAY %v, closed the connection", code)})
+			ss.goAway(code)
+			ss.down.out.closeAfterFlush(closeGrace)
+		},
+		stalled: ss.stalled,
+	}
+}
+
 // serve reads the client's preface, sends podgate's SETTINGS and serves the connection until it
 // ends.
 func (ss *session) serve() error {
-	c, lim := ss.down.conn, &ss.srv.lim
+	c, lim := ss.down.nc, &ss.srv.lim
 	// A client says the preface at once; one that does not holds no goroutine for long.
 	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	preface := make([]byte, len(http2.ClientPreface))
@@ -398,20 +413,15 @@ func (ss *session) serve() error {
 	}
 	ss.started = true
 	ss.idleSince = time.Now()
-	err := ss.down.encode(func() error {
-		return ss.down.writeSettings(
-			http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
-			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
-		)
-	})
+	ss.down.out.put(event{kind: evPreface, settings: []http2.Setting{
+		{ID: http2.SettingMaxConcurrentStreams, Val: MaxStreams},
+		{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		{ID: http2.SettingMaxHeaderListSize, Val: lim.MaxHeaderList},
+	}})
 	ss.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	ss.down.flush()
+	ss.down.out.kick()
 	ss.startWatch()
-	err = ss.readClient()
+	err := ss.readClient()
 	ss.close()
 	return err
 }

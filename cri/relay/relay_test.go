@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -344,18 +345,12 @@ func TestQueueHoldsBytesNotFrames(t *testing.T) {
 	upc.write(func(fr *http2.Framer) error { return fr.WritePing(false, [8]byte{1}) })
 	upc.readUntil(func(f http2.Frame) bool { p, ok := f.(*http2.PingFrame); return ok && p.IsAck() })
 
-	srv.mu.Lock()
 	var chunksHeld int
 	var heldLen int64
 	var tail bool
-	for ss := range srv.sessions {
-		ss.mu.Lock()
-		if s := ss.streams[1]; s != nil {
-			chunksHeld, heldLen, tail = len(s.toDown.q.data), s.toDown.q.size, s.toDown.q.tail != nil
-		}
-		ss.mu.Unlock()
-	}
-	srv.mu.Unlock()
+	ownQueue(t, srv, 1, func(q *queue) {
+		chunksHeld, heldLen, tail = len(q.data), q.size, q.tail != nil
+	})
 	if want := (frames + chunkSize - 1) / chunkSize; chunksHeld != want || heldLen != frames || !tail {
 		t.Errorf("the relay holds %d chunks of %d bytes (trailers %v) for %d tiny frames and the trailers; want %d chunks of %d bytes and the trailers", chunksHeld, heldLen, tail, 2*frames, want, frames)
 	}
@@ -745,4 +740,31 @@ func TestObserverSetsMetadata(t *testing.T) {
 			t.Errorf("the server got %s %q, want %q (all: %v)", k, got[k], v, h.Fields)
 		}
 	}
+}
+
+// ownQueue runs f on the queue of the client's stream id toward the client, as the owner of
+// the client's sender (the queues are the owner's alone): it waits for the token, takes what
+// was put, and lets the token go after f.
+func ownQueue(t *testing.T, srv *Server, id uint32, f func(q *queue)) {
+	t.Helper()
+	var st *sendStream
+	srv.mu.Lock()
+	for ss := range srv.sessions {
+		ss.mu.Lock()
+		if s := ss.streams[id]; s != nil {
+			st = s.ans.to
+		}
+		ss.mu.Unlock()
+	}
+	srv.mu.Unlock()
+	if st == nil {
+		t.Fatalf("no stream %d", id)
+	}
+	for !st.out.busy.CompareAndSwap(false, true) {
+		runtime.Gosched()
+	}
+	st.out.apply()
+	f(&st.q)
+	st.out.busy.Store(false)
+	st.out.kick()
 }

@@ -14,16 +14,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// session is one client connection and the upstream connections its calls go to. Lock order:
-// mu, then the Server's mu (a charge over the process's budget), then an endpoint's wmu; never
-// mu while holding either. Neither is held across a write to a
-// connection: only an endpoint's writer writes.
+// session is one client connection and the upstream connections its calls go to. mu guards
+// its calls and the state of its connections; see doc.go for the locks and their order.
 type session struct {
 	srv  *Server
 	ctx  context.Context
-	down *endpoint
-
-	self *endpoint // the side of the answers Unary targets give
+	down *conn
 
 	mu        sync.Mutex
 	streams   map[uint32]*stream     // by the client's stream id
@@ -44,84 +40,58 @@ type session struct {
 	clocks    []clock   // the calls begun in the frames read since the last flush
 
 	held     atomic.Int64 // the bytes the session's calls hold (Limits.ConnectionBytes)
+	partial  atomic.Int64 // of them, those of requests not whole yet: they wait on the client
 	shedding atomic.Bool  // closed to free the process's budget
 	logged   sync.Once    // the session's one log line
 	peer     peer         // the client's process
 	frames   atomic.Uint64
+	// lastRead is when the client's last frame arrived (unix nanoseconds): a call whose
+	// request has not come whole holds its bytes for a client that sends nothing since.
+	lastRead atomic.Int64
 	watch    watchState
 }
 
-// half is one direction of a stream: what src sends, on its way to dst.
-type half struct {
-	// send is dst's window for this stream as it was when SETTINGS_INITIAL_WINDOW_SIZE was
-	// sendBase (sendSize).
-	send     window
-	sendBase int64
-	recv     window // what src may still send on this stream
-	q        queue  // what waits for dst's window
-	done     bool   // src ended its side (END_STREAM received)
-	sentEnd  bool   // that end went out to dst
-	// listed says the stream is on dst's waiting list (listLocked); moved is when bytes of
-	// q last left, or began to wait: an answer whose client's window stays shut past
-	// Limits.WindowTimeout is reset.
-	listed bool
-	moved  time.Time
-}
-
-// item is a frame waiting for dst's window: data, or a header block.
-type item struct {
-	data    []byte
-	headers []hpack.HeaderField
-	end     bool
-}
-
-// stream is one call the relay carries, whatever its kind.
+// stream is one call the relay carries, whatever its kind. Under the session's mu.
 type stream struct {
 	path         string
 	downID, upID uint32 // the client's id (0 for a forwarded call, which has none), the server's
 	up           *upstream
 	kind         streamKind
-	// req and ans are the ways the request and the answer take, set as the stream begins: from
-	// the client (or a handler, Forward) to a server (or a handler, Unary), and back.
-	req, ans     dir
-	toUp, toDown half
-	token        any
-	observed     bool // the observer's Begin saw the call: its End will
-	code         codes.Code
-	headersSent  bool // the client has the response headers
-	removed      bool
+	// req and ans are the request's way and the answer's, set as the stream begins: from the
+	// client (or a handler, Forward) to a server (or a handler, Unary), and back.
+	req, ans    way
+	token       any
+	observed    bool // the observer's Begin saw the call: its End will
+	code        codes.Code
+	headersSent bool // the client has the response headers
+	removed     bool
 	// held is what s holds against the budget (chargeLocked); timer ends s at its deadline or
 	// RequestTimeout, expired says it did.
 	held    int64
+	partial int64 // of held, what its request holds until it is whole
 	timer   *time.Timer
 	expired bool
 }
 
-// dir is one direction of forwarding: from src to dst.
-type dir struct {
-	src, dst *endpoint
-	toUp     bool
+// way is one direction of a call: where its bytes come from and where they go.
+type way struct {
+	from   *conn       // the connection they come from; nil for a handler
+	fromID uint32      // the stream's id there
+	recv   *recvWindow // what from may still send on the stream
+	to     *sendStream // the stream at the sender they go to; nil when a handler takes them
+	done   bool        // from ended it
+	closed bool        // its end reached where it goes: the sender wrote it, the handler took it
 }
 
-func (d dir) half(s *stream) *half {
-	if d.toUp {
-		return &s.toUp
-	}
-	return &s.toDown
-}
+// credit is where the way's bytes are given back to as they leave.
+func (w *way) credit() creditTo { return creditTo{c: w.from, id: w.fromID, w: w.recv} }
 
-func (d dir) dstID(s *stream) uint32 {
-	if d.toUp {
-		return s.upID
-	}
-	return s.downID
-}
-
-func (d dir) srcID(s *stream) uint32 {
-	if d.toUp {
-		return s.downID
-	}
-	return s.upID
+// item is a frame's worth a stream's queue holds: bytes, or a header block.
+type item struct {
+	data    []byte
+	headers []hpack.HeaderField
+	end     bool
+	held    int64 // what a header block was charged
 }
 
 // connError ends a connection with a GOAWAY.
@@ -134,34 +104,45 @@ func (e connError) Error() string { return fmt.Sprintf("HTTP/2 %v: %s", e.code, 
 
 // readClient reads the client's frames until its connection ends.
 func (ss *session) readClient() error {
+	c := ss.down
+	defer c.flush()
 	for {
-		ss.down.throttle()
-		f, err := ss.down.fr.ReadFrame()
+		if !c.safe() {
+			ss.flushRead(c)
+			c.out.throttle()
+		}
+		f, d, isData, err := c.next()
 		ss.frames.Add(1)
+		ss.lastRead.Store(time.Now().UnixNano())
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
-			ss.reset(ss.streamByDown(se.StreamID), se.Code, true)
+			ss.resetStream(ss.streamByDown(se.StreamID), se.Code, false, true, http2.ErrCodeCancel)
 			ss.rstClient(se.StreamID, se.Code)
+			err = nil
 		case err != nil:
+		case isData:
+			err = ss.data(c, nil, d)
+		default:
+			err = ss.clientFrame(f)
+		}
+		if err != nil {
 			if code, ok := goAwayCode(err); ok {
-				ss.down.goAway(ss.lastIDLocked(), code)
+				ss.goAway(code)
 			}
 			return err
-		default:
-			if err := ss.clientFrame(f); err != nil {
-				if code, ok := goAwayCode(err); ok {
-					ss.down.goAway(ss.lastIDLocked(), code)
-				}
-				return err
-			}
-		}
-		if !ss.down.frameBuffered() {
-			ss.startClocks()
-			ss.flushAll()
-			ss.closeIfDrained()
 		}
 	}
+}
+
+// flushRead ends a read of c: its frames leave (conn.flush), the clocks of the calls they began
+// start, a draining session whose last call ended closes.
+func (ss *session) flushRead(c *conn) {
+	c.flush()
+	if c == ss.down {
+		ss.startClocks()
+	}
+	ss.closeIfDrained()
 }
 
 // goAwayCode is the GOAWAY code a failure to read a peer's frames ends its connection with:
@@ -180,7 +161,17 @@ func goAwayCode(err error) (http2.ErrCode, bool) {
 	return 0, false
 }
 
-func (ss *session) lastIDLocked() uint32 {
+// goAway tells the client the connection ends, and why.
+func (ss *session) goAway(code http2.ErrCode) {
+	ss.down.out.put(event{kind: evGoAway, id: ss.clientLastID(), code: code, held: goAwaySize})
+	ss.down.out.kick()
+}
+
+// goAwaySize is a GOAWAY frame's size, what it is charged while it waits.
+const goAwaySize = 17
+
+// clientLastID is the client's highest stream id so far.
+func (ss *session) clientLastID() uint32 {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	return ss.lastID
@@ -192,66 +183,19 @@ func (ss *session) streamByDown(id uint32) *stream {
 	return ss.streams[id]
 }
 
-// flushAll writes what is buffered for every connection of the session: frames that arrived
-// together leave together, in one write.
-func (ss *session) flushAll() {
-	var buf [4]*endpoint
-	for _, e := range ss.endpoints(buf[:0]) {
-		ss.flush(e)
-	}
-}
-
-// endpoints appends the session's connections to eps: the client's, and its upstreams.
-func (ss *session) endpoints(eps []*endpoint) []*endpoint {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	eps = append(eps, ss.down)
-	for u := range ss.upConns {
-		eps = append(eps, u.ep)
-	}
-	return eps
-}
-
-// flush encodes e's queued WINDOW_UPDATEs and wakes e's writer.
-func (ss *session) flush(e *endpoint) {
-	ss.mu.Lock()
-	if len(e.updates) > 0 {
-		_ = e.encode(func() error {
-			for _, u := range e.updates {
-				if err := e.fr.WriteWindowUpdate(u.id, u.inc); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		e.updates = e.updates[:0]
-	}
-	ss.mu.Unlock()
-	e.flush()
-}
-
 func (ss *session) clientFrame(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.MetaHeadersFrame:
 		return ss.clientHeaders(f)
-	case *http2.DataFrame:
-		ss.mu.Lock()
-		t, err := ss.dataLocked(dir{src: ss.down, toUp: true}, ss.streams[f.StreamID], f)
-		ss.unlock(t)
-		return err
 	case *http2.SettingsFrame:
-		return ss.settings(ss.down, nil, f)
+		return ss.peerSettings(ss.down, nil, f)
 	case *http2.WindowUpdateFrame:
-		return ss.windowUpdate(ss.down, nil, f)
+		ss.down.out.put(event{kind: evWindow, id: f.StreamID, inc: f.Increment})
+		ss.down.touch(ss.down.out)
 	case *http2.PingFrame:
-		ss.down.pong(f)
+		ss.pong(ss.down, f)
 	case *http2.RSTStreamFrame:
-		ss.reset(ss.streamByDown(f.StreamID), f.ErrCode, true)
-		ss.mu.Lock()
-		if f.StreamID <= ss.lastID && !ss.wasClosed(f.StreamID) {
-			ss.noteClosedLocked(f.StreamID)
-		}
-		ss.mu.Unlock()
+		ss.clientReset(f)
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "a client sent PUSH_PROMISE"}
 	}
@@ -259,6 +203,67 @@ func (ss *session) clientFrame(f http2.Frame) error {
 	// PRIORITY and frames of unknown types are ignored, as HTTP/2 says.
 	return nil
 }
+
+// pong answers a peer's PING; it leaves with the reader's next flush.
+func (ss *session) pong(c *conn, f *http2.PingFrame) {
+	if !f.IsAck() {
+		c.out.put(event{kind: evPing, ack: true, ping: f.Data, response: true, held: pingSize})
+		c.touch(c.out)
+	}
+}
+
+// pingSize is a PING frame's size, what an answer is charged while it waits.
+const pingSize = 17
+
+// clientReset takes the client's RST_STREAM.
+func (ss *session) clientReset(f *http2.RSTStreamFrame) {
+	ss.reset(ss.streamByDown(f.StreamID), f.ErrCode, true)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if f.StreamID <= ss.lastID && !ss.wasClosed(f.StreamID) {
+		ss.noteClosedLocked(f.StreamID)
+	}
+}
+
+// peerSettings applies a peer's SETTINGS: what concerns the session here, what concerns what
+// podgate sends (windows, HPACK, header list) at c's sender, which acknowledges them once it
+// applied them. u is the upstream c belongs to, nil for the client.
+func (ss *session) peerSettings(c *conn, u *upstream, f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	var sends []http2.Setting
+	err := f.ForeachSetting(func(st http2.Setting) error {
+		if err := st.Valid(); err != nil {
+			code := http2.ErrCodeProtocol
+			var ce http2.ConnectionError
+			if errors.As(err, &ce) {
+				code = http2.ErrCode(ce)
+			}
+			return connError{code, fmt.Sprintf("setting %v: %v", st, err)}
+		}
+		switch st.ID {
+		case http2.SettingMaxConcurrentStreams:
+			if u != nil {
+				ss.mu.Lock()
+				u.maxStreams = st.Val
+				ss.mu.Unlock()
+			}
+		case http2.SettingInitialWindowSize, http2.SettingHeaderTableSize, http2.SettingMaxHeaderListSize:
+			sends = append(sends, st)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.out.put(event{kind: evSettings, settings: sends, response: true, held: settingsAckSize})
+	c.touch(c.out)
+	return nil
+}
+
+// settingsAckSize is a SETTINGS acknowledgement's size, what it is charged while it waits.
+const settingsAckSize = 9
 
 // start routes the client's new call s, whose headers f arrived at arrived, and starts its
 // clock.
@@ -273,10 +278,10 @@ func (ss *session) start(s *stream, f *http2.MetaHeadersFrame, arrived time.Time
 	err := ss.route(s, f, target, fields)
 	timeout, ok := grpcTimeout(f.Fields)
 	ss.mu.Lock()
-	if !s.removed && !s.toUp.done {
+	defer ss.mu.Unlock()
+	if !s.removed && !s.req.done {
 		ss.clocks = append(ss.clocks, clock{s, arrived, timeout, ok})
 	}
-	ss.mu.Unlock()
 	return err
 }
 
@@ -285,7 +290,7 @@ func (ss *session) start(s *stream, f *http2.MetaHeadersFrame, arrived time.Time
 func (ss *session) route(s *stream, f *http2.MetaHeadersFrame, target *Target, fields []hpack.HeaderField) error {
 	switch {
 	case target == nil:
-		ss.answerLocal(s, codes.Unimplemented, "unknown method "+s.path)
+		ss.answerLocal(s, codes.Unimplemented, "unknown method "+clip(s.path))
 		return nil
 	case target.Refuse != nil:
 		st := status.Convert(target.Refuse(s.path))
@@ -301,61 +306,70 @@ func (ss *session) route(s *stream, f *http2.MetaHeadersFrame, target *Target, f
 			return nil
 		}
 	}
-	up, err := ss.lockUpstream(target)
+	var a after
+	err := ss.onUpstream(target, func(up *upstream) {
+		a = ss.passLocked(s, up, fields)
+	})
 	if err != nil {
 		ss.answerLocal(s, codes.Unavailable, status.Convert(err).Message())
 		return nil
 	}
-	t, err := ss.passLocked(s, up, fields)
-	ss.unlock(t)
-	return err
+	ss.after(ss.down, a)
+	return nil
 }
 
 // passLocked opens s on up, the connection to its server, and sends the client's header block
 // on. mu is held.
-func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderField) (todo, error) {
+func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderField) after {
 	switch {
 	case ss.closed:
 		s.kind = answered{}
-		ss.removeLocked(s)
-		return todo{ended: s}, errors.New("session closed")
+		ss.removeLocked(s, noRST, noRST)
+		return after{ended: s}
 	case up.maxStreams > 0 && uint32(len(up.streams)) >= up.maxStreams:
-		return ss.answerLocalLocked(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", up.target.Name, up.maxStreams)), nil
+		return ss.answerLocalLocked(s, codes.Unavailable, fmt.Sprintf("%s allows %d calls at once on a connection", up.target.Name, up.maxStreams))
 	case ss.draining && ss.srv.LongLived != nil && ss.srv.LongLived(s.path):
 		// Shutdown began while the call was routed: it ends as drain ends the others.
-		return ss.answerLocalLocked(s, codes.Unavailable, ss.srv.ShutdownMessage), nil
+		return ss.answerLocalLocked(s, codes.Unavailable, ss.srv.ShutdownMessage)
 	}
 	s.kind, s.up, s.upID = passthrough{}, up, up.nextID
 	up.nextID += 2
-	s.req.dst, s.ans.src = up.ep, up.ep
-	s.toUp.openSend(up.ep)
-	s.toDown.openSend(ss.down)
-	s.toUp.sentEnd = s.toUp.done
+	s.req.to = newSendStream(up.c.out, s.upID, s, s.req.credit(), false)
+	s.ans = way{from: up.c, fromID: s.upID, recv: newRecvWindow(streamWindow)}
+	s.ans.to = newSendStream(ss.down.out, s.downID, s, s.ans.credit(), true)
 	ss.streams[s.downID] = s
 	up.streams[s.upID] = s
-	return todo{}.frame(up.ep, s.upID, item{headers: fields, end: s.toUp.done}), nil
+	// In order of their ids: HTTP/2 wants a connection's new streams to.
+	ss.down.out.put(event{kind: evOpen, st: s.ans.to})
+	up.c.out.put(event{kind: evHeaders, st: s.req.to, fields: fields, end: s.req.done, held: headerListSize(fields)})
+	var a after
+	a.kick(up.c.out)
+	return a
 }
 
 // answerLocal answers a call with a gRPC status and no message; what the client still sends
 // on it is dropped.
 func (ss *session) answerLocal(s *stream, code codes.Code, msg string) {
 	ss.mu.Lock()
-	ss.unlock(ss.answerLocalLocked(s, code, msg))
+	a := ss.answerLocalLocked(s, code, msg)
+	ss.mu.Unlock()
+	ss.after(ss.down, a)
 }
 
 // answerLocalLocked is answerLocal under mu.
-func (ss *session) answerLocalLocked(s *stream, code codes.Code, msg string) todo {
+func (ss *session) answerLocalLocked(s *stream, code codes.Code, msg string) after {
 	s.kind, s.code, s.headersSent = answered{}, code, true
-	s.toDown.done, s.toDown.sentEnd = true, true
-	s.toUp.sentEnd = s.toUp.done
-	t := todo{}.frame(ss.down, s.downID, item{headers: grpcStatus(code, msg, true), end: true})
-	if s.toUp.done {
-		ss.removeLocked(s)
-		t.ended = s
-	} else {
-		ss.streams[s.downID] = s
+	if s.ans.to == nil {
+		s.ans.to = newSendStream(ss.down.out, s.downID, s, creditTo{}, true)
 	}
-	return t
+	s.ans.done = true
+	s.req.closed = s.req.done // a request whole already: nothing more comes to drop
+	fields := grpcStatus(code, msg, true)
+	ss.down.out.put(event{kind: evHeaders, st: s.ans.to, fields: fields, end: true, response: true, held: headerListSize(fields)})
+	ss.streams[s.downID] = s
+	var a after
+	a.kick(ss.down.out)
+	return a
 }
 
 // drain starts the session's end for Shutdown: the client is told to open no more calls, the
@@ -364,17 +378,14 @@ func (ss *session) drain() {
 	last, long, started := ss.beginDrain()
 	if !started {
 		// Not past the preface yet: there is nothing to tell it.
-		ss.down.close()
+		ss.down.out.close()
 		return
 	}
-	ss.down.goAway(last, http2.ErrCodeNo)
+	ss.down.out.put(event{kind: evGoAway, id: last, code: http2.ErrCodeNo, held: goAwaySize})
+	ss.down.out.kick()
 	for _, s := range long {
-		ss.failStream(s, codes.Unavailable, ss.srv.ShutdownMessage)
-		if s.up != nil {
-			s.up.ep.writeRST(s.upID, http2.ErrCodeCancel)
-		}
+		ss.failStream(s, codes.Unavailable, ss.srv.ShutdownMessage, true)
 	}
-	ss.flushAll()
 	ss.closeIfDrained()
 }
 
@@ -396,20 +407,19 @@ func (ss *session) beginDrain() (last uint32, long []*stream, started bool) {
 }
 
 // closeIfDrained closes the client's connection once a draining session has no call left; its
-// reader then ends the session. Called after a flush, so the last answers are out.
+// reader then ends the session. What the last calls' answers left goes first.
 func (ss *session) closeIfDrained() {
 	ss.mu.Lock()
 	done := ss.draining && len(ss.streams) == 0
 	ss.mu.Unlock()
 	if done {
-		// What the last calls' answers left in out goes first.
-		ss.down.closeAfterFlush(closeGrace)
+		ss.down.out.closeAfterFlush(closeGrace)
 	}
 }
 
 // close ends the session: every upstream connection closes, and the calls still open end.
 func (ss *session) close() {
-	ss.down.shutdown() // a GOAWAY the reader wrote last leaves first, within closeGrace
+	ss.down.out.shutdown() // a GOAWAY the reader put last leaves first, within closeGrace
 	ss.mu.Lock()
 	ss.closed = true
 	if ss.watch.timer != nil {
@@ -419,7 +429,7 @@ func (ss *session) close() {
 	for _, s := range ss.streams {
 		open = append(open, s)
 		s.code = codes.Canceled
-		ss.removeLocked(s)
+		ss.removeLocked(s, noRST, noRST)
 	}
 	for u := range ss.upConns {
 		ss.closeUpstreamLocked(u)

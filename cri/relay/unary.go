@@ -83,22 +83,25 @@ func (ss *session) startUnary(s *stream, f *http2.MetaHeadersFrame, t *Target) {
 	u.header, u.fields = md, f.Fields
 	s.kind = u
 	ss.mu.Lock()
-	ss.unlock(ss.openUnaryLocked(s, u))
+	a := ss.openUnaryLocked(s, u)
+	ss.mu.Unlock()
+	ss.after(ss.down, a)
 }
 
 // openUnaryLocked registers s, answered in the process by u, and runs the handler when the
 // request is already whole. mu is held.
-func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
+func (ss *session) openUnaryLocked(s *stream, u *unaryCall) after {
 	if ss.closed {
-		ss.removeLocked(s)
-		return todo{ended: s}
+		ss.removeLocked(s, noRST, noRST)
+		return after{ended: s}
 	}
-	s.toDown.openSend(ss.down)
+	s.ans.to = newSendStream(ss.down.out, s.downID, s, creditTo{}, true)
+	ss.down.out.put(event{kind: evOpen, st: s.ans.to})
 	ss.streams[s.downID] = s
-	if s.toUp.done {
+	if s.req.done {
 		return ss.dispatchLocked(s, u)
 	}
-	return todo{}
+	return after{}
 }
 
 // unaryRequestLocked takes the request's bytes of a call answered in the process: they are
@@ -109,62 +112,68 @@ func (ss *session) openUnaryLocked(s *stream, u *unaryCall) todo {
 // up to twice its bytes, and leave its old arrays to the collector). A request over the budget,
 // or whose length prefix says more than the message limit, is answered ResourceExhausted at
 // once, not at its end.
-func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, it item) todo {
-	ss.credit(s.req, s, int64(len(it.data)))
+func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, p []byte, end bool) after {
+	var a after
+	a.kick(s.req.from.give(s.req.fromID, s.req.recv, int64(len(p))))
 	limit := u.target.maxMessage()
 	had := len(u.buf)
 	var n uint32
-	if had < 5 && had+len(it.data) >= 5 {
+	if had < 5 && had+len(p) >= 5 {
 		var prefix [5]byte
-		copy(prefix[copy(prefix[:], u.buf):], it.data)
+		copy(prefix[copy(prefix[:], u.buf):], p)
 		if n = binary.BigEndian.Uint32(prefix[1:5]); int64(n) > int64(limit) {
-			return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d vs. %d)", n, limit),
-				refusal{ReasonMessageTooLarge, fmt.Sprintf("announced a message of %d bytes for %s", n, s.path), "answered ResourceExhausted"})
+			return ss.refuseLocked(s, a, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d vs. %d)", n, limit),
+				refusal{ReasonMessageTooLarge, fmt.Sprintf("announced a message of %d bytes for %s", n, clip(s.path)), "answered ResourceExhausted"})
 		}
 	}
-	want := int64(had + len(it.data))
+	want := int64(had + len(p))
 	if n > 0 {
 		want = max(want, 5+int64(n))
 	}
 	if more := want - u.charged; more > 0 {
 		if reason := ss.chargeLocked(s, more); reason != "" {
-			return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("podgate holds too much for its clients' requests (%s)", reason),
-				refusal{reason, fmt.Sprintf("sent %d bytes of a request of %s announcing %d while its connection held %d bytes", had+len(it.data), s.path, want, ss.held.Load()), "answered ResourceExhausted"})
+			return ss.refuseLocked(s, a, codes.ResourceExhausted, fmt.Sprintf("podgate holds too much for its clients' requests (%s)", reason),
+				refusal{reason, fmt.Sprintf("sent %d bytes of a request of %s announcing %d while its connection held %d bytes", had+len(p), clip(s.path), want, ss.held.Load()), "answered ResourceExhausted"})
 		}
 		u.charged = want
 	}
-	if len(u.buf)+len(it.data) > 5+limit {
-		return ss.refuseLocked(s, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d)", limit),
-			refusal{ReasonMessageTooLarge, fmt.Sprintf("sent more than %d bytes for %s", limit, s.path), "answered ResourceExhausted"})
+	if len(u.buf)+len(p) > 5+limit {
+		return ss.refuseLocked(s, a, codes.ResourceExhausted, fmt.Sprintf("received message larger than max (%d)", limit),
+			refusal{ReasonMessageTooLarge, fmt.Sprintf("sent more than %d bytes for %s", limit, clip(s.path)), "answered ResourceExhausted"})
 	}
 	if n > 0 && cap(u.buf) < int(want) {
 		u.buf = append(make([]byte, 0, want), u.buf...)
 	}
-	u.buf = append(u.buf, it.data...)
-	if it.end {
-		return ss.dispatchLocked(s, u)
+	u.buf = append(u.buf, p...)
+	if end {
+		b := ss.dispatchLocked(s, u)
+		b.kick(a.kicks[0])
+		return b
 	}
-	return todo{}
+	return a
 }
 
 // refuseLocked answers s with a status before its request ended and resets it (NO_ERROR), as
 // gRPC's server does: what the client still sends on it is dropped, and the bytes s held go
 // back. r is reported. mu is held.
-func (ss *session) refuseLocked(s *stream, code codes.Code, msg string, r refusal) todo {
-	t := ss.answerLocalLocked(s, code, msg)
+func (ss *session) refuseLocked(s *stream, a after, code codes.Code, msg string, r refusal) after {
+	b := ss.answerLocalLocked(s, code, msg)
+	b.kick(a.kicks[0])
 	if !s.removed {
-		ss.removeLocked(s)
-		t.ended = s
-		t.rstID, t.rstCode = s.downID, http2.ErrCodeNo
+		s.ans.closed = true // the status goes out: the reset comes after it
+		ss.removeLocked(s, rst(http2.ErrCodeNo), noRST)
+		ss.noteResetLocked(s.downID)
+		b.ended = s
 	}
-	t.note = &r
-	return t
+	b.note = &r
+	return b
 }
 
 // dispatchLocked readies the target's handler to run on the whole request, in a goroutine of
 // its own once mu is let go, and to answer the client when it returns. mu is held.
-func (ss *session) dispatchLocked(s *stream, u *unaryCall) todo {
-	s.toUp.done, s.toUp.sentEnd = true, true
+func (ss *session) dispatchLocked(s *stream, u *unaryCall) after {
+	ss.wholeLocked(s)
+	s.req.closed = true
 	var ctx context.Context
 	var cancel context.CancelFunc
 	if u.deadline.IsZero() {
@@ -176,7 +185,7 @@ func (ss *session) dispatchLocked(s *stream, u *unaryCall) todo {
 	msg, err := u.message()
 	call := &UnaryCall{Path: s.path, Header: u.header, Message: msg, ss: ss, fields: u.fields}
 	u.buf = nil
-	return todo{handler: func() {
+	return after{handler: func() {
 		defer cancel()
 		var a *UnaryAnswer
 		if err != nil {
@@ -209,30 +218,24 @@ func (u *unaryCall) message() ([]byte, error) {
 // answerUnary sends a's answer on s, within the client's windows, unless the client reset the
 // call or left meanwhile.
 func (ss *session) answerUnary(s *stream, u *unaryCall, a *UnaryAnswer) {
-	// Not a reader's loop, which flushes after each frame: what this writes leaves at once.
-	defer ss.flush(ss.down)
 	ss.setCode(s, status.Code(a.Err)) // the observer's; a reset after this wins
 	if a.Err != nil {
 		st := status.Convert(a.Err)
 		fields := append(answerHeaders(u.contentType, a.Header), statusFields(st)...)
 		fields = append(fields, metadataFields(a.Trailer)...)
-		ss.sendUnaryItem(s, item{headers: fields, end: true})
+		ss.send(s, &s.ans, item{headers: fields, end: true})
 		return
 	}
 	msg := make([]byte, 5+len(a.Message))
 	binary.BigEndian.PutUint32(msg[1:5], uint32(len(a.Message)))
 	copy(msg[5:], a.Message)
-	if !ss.sendUnaryItem(s, item{headers: answerHeaders(u.contentType, a.Header)}) {
+	if !ss.send(s, &s.ans, item{headers: answerHeaders(u.contentType, a.Header)}) {
 		return
 	}
-	for len(msg) > 0 {
-		n := min(len(msg), maxFrame)
-		if !ss.sendUnaryItem(s, item{data: msg[:n]}) {
-			return
-		}
-		msg = msg[n:]
+	if !ss.send(s, &s.ans, item{data: msg}) {
+		return
 	}
-	ss.sendUnaryItem(s, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
+	ss.send(s, &s.ans, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
 }
 
 // setCode sets the code s ends with, unless s has ended already.
@@ -242,25 +245,6 @@ func (ss *session) setCode(s *stream, code codes.Code) {
 	if !s.removed {
 		s.code = code
 	}
-}
-
-// sendUnaryItem sends (or queues) it on s unless s has gone; it says whether s is still there.
-// A broken connection shows in the client's reader.
-func (ss *session) sendUnaryItem(s *stream, it item) bool {
-	ss.mu.Lock()
-	var t todo
-	there := !s.removed
-	if there {
-		if it.headers != nil && !it.end {
-			s.headersSent = true
-		}
-		if it.end {
-			s.toDown.done = true
-		}
-		t = s.kind.answer(ss, s, it)
-	}
-	ss.unlock(t)
-	return there
 }
 
 func answerHeaders(contentType string, md metadata.MD) []hpack.HeaderField {
@@ -293,6 +277,7 @@ func grpcStatus(code codes.Code, msg string, trailersOnly bool) []hpack.HeaderFi
 
 // encodeGrpcMessage percent-encodes msg as gRPC's grpc-message header wants it.
 func encodeGrpcMessage(msg string) string {
+	const hex = "0123456789ABCDEF"
 	var b []byte
 	for i := 0; i < len(msg); i++ {
 		c := msg[i]
@@ -303,14 +288,30 @@ func encodeGrpcMessage(msg string) string {
 			continue
 		}
 		if b == nil {
-			b = append(make([]byte, 0, len(msg)+8), msg[:i]...)
+			b = append(make([]byte, 0, len(msg)+16), msg[:i]...)
 		}
-		b = append(b, fmt.Sprintf("%%%02X", c)...)
+		b = append(b, '%', hex[c>>4], hex[c&15])
 	}
 	if b == nil {
 		return msg
 	}
 	return string(b)
+}
+
+// maxQuote is the most of a client's string (a path, a header value) that podgate quotes back
+// in a status or a log line: a client cannot make it write its 64 KiB path into every refusal.
+const maxQuote = 256
+
+// Clip is v, a string a client sent, as a refusal quotes it: at most 256 bytes of it, with a note
+// of how long it was.
+func Clip(v string) string { return clip(v) }
+
+// clip is Clip.
+func clip(v string) string {
+	if len(v) <= maxQuote {
+		return v
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strings.ToValidUTF8(v[:maxQuote], ""), len(v))
 }
 
 // metadataFields are md's header fields, binary values encoded; pseudo-headers and the

@@ -10,15 +10,13 @@ import (
 	"math"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // upstream is one connection to a Target.
 type upstream struct {
 	target  *Target
-	ep      *endpoint
+	c       *conn
 	nextID  uint32
 	streams map[uint32]*stream // by upstream stream id
 	// gone is set when the connection takes no new calls (GOAWAY, or it ended).
@@ -27,40 +25,56 @@ type upstream struct {
 	maxStreams uint32
 }
 
-// lockUpstream returns the session's connection to t for a new call, with ss.mu held: the
-// caller opens the call's stream on it before it lets mu go, so the stream id the call takes is
-// one the connection still has, and the connection cannot end in between. HTTP/2 stream ids a
-// client opens are odd and only grow, up to 2^31−1 (at 100 calls a second, about four months):
-// a connection that has used its last one takes no new call and closes once its last call
+// onUpstream runs open, under mu, with the session's connection to t for a new call: open
+// opens the call's stream on it before mu is let go, so the stream id the call takes is one the
+// connection still has, and the connection cannot end in between. HTTP/2 stream ids a client
+// opens are odd and only grow, up to 2^31−1 (at 100 calls a second, about four months): a
+// connection that has used its last one takes no new call and closes once its last call
 // ended, and a fresh one is dialled, as grpc-go's client does. No call fails for it.
-func (ss *session) lockUpstream(t *Target) (*upstream, error) {
-	ss.mu.Lock()
+func (ss *session) onUpstream(t *Target, open func(up *upstream)) error {
 	for {
-		if u := ss.upstreamLocked(t); u != nil {
-			return u, nil
+		if ss.openOnUpstream(t, open) {
+			return nil
 		}
-		ss.mu.Unlock()
 		u, err := ss.dialUpstream(t)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		ss.mu.Lock()
-		switch {
-		case ss.closed:
-			ss.mu.Unlock()
-			u.ep.closeAfterFlush(closeGrace)
-			return nil, errors.New("client connection ended")
-		case ss.ups[t] != nil:
-			// Another call connected meanwhile: this one goes there too.
-			u.ep.closeAfterFlush(closeGrace)
-			continue
+		if err := ss.addUpstream(t, u); err != nil {
+			return err
 		}
-		ss.ups[t] = u
-		ss.upConns[u] = struct{}{}
-		ss.upReaders.Add(1)
-		go ss.readUpstream(u)
-		return u, nil
 	}
+}
+
+// openOnUpstream runs open with the connection to t new calls take, if there is one.
+func (ss *session) openOnUpstream(t *Target, open func(up *upstream)) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	u := ss.upstreamLocked(t)
+	if u != nil {
+		open(u)
+	}
+	return u != nil
+}
+
+// addUpstream makes u, just dialled, the connection to t, unless another call connected
+// meanwhile (u closes; the call takes that one) or the session ended.
+func (ss *session) addUpstream(t *Target, u *upstream) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	switch {
+	case ss.closed:
+		u.c.out.closeAfterFlush(closeGrace)
+		return errors.New("client connection ended")
+	case ss.ups[t] != nil:
+		u.c.out.closeAfterFlush(closeGrace)
+		return nil
+	}
+	ss.ups[t] = u
+	ss.upConns[u] = struct{}{}
+	ss.upReaders.Add(1)
+	go ss.readUpstream(u)
+	return nil
 }
 
 // upstreamLocked is the connection to t new calls take, nil when there is none; one that has
@@ -88,31 +102,20 @@ func (s *Server) lastStreamID() uint32 {
 
 // dialUpstream connects to t and says the client preface and podgate's SETTINGS.
 func (ss *session) dialUpstream(t *Target) (*upstream, error) {
-	c, err := t.Dial(ss.ctx)
+	nc, err := t.Dial(ss.ctx)
 	if err != nil {
 		return nil, err
 	}
-	br := bufio.NewReaderSize(c, readBuffer)
+	u := &upstream{target: t, nextID: 1, streams: map[uint32]*stream{}}
 	// No write timeout: the runtime's gRPC server reads whatever its handlers do, and what
 	// podgate sends it is bounded by its windows; its connection ends with the client's.
-	u := &upstream{target: t, ep: newEndpoint(c, br, endpointHooks{hold: ss.hold, drained: ss.sendPending}), nextID: 1, streams: map[uint32]*stream{}}
-	u.ep.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	u.ep.fr.MaxHeaderListSize = maxHeaderList
-	err = u.ep.encode(func() error {
-		if _, err := u.ep.out.Write([]byte(http2.ClientPreface)); err != nil {
-			return err
-		}
-		return u.ep.writeSettings(
-			http2.Setting{ID: http2.SettingEnablePush, Val: 0},
-			http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
-			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
-		)
-	})
-	if err != nil {
-		u.ep.close()
-		return nil, fmt.Errorf("connect to %s: %w", t.Name, err)
-	}
-	u.ep.flush()
+	u.c = newConn(nc, bufio.NewReaderSize(nc, readBuffer), maxHeaderList, ss.hooks(0))
+	u.c.out.put(event{kind: evPreface, ack: true, settings: []http2.Setting{
+		{ID: http2.SettingEnablePush, Val: 0},
+		{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList},
+	}})
+	u.c.out.kick()
 	return u, nil
 }
 
@@ -125,28 +128,34 @@ func (ss *session) streamByUp(u *upstream, id uint32) *stream {
 // readUpstream reads an upstream connection's frames until it ends.
 func (ss *session) readUpstream(u *upstream) {
 	defer ss.upReaders.Done()
+	c := u.c
+	defer c.flush()
 	for {
-		u.ep.throttle()
-		f, err := u.ep.fr.ReadFrame()
+		if !c.safe() {
+			ss.flushRead(c)
+			c.out.throttle()
+		}
+		f, d, isData, err := c.next()
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
 			ss.resetAndTell(ss.streamByUp(u, se.StreamID), se.Code)
-			u.ep.writeRST(se.StreamID, se.Code)
-		case err == nil:
+			err = nil
+		case err != nil:
+		case isData:
+			err = ss.data(c, u, d)
+		default:
 			err = ss.upstreamFrame(u, f)
 		}
-		if err != nil && se.StreamID == 0 {
+		if err != nil {
+			c.flush()
 			if code, ok := goAwayCode(err); ok {
-				u.ep.goAway(0, code)
+				c.out.put(event{kind: evGoAway, code: code, held: goAwaySize})
+				c.out.kick()
 			}
 			ss.upstreamFailed(u, err)
-			ss.flushAll() // the calls' ends, to the client
+			ss.down.out.kick() // the calls' ends, to the client
 			return
-		}
-		if !u.ep.frameBuffered() {
-			ss.flushAll()
-			ss.closeIfDrained()
 		}
 	}
 }
@@ -155,21 +164,21 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.MetaHeadersFrame:
 		ss.mu.Lock()
-		ss.unlock(ss.answerHeadersLocked(u.streams[f.StreamID], f))
-	case *http2.DataFrame:
-		ss.mu.Lock()
-		t, err := ss.dataLocked(dir{src: u.ep}, u.streams[f.StreamID], f)
-		ss.unlock(t)
-		return err
+		a := ss.answerHeadersLocked(u.streams[f.StreamID], f)
+		ss.mu.Unlock()
+		ss.after(u.c, a)
 	case *http2.SettingsFrame:
-		return ss.settings(u.ep, u, f)
+		return ss.peerSettings(u.c, u, f)
 	case *http2.WindowUpdateFrame:
-		return ss.windowUpdate(u.ep, u, f)
+		u.c.out.put(event{kind: evWindow, id: f.StreamID, inc: f.Increment})
+		u.c.touch(u.c.out)
 	case *http2.PingFrame:
-		u.ep.pong(f)
+		ss.pong(u.c, f)
 	case *http2.RSTStreamFrame:
 		ss.mu.Lock()
-		ss.unlock(ss.upResetLocked(u.streams[f.StreamID], f.ErrCode))
+		a := ss.upResetLocked(u.streams[f.StreamID], f.ErrCode)
+		ss.mu.Unlock()
+		ss.after(u.c, a)
 	case *http2.GoAwayFrame:
 		ss.upstreamGoAway(u, f.LastStreamID)
 	case *http2.PushPromiseFrame:
@@ -180,32 +189,37 @@ func (ss *session) upstreamFrame(u *upstream, f http2.Frame) error {
 
 // answerHeadersLocked takes a header block of s's server (s nil when unknown): the answer's
 // headers or its trailers. mu is held.
-func (ss *session) answerHeadersLocked(s *stream, f *http2.MetaHeadersFrame) todo {
-	if s == nil || s.toDown.done {
-		return todo{}
+func (ss *session) answerHeadersLocked(s *stream, f *http2.MetaHeadersFrame) after {
+	if s == nil || s.ans.done {
+		return after{}
 	}
 	end := f.StreamEnded()
 	if s.headersSent && !end {
-		return todo{reset: s, code: http2.ErrCodeProtocol}
+		return after{reset: s, code: http2.ErrCodeProtocol}
 	}
 	s.headersSent = true
 	if code, ok := grpcStatusCode(f.Fields); ok {
 		s.code = code
 	}
-	s.toDown.done = end
-	return s.kind.answer(ss, s, item{headers: f.Fields, end: end})
+	if end {
+		s.ans.done = true
+		s.ans.recv.shut.Store(true)
+	}
+	return s.kind.headers(ss, s, &s.ans, f.Fields, end)
 }
 
 // upResetLocked takes the server's RST_STREAM of s (nil when unknown). mu is held.
-func (ss *session) upResetLocked(s *stream, code http2.ErrCode) todo {
-	if s == nil || !s.toDown.done {
-		return todo{reset: s, code: code}
+func (ss *session) upResetLocked(s *stream, code http2.ErrCode) after {
+	if s == nil || !s.ans.done {
+		return after{reset: s, code: code}
 	}
 	// The server answered whole and wants no more of the request (grpc-go resets with
 	// NO_ERROR when a handler returns before the client's end): the answer goes out as it
 	// came.
 	ss.stopUpLocked(s)
-	return ss.endLocked(s)
+	var a after
+	ss.endLocked(s, &a)
+	return a
 }
 
 // upstreamFailed ends u: its calls end with Unavailable, and the client's next call connects
@@ -216,49 +230,29 @@ func (ss *session) upstreamFailed(u *upstream, err error) {
 		delete(ss.ups, u.target)
 	}
 	u.gone = true
-	var ended, whole []*stream
+	var failed, ended []*stream
 	for _, s := range u.streams {
-		if s.toDown.done {
-			// Its whole answer came: it still goes out, as far as the client reads.
-			whole = append(whole, s)
-		} else {
-			ended = append(ended, s)
+		if !s.ans.done {
+			failed = append(failed, s)
+			continue
 		}
-	}
-	for _, s := range whole {
+		// Its whole answer came: it still goes out, as far as the client reads.
 		ss.stopUpLocked(s)
-		if ss.removeIfDone(s) {
-			defer ss.observeEnd(s)
+		var a after
+		ss.endLocked(s, &a)
+		if a.ended != nil {
+			ended = append(ended, s)
 		}
 	}
 	ss.closeUpstreamLocked(u)
 	ss.mu.Unlock()
-	msg := fmt.Sprintf("connection to %s ended: %v", u.target.Name, err)
 	for _, s := range ended {
-		ss.failStream(s, codes.Unavailable, msg)
+		ss.observeEnd(s)
 	}
-}
-
-// failStream ends s with a gRPC status, dropping what it still held: the client is told
-// unless its answer went out whole already.
-func (ss *session) failStream(s *stream, code codes.Code, msg string) {
-	ss.mu.Lock()
-	ss.unlock(ss.failLocked(s, code, msg))
-}
-
-// failLocked is failStream under mu.
-func (ss *session) failLocked(s *stream, code codes.Code, msg string) todo {
-	if s.removed {
-		return todo{}
+	msg := fmt.Sprintf("connection to %s ended: %v", u.target.Name, err)
+	for _, s := range failed {
+		ss.failStream(s, codes.Unavailable, msg, false)
 	}
-	trailersOnly, answered := !s.headersSent, s.toDown.sentEnd
-	s.code = code
-	ss.removeLocked(s)
-	t := todo{ended: s}
-	if s.kind.abort(status.Error(code, msg)) && !answered {
-		t = t.frame(ss.down, s.downID, item{headers: grpcStatus(code, msg, trailersOnly), end: true})
-	}
-	return t
 }
 
 // upstreamGoAway takes u out of use; its calls the server did not take are refused to the
@@ -282,10 +276,10 @@ func (ss *session) upstreamGoAway(u *upstream, last uint32) {
 		ss.reset(s, http2.ErrCodeRefusedStream, false)
 	}
 	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	if len(u.streams) == 0 {
 		ss.closeUpstreamLocked(u)
 	}
-	ss.mu.Unlock()
 }
 
 // closeUpstreamLocked closes u's connection and forgets it. mu is held.
@@ -295,7 +289,7 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 		delete(ss.ups, u.target)
 	}
 	delete(ss.upConns, u)
-	u.ep.closeAfterFlush(closeGrace) // the resets and GOAWAY written last go first
+	u.c.out.closeAfterFlush(closeGrace) // the resets and GOAWAY put last go first
 }
 
 // stopUpLocked stops passing the client's data to the server, which has answered and wants no
@@ -303,10 +297,10 @@ func (ss *session) closeUpstreamLocked(u *upstream) {
 func (ss *session) stopUpLocked(s *stream) {
 	s.kind = s.kind.stop()
 	if s.up != nil {
-		ss.credit(s.req, nil, s.toUp.q.drop())
+		dropSend(s.req.to, false, noRST)
 		if s.up.streams[s.upID] == s {
 			delete(s.up.streams, s.upID)
 		}
 	}
-	s.toUp.sentEnd = true
+	s.req.closed = true
 }

@@ -47,10 +47,11 @@ func (ss *session) look() {
 	switch {
 	case !w.pinged.IsZero() && now.Sub(w.pinged) >= lim.KeepaliveTimeout:
 		ss.report(refusal{ReasonKeepalive, fmt.Sprintf("sent nothing for %s and did not answer a PING", now.Sub(w.seen).Round(time.Millisecond)), "closed the connection"})
-		ss.down.close() // at once: the writer may be stuck on a client that does not read
+		ss.down.out.close() // at once: the writer may be stuck on a client that does not read
 		return
 	case w.pinged.IsZero() && now.Sub(w.seen) >= lim.KeepaliveTime:
-		ss.down.ping()
+		ss.down.out.put(event{kind: evPing, ping: [8]byte{'p', 'o', 'd', 'g', 'a', 't', 'e'}, held: pingSize})
+		ss.down.out.kick()
 		w.pinged = now
 	}
 	ss.mu.Lock()
@@ -62,18 +63,15 @@ func (ss *session) look() {
 	stuck := ss.stuckLocked(now)
 	ss.mu.Unlock()
 	for _, s := range stuck {
-		ss.report(refusal{ReasonWindowTimeout, fmt.Sprintf("left the answer of %s waiting on a shut flow-control window for %s", s.path, lim.WindowTimeout), "RST_STREAM CANCEL"})
+		ss.report(refusal{ReasonWindowTimeout, fmt.Sprintf("left the answer of %s waiting on a shut flow-control window for %s", clip(s.path), lim.WindowTimeout), "RST_STREAM CANCEL"})
 		ss.resetStream(s, http2.ErrCodeCancel, true, true, http2.ErrCodeCancel)
-	}
-	if len(stuck) > 0 {
-		ss.flushAll()
 	}
 	switch {
 	case closed:
 	case idle:
 		ss.report(refusal{ReasonIdle, fmt.Sprintf("had no call open for %s", lim.IdleTimeout), "GOAWAY, closed the connection"})
-		ss.down.goAway(last, http2.ErrCodeNo)
-		ss.down.closeAfterFlush(closeGrace)
+		ss.down.out.put(event{kind: evGoAway, id: last, code: http2.ErrCodeNo, held: goAwaySize})
+		ss.down.out.closeAfterFlush(closeGrace)
 	default:
 		ss.mu.Lock()
 		if !ss.closed {
@@ -83,20 +81,15 @@ func (ss *session) look() {
 	}
 }
 
-// ping sends a PING the client must answer.
-func (e *endpoint) ping() {
-	e.control(func() error { return e.fr.WritePing(false, [8]byte{'p', 'o', 'd', 'g', 'a', 't', 'e'}) })
-}
-
 // stuckLocked lists the calls whose answer has waited on the client's shut window, without a
-// byte leaving, for WindowTimeout. Only the streams with bytes waiting are looked at. mu is
-// held.
+// byte leaving, for WindowTimeout (the client's sender says since when). mu is held.
 func (ss *session) stuckLocked(now time.Time) []*stream {
 	var stuck []*stream
-	for _, s := range ss.down.waiting {
-		h := &s.toDown
-		shut := h.sendSize(ss.down) <= 0 || ss.down.send.size() <= 0
-		if !s.removed && h.listed && shut && now.Sub(h.moved) >= ss.srv.lim.WindowTimeout {
+	for _, s := range ss.streams {
+		if s.ans.to == nil {
+			continue
+		}
+		if d, ok := s.ans.to.waitingSince.since(now); ok && d >= ss.srv.lim.WindowTimeout {
 			stuck = append(stuck, s)
 		}
 	}
@@ -123,7 +116,7 @@ func (ss *session) startClocks() {
 	for i, c := range ss.clocks {
 		ss.clocks[i] = clock{}
 		s := c.s
-		if s.removed || s.toUp.done {
+		if s.removed || s.req.done {
 			continue
 		}
 		limit, deadline := ss.srv.lim.RequestTimeout, false
@@ -145,24 +138,23 @@ func (ss *session) expire(s *stream, deadline bool) {
 	_, inProcess := s.kind.(*unaryCall)
 	switch {
 	case s.removed,
-		deadline && inProcess && s.toUp.done,
-		!deadline && s.toUp.done:
+		deadline && inProcess && s.req.done,
+		!deadline && s.req.done:
 		ss.mu.Unlock()
 		return
 	}
-	whole := s.toUp.done
+	whole := s.req.done
 	s.expired = deadline
 	ss.mu.Unlock()
 	// Told before the client is, so that what it learns is already counted.
 	switch {
 	case whole:
 	case deadline:
-		ss.report(refusal{ReasonDeadline, fmt.Sprintf("had not sent the whole request of %s at its grpc-timeout", s.path), "RST_STREAM CANCEL"})
+		ss.report(refusal{ReasonDeadline, fmt.Sprintf("had not sent the whole request of %s at its grpc-timeout", clip(s.path)), "RST_STREAM CANCEL"})
 	default:
-		ss.report(refusal{ReasonRequestTimeout, fmt.Sprintf("had not sent the whole request of %s after %s", s.path, ss.srv.lim.RequestTimeout), "RST_STREAM CANCEL"})
+		ss.report(refusal{ReasonRequestTimeout, fmt.Sprintf("had not sent the whole request of %s after %s", clip(s.path), ss.srv.lim.RequestTimeout), "RST_STREAM CANCEL"})
 	}
 	ss.resetStream(s, http2.ErrCodeCancel, true, true, http2.ErrCodeCancel)
-	ss.flushAll()
 }
 
 // deadlineCode is the code a call reset by expire ends with.

@@ -1,7 +1,7 @@
 package relay
 
 import (
-	"errors"
+	"net"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -78,24 +78,31 @@ func TestWindow(t *testing.T) {
 	const batch = 250
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newWindow(c.start)
+			// Receiving and giving back are the receiving window's (recvWindow), spending
+			// and updates the sending one's (window).
+			w, r := newWindow(c.start), newRecvWindow(c.start)
 			for i, st := range c.steps {
 				var code http2.ErrCode
 				var inc uint32
+				size := w.size
 				switch st.op {
 				case "receive":
-					code = w.receive(st.n)
+					if !r.receive(st.n) {
+						code = http2.ErrCodeFlowControl
+					}
+					size = r.n.Load
 				case "spend":
 					w.spend(st.n)
 				case "update":
 					code = w.update(uint32(st.n))
 				case "credit":
-					inc = w.credit(st.n, batch)
+					inc = r.credit(st.n, batch)
+					size = r.n.Load
 				default:
 					t.Fatalf("unknown op %q", st.op)
 				}
-				if code != st.want || w.size() != st.size || inc != st.inc {
-					t.Errorf("step %d (%s %d): code %v, size %d, increment %d; want %v, %d, %d", i, st.op, st.n, code, w.size(), inc, st.want, st.size, st.inc)
+				if code != st.want || size() != st.size || inc != st.inc {
+					t.Errorf("step %d (%s %d): code %v, size %d, increment %d; want %v, %d, %d", i, st.op, st.n, code, size(), inc, st.want, st.size, st.inc)
 				}
 			}
 		})
@@ -104,52 +111,54 @@ func TestWindow(t *testing.T) {
 
 // TestStreamWindowFollowsSettings: a stream's window toward a peer follows every change of
 // the peer's SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113 §6.9.2), up or down, below zero too, and a
-// change or a WINDOW_UPDATE that takes one past 2^31-1 is a FLOW_CONTROL_ERROR.
+// change or a WINDOW_UPDATE that takes one past 2^31-1 is a FLOW_CONTROL_ERROR: of the stream
+// (reset, the session told) or of the connection (the session told to end it).
 func TestStreamWindowFollowsSettings(t *testing.T) {
-	e := &endpoint{peerInitWindow: initialWindow}
-	s := &stream{}
-	s.toDown.openSend(e)
-	ss := &session{streams: map[uint32]*stream{1: s}}
-	set := func(v uint32) error {
-		_, err := ss.settingLocked(e, nil, http2.Setting{ID: http2.SettingInitialWindowSize, Val: v})
-		return err
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	s := newSender(c1, senderHooks{hold: func(int64) {}})
+	st := &sendStream{id: 1, out: s, wire: true}
+	s.open(st)
+	set := func(v uint32) {
+		s.settings([]http2.Setting{{ID: http2.SettingInitialWindowSize, Val: v}})
 	}
-	h := &s.toDown
 	want := func(step string, size int64) {
 		t.Helper()
-		if got := h.sendSize(e); got != size {
+		if got := st.sendSize(&s.o); got != size {
 			t.Errorf("%s: window %d, want %d", step, got, size)
 		}
 	}
+	notes := func() []note {
+		n := s.o.notes
+		s.o.notes = nil
+		return n
+	}
 	want("opened", initialWindow)
-	if err := set(streamWindow); err != nil {
-		t.Fatal(err)
-	}
+	set(streamWindow)
 	want("a larger SETTINGS_INITIAL_WINDOW_SIZE", streamWindow)
-	h.send.spend(streamWindow - 100)
-	if err := set(1000); err != nil {
-		t.Fatal(err)
-	}
+	st.window.spend(streamWindow - 100)
+	set(1000)
 	want("spent, then a smaller one", 100-(streamWindow-1000))
-	if code := h.updateSend(e, 1<<20); code != http2.ErrCodeNo {
-		t.Fatal(code)
-	}
+	s.peerWindow(1, 1<<20)
 	want("a WINDOW_UPDATE on a negative window", 100-(streamWindow-1000)+1<<20)
-	if code := h.updateSend(e, uint32(maxWindow-h.sendSize(e)+1)); code != http2.ErrCodeFlowControl {
-		t.Errorf("a WINDOW_UPDATE past 2^31-1: %v, want FLOW_CONTROL_ERROR", code)
+	if n := notes(); len(n) != 0 {
+		t.Fatalf("notes %+v", n)
 	}
-	e.peerInitWindow = 0
-	s2 := &stream{}
-	s2.toDown.openSend(e)
-	ss.streams[3] = s2
-	if code := s2.toDown.updateSend(e, maxWindow-10); code != http2.ErrCodeNo {
-		t.Fatal(code)
+	s.peerWindow(1, uint32(maxWindow-st.sendSize(&s.o)+1))
+	if n := notes(); len(n) != 1 || !n[0].reset || n[0].code != http2.ErrCodeFlowControl || n[0].st != st {
+		t.Errorf("a WINDOW_UPDATE past 2^31-1: %+v, want the stream reset with FLOW_CONTROL_ERROR", n)
 	}
-	if err := set(10); err != nil {
-		t.Errorf("a SETTINGS change to exactly 2^31-1: %v", err)
+	set(0)
+	s2 := &sendStream{id: 3, out: s, wire: true}
+	s.open(s2)
+	s.peerWindow(3, maxWindow-10)
+	set(10)
+	if n := notes(); len(n) != 0 {
+		t.Errorf("a SETTINGS change to exactly 2^31-1: %+v", n)
 	}
-	var ce connError
-	if err := set(11); !errors.As(err, &ce) || ce.code != http2.ErrCodeFlowControl {
-		t.Errorf("a SETTINGS change past 2^31-1: %v, want FLOW_CONTROL_ERROR", err)
+	set(11)
+	if n := notes(); len(n) != 1 || n[0].reason == "" || n[0].code != http2.ErrCodeFlowControl {
+		t.Errorf("a SETTINGS change past 2^31-1: %+v, want the connection ended with FLOW_CONTROL_ERROR", n)
 	}
 }

@@ -199,9 +199,10 @@ func TestSlowReaderIsNotReset(t *testing.T) {
 }
 
 // TestAnswersCountAgainstTheProcessBudget: clients that open no window hold answers in the
-// relay; over the process's budget the connection that holds the most is closed (GOAWAY
-// ENHANCE_YOUR_CALM), so what the relay holds stays within the budget and one stream's window,
-// and a well-behaved client is answered throughout.
+// relay; over the process's budget the connection whose answers waited the longest without a
+// byte leaving (minStuck at least) is closed (GOAWAY ENHANCE_YOUR_CALM), so what the relay
+// holds stays within the budget and the answer of one connection not stuck yet, and a
+// well-behaved client is answered throughout.
 func TestAnswersCountAgainstTheProcessBudget(t *testing.T) {
 	lim := Limits{TotalBytes: 6 << 20}
 	b := newAttackBed(t, lim, 16<<20)
@@ -218,6 +219,9 @@ func TestAnswersCountAgainstTheProcessBudget(t *testing.T) {
 		if i == 0 {
 			waitUntil(t, "the answer is counted", func() bool { return b.srv.Held() >= 3<<20 })
 		}
+		// The next one comes once this one's answer counts as stuck.
+		parked := time.Now()
+		waitUntil(t, "the answer waits long enough to count as stuck", func() bool { return time.Since(parked) > minStuck })
 		good()
 	}
 	calm := 0
@@ -235,8 +239,8 @@ func TestAnswersCountAgainstTheProcessBudget(t *testing.T) {
 	})
 	b.wantReported(t, ReasonTotalBudget) // the shed is told before its GOAWAY goes
 	most := stop()
-	if limit := lim.TotalBytes + streamWindow; most > limit {
-		t.Errorf("the relay held %d bytes at most, over its budget and a stream's window (%d)", most, limit)
+	if limit := lim.TotalBytes + 3<<20; most > limit {
+		t.Errorf("the relay held %d bytes at most, over its budget and the answer of a connection not stuck yet (%d)", most, limit)
 	}
 	t.Logf("held at most %d bytes of a %d budget", most, lim.TotalBytes)
 	for _, a := range attackers {

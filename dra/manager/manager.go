@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/version"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
@@ -117,24 +115,15 @@ type Manager struct {
 	// hookDrivers are the drivers that do their part when the sandbox starts, in a runtime
 	// hook (dra.sandboxHookDrivers): each must answer before such a pod's sandbox is forwarded.
 	hookDrivers map[string]bool
-	// kubeletVersion is the node's kubelet version from its Node object (nil until read, or
-	// when it could not be); kubelet tells whether the kubelet manages a pod (nil: nobody to
-	// ask). With mode auto both decide whether the kubelet prepared a pod's claims.
-	kubeletVersion atomic.Pointer[version.Version]
-	kubelet        KubeletPods
-	// nodeMu serialises the reads of the Node for a decision (kubeletVersionNow); nodeReadAt
-	// is when the last began.
-	nodeMu     sync.Mutex
-	nodeReadAt time.Time
+	// kubeletPrepares tells whether the node's kubelet prepares DRA claims (its version; nil:
+	// it does not); kubelet tells whether the kubelet manages a pod (nil: nobody to ask). With
+	// mode auto both decide whether the kubelet prepared a pod's claims.
+	kubeletPrepares func(ctx context.Context) bool
+	kubelet         KubeletPods
 }
 
-// nodeReadInterval spaces the reads of the Node that pod starts make while the kubelet's
-// version is not known (kubeletVersionNow): a Node podgate may not read costs one GET per
-// interval, not one per pod start.
-const nodeReadInterval = 10 * time.Second
-
 // Pods is the node's pods as the manager reads them: agent's Kubernetes adapter (the pod
-// informer, a GET where it has not seen a pod yet, the node's Node object).
+// informer, a GET where it has not seen a pod yet).
 type Pods interface {
 	// Get returns the pod with this UID if the informer knows it; the pod is the cache's.
 	Get(uid types.UID) (*corev1.Pod, bool)
@@ -146,8 +135,6 @@ type Pods interface {
 	// OnDeleted calls fn when a pod of the node is deleted or marked for deletion; fn must
 	// not block.
 	OnDeleted(fn func(*corev1.Pod))
-	// Node reads the node's Node object (the kubelet's version), one GET bounded in time.
-	Node(ctx context.Context) (*corev1.Node, error)
 }
 
 // KubeletPods is the kubelet's PodResources socket as the DRA manager asks it: does the kubelet
@@ -165,11 +152,6 @@ type KubeletPods interface {
 type Settler interface {
 	Settle(ctx context.Context)
 }
-
-// kubeletPreparesFrom is the first kubelet version whose DRA manager prepares claims by
-// default: DynamicResourceAllocation is GA, on by default, in 1.34 (and locked on from 1.35).
-// An older kubelet may prepare too, with its feature gate on: dra.prepare never says so.
-var kubeletPreparesFrom = version.MajorMinor(1, 34)
 
 // Option configures a Manager.
 type Option func(*Manager)
@@ -198,6 +180,14 @@ func WithSandboxHookDrivers(names ...string) Option {
 // is nobody to ask, and podgate prepares.
 func WithKubelet(kubelet KubeletPods) Option { return func(d *Manager) { d.kubelet = kubelet } }
 
+// WithKubeletPrepares tells PrepareAuto whether the node's kubelet prepares DRA claims itself,
+// as its version says at the moment of a pod start (agent hands in what it knows of the
+// kubelet, reading the Node then if it has not been read yet). Without it, and while it says
+// false (an older kubelet, or its version not known), podgate prepares.
+func WithKubeletPrepares(prepares func(ctx context.Context) bool) Option {
+	return func(d *Manager) { d.kubeletPrepares = prepares }
+}
+
 // WithSettle has s settle what is left once rebuilt is closed (the registry is rebuilt from
 // the runtime, whose records then say which sandboxes still run), then at every reconcile.
 func WithSettle(rebuilt <-chan struct{}, s Settler) Option {
@@ -208,8 +198,7 @@ func WithSettle(rebuilt <-chan struct{}, s Settler) Option {
 // from the driver's ResourceSlice), which PodResources shows a meta-CNI plugin.
 func WithHostInterfaces(h *dra.HostInterfaces) Option { return func(d *Manager) { d.hostIfs = h } }
 
-// WithClock replaces time.Now for the unprepare retries' backoff and the Node reads' spacing
-// (tests).
+// WithClock replaces time.Now for the unprepare retries' backoff (tests).
 func WithClock(now func() time.Time) Option { return func(d *Manager) { d.now = now } }
 
 // WithWaitHook has fn called when a prepare waits for another call's prepare or unprepare of

@@ -48,29 +48,27 @@ func (k *fakeKubelet) NotListening(err error) bool { return k.notListening && er
 var errNotListening = errors.New("nobody listens on the socket (connection refused)")
 
 // TestDRAPrepareModes: dra.prepare decides who prepares a pod's claims. Beside a kubelet that
-// prepares (auto with a kubelet ≥ 1.34 that manages the pod, or never) the driver sees no call
+// prepares (auto with a kubelet whose version prepares claims — agent's to tell from the Node,
+// kubeletinfo's from the version — that manages the pod, or never) the driver sees no call
 // from podgate, which still records the claim's devices from its allocation (for attach,
 // network data and PodResources) and never unprepares it; otherwise podgate prepares before
 // the sandbox, as always.
 func TestDRAPrepareModes(t *testing.T) {
 	for _, tt := range []struct {
-		name    string
-		mode    manager.Prepare
-		kubelet string // version on the Node read at start-up; "" not read
-		node    string // version on the Node in the API server now; "" no Node
-		knows   bool   // the kubelet's PodResources knows the pod
-		socket  bool   // a kubelet socket is there
-		by      string
+		name     string
+		mode     manager.Prepare
+		prepares bool // the kubelet's version says it prepares claims (1.34 on)
+		knows    bool // the kubelet's PodResources knows the pod
+		socket   bool // a kubelet socket is there
+		by       string
 	}{
-		{"always", manager.PrepareAlways, "v1.36.3", "", true, true, manager.PreparedByPodgate},
-		{"never", manager.PrepareNever, "", "", false, false, manager.PreparedByKubelet},
-		{"auto: kubelet 1.36 manages the pod", manager.PrepareAuto, "v1.36.3", "", true, true, manager.PreparedByKubelet},
-		{"auto: kubelet does not know the pod (another CRI client)", manager.PrepareAuto, "v1.36.3", "", false, true, manager.PreparedByPodgate},
-		{"auto: kubelet stopped", manager.PrepareAuto, "v1.36.3", "", true, false, manager.PreparedByPodgate},
-		{"auto: kubelet 1.33", manager.PrepareAuto, "v1.33.5", "", true, true, manager.PreparedByPodgate},
-		{"auto: kubelet version not known, no Node", manager.PrepareAuto, "", "", true, true, manager.PreparedByPodgate},
-		// podgate started before the kubelet registered the Node: the pod start reads it.
-		{"auto: kubelet version not read yet, the Node says 1.36", manager.PrepareAuto, "", "v1.36.3", true, true, manager.PreparedByKubelet},
+		{"always", manager.PrepareAlways, true, true, true, manager.PreparedByPodgate},
+		{"never", manager.PrepareNever, false, false, false, manager.PreparedByKubelet},
+		{"auto: kubelet 1.36 manages the pod", manager.PrepareAuto, true, true, true, manager.PreparedByKubelet},
+		{"auto: kubelet does not know the pod (another CRI client)", manager.PrepareAuto, true, false, true, manager.PreparedByPodgate},
+		{"auto: kubelet stopped", manager.PrepareAuto, true, true, false, manager.PreparedByPodgate},
+		// An older kubelet, or one whose version is not known (no Node read).
+		{"auto: kubelet 1.33 or version not known", manager.PrepareAuto, false, true, true, manager.PreparedByPodgate},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := rig.Pod("1", "net")
@@ -88,9 +86,11 @@ func TestDRAPrepareModes(t *testing.T) {
 			case tt.knows:
 				kubelet.known = []string{pod.Namespace + "/" + pod.Name}
 			}
+			var asked atomic.Int32 // pod starts that asked whether the kubelet prepares
 			dr := newRigWith(t, 5*time.Second, func(dr *rig.Rig) []manager.Option {
 				dr.HostIfs = dra.NewHostInterfaces(kubefake.Wrap(dr.Kube), rig.Node, "")
-				return []manager.Option{manager.WithPrepare(tt.mode), manager.WithHostInterfaces(dr.HostIfs), manager.WithKubelet(kubelet)}
+				return []manager.Option{manager.WithPrepare(tt.mode), manager.WithHostInterfaces(dr.HostIfs), manager.WithKubelet(kubelet),
+					manager.WithKubeletPrepares(func(context.Context) bool { asked.Add(1); return tt.prepares })}
 			}, pod, rig.Claim("net", pod), slice)
 			hostIfsDone := make(chan struct{})
 			go func() {
@@ -98,19 +98,17 @@ func TestDRAPrepareModes(t *testing.T) {
 				dr.HostIfs.Run(t.Context())
 			}()
 			t.Cleanup(func() { <-hostIfsDone })
-			if tt.kubelet != "" {
-				setKubeletVersion(t, dr.Manager, tt.kubelet)
-			}
-			if tt.node != "" {
-				node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: rig.Node}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: tt.node}}}
-				if _, err := dr.Kube.CoreV1().Nodes().Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
 
 			id, err := dr.RunPod(t, pod)
 			if err != nil {
 				t.Fatal(err)
+			}
+			wantAsked := int32(0)
+			if tt.mode == manager.PrepareAuto {
+				wantAsked = 1 // only auto asks, once per pod start
+			}
+			if n := asked.Load(); n != wantAsked {
+				t.Errorf("asked whether the kubelet prepares claims %d times, want %d", n, wantAsked)
 			}
 			wantCalls := []string{"prepare default/net"}
 			if tt.by == manager.PreparedByKubelet {
@@ -158,9 +156,8 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	p1, p2 := rig.Pod("1", "net1"), rig.Pod("2", "net2")
 	kubelet := &fakeKubelet{err: errNotListening, notListening: true}
 	dr := newRigWith(t, 5*time.Second, func(*rig.Rig) []manager.Option {
-		return []manager.Option{manager.WithPrepare(manager.PrepareAuto), manager.WithKubelet(kubelet)}
+		return []manager.Option{manager.WithPrepare(manager.PrepareAuto), manager.WithKubelet(kubelet), manager.WithKubeletPrepares(kubeletPrepares)}
 	}, p1, p2, rig.Claim("net1", p1), rig.Claim("net2", p2))
-	setKubeletVersion(t, dr.Manager, "v1.36.3")
 
 	for i, start := range []struct {
 		pod   *corev1.Pod
@@ -185,8 +182,5 @@ func TestDRAPrepareBesideADeadKubelet(t *testing.T) {
 	}
 }
 
-// setKubeletVersion gives the manager the kubelet's version as read from its Node at start-up.
-func setKubeletVersion(t *testing.T, d *manager.Manager, v string) {
-	t.Helper()
-	d.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: v}}})
-}
+// kubeletPrepares is a kubelet whose version prepares claims (1.34 on), for WithKubeletPrepares.
+func kubeletPrepares(context.Context) bool { return true }

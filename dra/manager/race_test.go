@@ -346,9 +346,8 @@ func TestDRAPodJoinsAClaimBeingUnprepared(t *testing.T) {
 				manager.WithPrepare(manager.PrepareAuto),
 			}
 			kubeletPods := &kubeletKnowsPods{}
-			opts = append(opts, manager.WithKubelet(kubeletPods))
+			opts = append(opts, manager.WithKubelet(kubeletPods), manager.WithKubeletPrepares(kubeletPrepares))
 			dr := newRigWith(t, 30*time.Second, func(*rig.Rig) []manager.Option { return opts }, p1, p2, rig.Claim("shared", p1, p2))
-			dr.Manager.SetKubeletVersion(t.Context(), &corev1.Node{Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.36.3"}}})
 			ctx := t.Context()
 			id1, err := dr.RunPod(t, p1)
 			if err != nil {

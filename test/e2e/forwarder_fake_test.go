@@ -3,14 +3,19 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -44,7 +49,13 @@ const fakeUpdateRounds = 1000
 //     kubelet-shaped request;
 //   - 64 clients per path calling Version, in 0.5 s slices, 2 s per path: calls per second,
 //     their ratio to direct, and each proxy's CPU time per call;
-//   - both proxies' RSS.
+//   - both proxies' RSS;
+//   - StreamContainers of 30,000 containers in pages of 1,000 (a second fake runtime, with
+//     podgate in front of it too), 20 rounds per path: p50 per path and its ratio to direct;
+//   - the CPU time each proxy spent per list call (containers, sandboxes, streamed).
+//
+// With PODGATE_BENCH_BEFORE=BIN it runs BIN, an earlier podgate, beside today's as a fourth
+// path ("before") in every phase: before and after in one run, on the same backends.
 //
 // With PODGATE_BENCH_PROFILE=DIR it then profiles both proxies for 10 s under 4 clients each
 // calling ListContainers, alternating in slices (DIR/list/{podgate,forwarder}-{cpu,allocs}.pprof),
@@ -66,12 +77,23 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	fwd := startForwarder(b, fake.endpoint, profileDir != "")
 	paths := []string{"direct", "forwarder", "podgate"}
 	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.Endpoint, "podgate": pg.Endpoint}
+	pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
+	beforeBin := os.Getenv("PODGATE_BENCH_BEFORE")
+	var before *harness.Podgate
+	if beforeBin != "" {
+		before = startPodgateBin(b, beforeBin, fake.endpoint, args...)
+		paths = append(paths, "before")
+		endpoints["before"], pids["before"] = before.Endpoint, before.PID()
+	}
 	clients := map[string]*rig.Client{}
 	for path, e := range endpoints {
 		clients[path] = rig.Connect(b, e)
 	}
 	// podgate's start-up rebuild reads every sandbox's status once: let it end first.
 	waitRebuilt(b, pg)
+	if before != nil {
+		waitRebuilt(b, before)
+	}
 	ctx := b.Context()
 
 	lat := map[string][]time.Duration{}
@@ -91,7 +113,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		b.ReportMetric(us(percentile(lat[path], 50)), path+"-p50-µs")
 		b.ReportMetric(us(percentile(lat[path], 99)), path+"-p99-µs")
 	}
-	for _, proxy := range []string{"forwarder", "podgate"} {
+	for _, proxy := range paths[1:] {
 		b.ReportMetric(us(percentile(lat[proxy], 50)-percentile(lat["direct"], 50)), proxy+"-added-p50-µs")
 	}
 	b.ReportMetric(float64(percentile(lat["podgate"], 99))/float64(percentile(lat["forwarder"], 99)), "podgate/forwarder-p99")
@@ -114,6 +136,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	}
 	for _, what := range []string{"containers", "sandboxes"} {
 		var size int
+		cpu := cpuTimes(b, pids)
 		list := alternate(b, paths, fakeListRounds, func(_ int, path string) error {
 			resp, err := lists[what](clients[path])
 			size = proto.Size(resp)
@@ -131,7 +154,9 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(size)/1000, "list-"+what+"-kB")
+		reportCPUPerCall(b, pids, cpu, fakeListRounds, "list-"+what)
 	}
+	streamContainers(b, paths, args, beforeBin)
 
 	// An intercepted call: podgate decodes UpdateContainerResources, runs its resources hook
 	// and compares the answer; the runtime's own work is small.
@@ -156,7 +181,6 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		return nil
 	}))
 
-	pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
 	l := newLoad(b, endpoints, 64)
 	results := l.run(b, paths, pids, loadSlice, 4)
 	for path, r := range results {
@@ -166,8 +190,9 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 			b.ReportMetric(r.cpuPerCall(), path+"-cpu-µs/call")
 		}
 	}
-	b.ReportMetric(procMemory(b, pg.PID())["VmRSS"], "podgate-rss-MiB")
-	b.ReportMetric(procMemory(b, fwd.PID())["VmRSS"], "forwarder-rss-MiB")
+	for proxy, pid := range pids {
+		b.ReportMetric(procMemory(b, pid)["VmRSS"], proxy+"-rss-MiB")
+	}
 
 	if profileDir != "" {
 		pl := newLoad(b, map[string]string{"forwarder": fwd.Endpoint, "podgate": pg.Endpoint}, 4)
@@ -176,6 +201,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 			return err
 		}
 		urls := map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL}
+		pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
 		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, urls)
 		pl.call = func(ctx context.Context, c *rig.Client) error {
 			_, err := c.Runtime.CreateContainer(ctx, fakeSandboxID, container, sandbox)
@@ -183,6 +209,119 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 		}
 		profileUnderLoad(b, filepath.Join(profileDir, "create"), pl, pids, urls)
 	}
+}
+
+// streamItems is how many containers the streamed list carries, and streamPage how many each of
+// its messages: a large node's list as containerd 2.4 streams it.
+const (
+	streamItems  = 30000
+	streamPage   = 1000
+	streamRounds = 20
+)
+
+// streamContainers is the benchmark's StreamContainers phase: a fake runtime holding
+// streamItems containers, streamed streamPage to a message, with podgate (and the earlier one,
+// with beforeBin) in front of it; streamRounds rounds per path, alternating.
+func streamContainers(b *testing.B, allPaths, args []string, beforeBin string) {
+	b.Helper()
+	fake := startFakeRuntime(b, streamItems, 1, "-stream-page", strconv.Itoa(streamPage))
+	endpoints := map[string]string{"direct": fake.endpoint}
+	pids := map[string]int{}
+	paths := []string{"direct"}
+	for _, path := range allPaths {
+		var p *harness.Podgate
+		switch path {
+		case "podgate":
+			p = startPodgate(b, fake.endpoint, args...)
+		case "before":
+			p = startPodgateBin(b, beforeBin, fake.endpoint, args...)
+		default:
+			continue
+		}
+		waitRebuilt(b, p)
+		paths = append(paths, path)
+		endpoints[path], pids[path] = p.Endpoint, p.PID()
+	}
+	clients := map[string]runtimeapi.RuntimeServiceClient{}
+	for path, e := range endpoints {
+		conn, err := grpc.NewClient(e, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { conn.Close() })
+		clients[path] = runtimeapi.NewRuntimeServiceClient(conn)
+	}
+	var size int
+	cpu := cpuTimes(b, pids)
+	lat := alternate(b, paths, streamRounds, func(_ int, path string) error {
+		st, err := clients[path].StreamContainers(b.Context(), &runtimeapi.StreamContainersRequest{})
+		if err != nil {
+			return err
+		}
+		n, bytes := 0, 0
+		for {
+			page, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			n += len(page.Containers)
+			bytes += proto.Size(page)
+		}
+		if n != streamItems {
+			return fmt.Errorf("StreamContainers: %d containers, want %d", n, streamItems)
+		}
+		size = bytes
+		return nil
+	})
+	direct := percentile(lat["direct"], 50)
+	for _, path := range paths {
+		p50 := percentile(lat[path], 50)
+		b.ReportMetric(ms(p50), path+"-stream-containers-p50-ms")
+		if path != "direct" {
+			b.ReportMetric(float64(p50)/float64(direct), path+"-stream-containers-ratio")
+		}
+	}
+	b.ReportMetric(float64(size)/1000, "stream-containers-kB")
+	reportCPUPerCall(b, pids, cpu, streamRounds, "stream-containers")
+}
+
+// cpuTimes is each process's CPU time now.
+func cpuTimes(b *testing.B, pids map[string]int) map[string]time.Duration {
+	b.Helper()
+	t := map[string]time.Duration{}
+	for path, pid := range pids {
+		t[path] = cpuTime(b, pid)
+	}
+	return t
+}
+
+// reportCPUPerCall reports the CPU time each proxy spent since since per call of a phase of
+// calls calls per path, alternating (the other paths' calls cost it nothing).
+func reportCPUPerCall(b *testing.B, pids map[string]int, since map[string]time.Duration, calls int, name string) {
+	b.Helper()
+	for path, pid := range pids {
+		per := (cpuTime(b, pid) - since[path]) / time.Duration(calls)
+		b.ReportMetric(float64(per)/float64(time.Microsecond), path+"-"+name+"-cpu-µs/call")
+	}
+}
+
+// startPodgateBin is startPodgate with the binary bin, an earlier podgate.
+func startPodgateBin(t testing.TB, bin, endpoint string, args ...string) *harness.Podgate {
+	t.Helper()
+	p, err := harness.Start(t.Context(), bin, harness.Options{Dir: testfs.ShortDir(t), RuntimeEndpoint: endpoint, Args: args})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if code, err := p.Stop(30 * time.Second); err != nil || code != 0 {
+			t.Errorf("podgate (%s) stop: exit %d, %v", bin, code, err)
+		}
+	})
+	return p
 }
 
 // alternate makes rounds rounds of call through every path, rotating which goes first, and
@@ -259,13 +398,13 @@ type fakeRuntime struct {
 
 // startFakeRuntime builds and starts test/e2e/fakeruntime holding containers containers and
 // sandboxes sandboxes; it stops at the benchmark's end.
-func startFakeRuntime(b *testing.B, containers, sandboxes int) *fakeRuntime {
+func startFakeRuntime(b *testing.B, containers, sandboxes int, flags ...string) *fakeRuntime {
 	b.Helper()
 	dir := testfs.ShortDir(b)
 	bin := harness.BuildProgram(b, "github.com/podgate/podgate/test/e2e/fakeruntime", dir, "fakeruntime")
 	sock := filepath.Join(dir, "fake.sock")
 	f := &fakeRuntime{
-		cmd:      exec.Command(bin, "-listen", sock, "-containers", fmt.Sprint(containers), "-sandboxes", fmt.Sprint(sandboxes)),
+		cmd:      exec.Command(bin, append([]string{"-listen", sock, "-containers", fmt.Sprint(containers), "-sandboxes", fmt.Sprint(sandboxes)}, flags...)...),
 		endpoint: "unix://" + sock,
 	}
 	out, err := f.cmd.StdoutPipe()

@@ -15,9 +15,11 @@ const module = "github.com/podgate/podgate"
 var topLevel = []string{"agent", "cri", "dra", "podresources", "sysctl", "cmd", "test", "deploy", "docs"}
 
 // features are the packages (with everything under them) that own one concern each. A feature
-// may use the kernel (cri, cri/pipeline, cri/registry) but no other feature and nothing of
-// agent's: what two features share goes to the kernel, and agent wires them together, passing
-// each the adapters (agent/kube) behind the narrow interfaces the feature declares.
+// may use the kernel (cri, cri/pipeline, cri/registry) but no other feature's packages, its API
+// packages included (podresources/api: the PodResources extension's messages are made by the
+// adapter between the features and the service, agent/podview), and nothing of agent's: what two
+// features share goes to the kernel, and agent wires them together, passing each the adapters
+// (agent/kube, agent/podview) behind the narrow interfaces the feature declares.
 var features = []string{"sysctl", "dra", "podresources", "cri/imagepull"}
 
 // kernel is what every feature builds on: the CRI proxy and what podgate keeps of the CRI (the
@@ -113,9 +115,6 @@ func forbidden(pkg, imp string) string {
 
 // featureOf is the feature pkg belongs to, "" for none.
 func featureOf(pkg string) string {
-	if under(pkg, "podresources/api") {
-		return "" // the extension's wire API (generated messages), which features fill in
-	}
 	// The longest match wins: cri/imagepull is a feature, cri is not.
 	best := ""
 	for _, f := range features {
@@ -157,8 +156,15 @@ func TestForbidden(t *testing.T) {
 		{"agent", "dra", true},
 		{"podresources/resources", "podresources/cgroup", true},
 		{"podresources", "cri/pipeline", true},
-		{"cri/imagepull", "podresources/api/v1alpha1", true},
+		{"cri/imagepull", "podresources/api/v1alpha1", false},
+		{"cri/imagepull/progress", "podresources/api/v1alpha1", false},
+		{"dra/manager", "podresources/api/v1alpha1", false},
+		{"sysctl", "cri/imagepull/progress", false},
 		{"cri/imagepull", "podresources", false},
+		{"podresources/resources", "podresources/api/v1alpha1", true},
+		{"podresources", "podresources/api/v1alpha1", true},
+		{"agent/podview", "podresources/api/v1alpha1", true},
+		{"test/e2e", "podresources/api/v1alpha1", true},
 	} {
 		if got := forbidden(tc.pkg, tc.imp) == ""; got != tc.ok {
 			t.Errorf("%s importing %s allowed = %v, want %v (%s)", tc.pkg, tc.imp, got, tc.ok, forbidden(tc.pkg, tc.imp))

@@ -17,8 +17,8 @@ import (
 
 // Pods is the node's pods as agent's Kubernetes adapter shows them to the DRA manager, over a
 // fake API server: what its informer holds (the pods the API server had when the rig was made,
-// until Delete), a GET of the API server for any other pod, the Node read from it. A real
-// informer is agent/kube's to test.
+// until Delete), a GET of the API server for any other pod. A real informer is agent/kube's to
+// test.
 type Pods struct {
 	client kubernetes.Interface
 
@@ -74,11 +74,6 @@ func (p *Pods) OnDeleted(fn func(*corev1.Pod)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.onDeleted = append(p.onDeleted, fn)
-}
-
-// Node implements manager.Pods: Node read from the API server.
-func (p *Pods) Node(ctx context.Context) (*corev1.Node, error) {
-	return p.client.CoreV1().Nodes().Get(ctx, Node, metav1.GetOptions{})
 }
 
 // Delete deletes pod from the API server, and then from the informer, whose subscribers are

@@ -151,7 +151,8 @@ func New(t testing.TB, o Options) *Rig {
 
 // Stages are the sandbox pipeline's stages with the DRA feature's, in the agent's order (its
 // sysctl and resources stages left out): prepare before the sandbox is created, attach once it
-// runs, before its record.
+// runs, before its record. A copy, since nothing outside agent/ imports agent: agent's
+// TestDRARigStagesInAgentsOrder fails when it and agent's sandboxStages part.
 func Stages(core *pipeline.Core, m *manager.Manager, at *attach.Attacher) []pipeline.Stage {
 	return []pipeline.Stage{m.PrepareStage(), core.Forward(), core.Status(), at.Stage(), core.Record()}
 }

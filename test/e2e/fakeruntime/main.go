@@ -11,6 +11,10 @@
 // (filters are not applied): for attacks that ask it for a large list many times, whose cost
 // should be the proxy's, not the fake's (cri-api's fake copies its list under one lock per
 // call, and grpc-go encodes it again each time, which starves every other call).
+//
+// With -stream-page N it answers StreamContainers with its containers in messages of N each,
+// made once at start (filters are not applied), as a runtime that streams its lists does
+// (containerd 2.4); cri-api's fake sends the whole list as one message.
 package main
 
 import (
@@ -39,15 +43,19 @@ func main() {
 	sandboxes := flag.Int("sandboxes", 1000, "sandboxes the runtime holds")
 	maxStreams := flag.Uint("max-streams", 0, "advertise and enforce this SETTINGS_MAX_CONCURRENT_STREAMS (0: grpc-go's default, none)")
 	listsOnce := flag.Bool("lists-once", false, "answer ListContainers with one message encoded once at start, filters not applied")
+	streamPage := flag.Int("stream-page", 0, "answer StreamContainers in messages of this many containers, made once at start (0: the fake's own, one message)")
 	flag.Parse()
 	f := fake.NewFakeRemoteRuntime()
 	f.RuntimeService.SetFakeSandboxes(fakeSandboxes(*sandboxes))
 	f.RuntimeService.SetFakeContainers(fakeContainers(*containers, *sandboxes))
 	var stop func()
 	var err error
-	if *listsOnce {
+	switch {
+	case *listsOnce:
 		stop, err = serveListsOnce(f, *listen)
-	} else {
+	case *streamPage > 0:
+		stop, err = servePaged(f, *listen, *streamPage)
+	default:
 		stop, err = serve(f, *listen, uint32(*maxStreams))
 	}
 	if err != nil {
@@ -185,6 +193,42 @@ func serveListsOnce(f *fake.RemoteRuntime, sock string) (stop func(), err error)
 	codec := onceCodec{CodecV2: encoding.GetCodecV2(encproto.Name), once: list, encoded: encoded}
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(codec))
 	runtimeapi.RegisterRuntimeServiceServer(srv, onceLists{RemoteRuntime: f, containers: list})
+	runtimeapi.RegisterImageServiceServer(srv, f)
+	go func() { _ = srv.Serve(l) }()
+	return srv.Stop, nil
+}
+
+// paged is the fake runtime with StreamContainers answered in pages made once.
+type paged struct {
+	*fake.RemoteRuntime
+	pages []*runtimeapi.StreamContainersResponse
+}
+
+func (p paged) StreamContainers(_ *runtimeapi.StreamContainersRequest, srv grpc.ServerStreamingServer[runtimeapi.StreamContainersResponse]) error {
+	for _, page := range p.pages {
+		if err := srv.Send(page); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// servePaged serves f on the unix socket with its containers streamed n to a message.
+func servePaged(f *fake.RemoteRuntime, sock string, n int) (stop func(), err error) {
+	list, err := f.ListContainers(context.Background(), &runtimeapi.ListContainersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	var pages []*runtimeapi.StreamContainersResponse
+	for c := list.Containers; len(c) > 0; c = c[min(n, len(c)):] {
+		pages = append(pages, &runtimeapi.StreamContainersResponse{Containers: c[:min(n, len(c))]})
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, paged{RemoteRuntime: f, pages: pages})
 	runtimeapi.RegisterImageServiceServer(srv, f)
 	go func() { _ = srv.Serve(l) }()
 	return srv.Stop, nil
