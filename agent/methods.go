@@ -71,6 +71,15 @@ func (p *proxy) pullImageHooks() []pullImageHook {
 	}
 }
 
+// pullSecurityProfileHook: PullSecurityProfile (cri-api v0.38, KEP-6061), which podgate's
+// cri-api v0.37 has no types for: one hook, on the request's bytes (cri.InterceptRaw), until
+// podgate moves to cri-api v0.38.0 and it becomes a table like PullImage's. image-pulls:
+// refuse a bad reference; queue with the image pulls, under the same caps, by priority; share
+// an identical pull; drop the pull of a deleted pod.
+func (p *proxy) pullSecurityProfileHook() cri.RawInterceptor {
+	return p.pulls.ProfileInterceptor()
+}
+
 // register plugs every table into the CRI server: the sandbox pipeline's methods, then the
 // tables above.
 func (p *proxy) register() {
@@ -81,4 +90,5 @@ func (p *proxy) register() {
 	pipeline.Intercept(p.server, cri.UpdatePodSandboxResources, p.updatePodSandboxResourcesHooks())
 	pipeline.Intercept(p.server, cri.RemoveContainer, p.removeContainerHooks())
 	pipeline.Intercept(p.server, cri.PullImage, p.pullImageHooks())
+	cri.InterceptRaw(p.server, cri.PullSecurityProfile, p.pullSecurityProfileHook())
 }

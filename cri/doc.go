@@ -18,8 +18,14 @@
 // budget (relay.UnaryCall.Hold) until the call is done. Calls of services that are not CRI are
 // refused. Stats handlers (tracing) see every call as a gRPC server's and client's would.
 //
+// Methods newer than podgate's cri-api pass through untouched, counted as "other", but for the
+// ones it knows by name (newer.go: cri-api v0.38's security-profile methods), counted under
+// their names; a hook on one of them ([InterceptRaw], [PullSecurityProfile]) gets the request's
+// bytes, pre-scanned and held along a v0.37 message of the same fields, and forwards them byte
+// for byte.
+//
 // The package knows nothing of DRA, sysctls or PodResources: the agent package plugs those in
-// through [Intercept] and [Observe]. Errors are mapped to gRPC codes once, in the instrumented
+// through [Intercept], [Observe] and [InterceptRaw]. Errors are mapped to gRPC codes once, in the instrumented
 // boundary ([Server] records per-method metrics there); an error that already is a gRPC
 // status, such as one from containerd, passes through unchanged.
 //

@@ -20,8 +20,8 @@ type Metrics struct {
 	// refusals counts what the relay refused its clients, by reason; each reason's counter is
 	// made up front, so that a reason shows at 0 before it happens.
 	refusals map[string]prometheus.Counter
-	// methods holds the instruments of every method podgate's cri-api knows, made once so a
-	// call does no label lookup. Methods it does not know share the "other" entry: their names
+	// methods holds the instruments of every method podgate's cri-api knows, and of the newer
+	// ones it knows by name (newerMethods), made once so a call does no label lookup. Methods it does not know share the "other" entry: their names
 	// come from clients and must not grow the label set.
 	methods map[string]*methodMetrics
 	other   *methodMetrics
@@ -101,6 +101,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		for _, name := range sd.methods {
 			m.methods["/"+sd.name+"/"+name] = m.newMethod(name)
 		}
+	}
+	for _, name := range newerMethodNames() {
+		m.methods[name] = m.newMethod(shortMethod(name))
 	}
 	m.other = m.newMethod("other")
 	return m

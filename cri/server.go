@@ -44,8 +44,9 @@ type Server struct {
 	// The relay's targets: the runtime and image backends, and podgate itself for services
 	// that are not CRI.
 	runtimeTarget, imageTarget, refuseTarget *relay.Target
-	// unary holds the methods podgate's cri-api declares unary; every other method (streams,
-	// and methods newer than podgate) is long-lived: Shutdown ends it.
+	// unary holds the methods podgate's cri-api declares unary, and the newer unary methods it
+	// knows by name (newerMethods); every other method (streams, and methods newer than
+	// podgate) is long-lived: Shutdown ends it.
 	unary map[string]bool
 	// chains maps a full method name to its *interceptedMethod, unaryHandlers to its
 	// serveUnary, and handlerTargets to the relay's target that answers the method with it.
@@ -111,6 +112,9 @@ func NewServer(runtime, image *Backend, opts ...Option) *Server {
 		for _, m := range sd.Methods {
 			s.unary["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}
+	}
+	for _, name := range newerMethodNames() {
+		s.unary[name] = true
 	}
 	s.runtimeClient = StreamingLists(runtimeapi.NewRuntimeServiceClient(runtime.conn))
 	s.runtimeTarget = runtime.target()

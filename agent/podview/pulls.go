@@ -37,7 +37,7 @@ func pullMessages(pulls []imagepull.PullView) []*pb.ImagePull {
 // pullMessage is a pull as the extension shows it.
 func pullMessage(p imagepull.PullView) *pb.ImagePull {
 	m := &pb.ImagePull{
-		Image: p.Image, State: pb.ImagePull_QUEUED, Since: timestamppb.New(p.Since),
+		Image: p.Image, Kind: p.Kind.String(), State: pb.ImagePull_QUEUED, Since: timestamppb.New(p.Since),
 		PodNamespace: p.Pod.Namespace, PodName: p.Pod.Name, PodUid: p.PodUID,
 		Registry: p.Registry, Priority: p.Priority.String(),
 		Position: uint32(p.Position), WaitingFor: string(p.Waiting),

@@ -182,8 +182,9 @@ func newPullsCommand() *cobra.Command {
 		Use:   "pulls [NAMESPACE/NAME]",
 		Short: "Show the image pulls in podgate's queue, with their progress",
 		Long: `Show the image pulls podgate's pull governor holds, queued and running, oldest first:
-each pull's pod, image, place in the queue and the cap that holds it, its wait, and the bytes
-the runtime has fetched. With NAMESPACE/NAME, that pod's pulls only.`,
+each pull's pod, image, place in the queue and the cap that holds it, its wait, the bytes the
+runtime has fetched, and its kind (image, or security_profile: a seccomp profile Kubernetes
+1.38 pulls with PullSecurityProfile). With NAMESPACE/NAME, that pod's pulls only.`,
 		Example: "  podgate pulls\n  podgate pulls default/web -o json",
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
@@ -236,7 +237,7 @@ func podsTable(w io.Writer, pods []*pb.Pod, now time.Time) {
 
 // pullsTable is the pulls, oldest first.
 func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
-	fmt.Fprintln(w, "POD\tIMAGE\tSTATE\tPLACE\tWAITING FOR\tWAITED\tPROGRESS\tRATE\tSHARED WITH\tSTALL")
+	fmt.Fprintln(w, "POD\tIMAGE\tSTATE\tPLACE\tWAITING FOR\tWAITED\tPROGRESS\tRATE\tSHARED WITH\tSTALL\tKIND")
 	for _, p := range pulls {
 		pod := "-"
 		if p.GetPodName() != "" {
@@ -256,8 +257,8 @@ func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
 			fetched = progress.Bytes(p.GetBytesDone()).Short() + "/" + progress.Bytes(p.GetBytesTotal()).Short()
 			rate = progress.Bytes(p.GetBytesPerSecond()).Short() + "/s"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pod, p.GetImage(), pullState(p), place, waitingFor,
-			max(0, waited).Round(time.Second), fetched, rate, orDash(p.GetSharedWith()), orDash(stalling(p)))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", pod, p.GetImage(), pullState(p), place, waitingFor,
+			max(0, waited).Round(time.Second), fetched, rate, orDash(p.GetSharedWith()), orDash(stalling(p)), pullKind(p))
 	}
 }
 
@@ -295,6 +296,9 @@ func describePod(w io.Writer, p *pb.Pod, now time.Time) {
 	fmt.Fprintf(w, "Image pulls:\t%s\n", countOrNone(len(p.GetImagePulls())))
 	for _, ip := range p.GetImagePulls() {
 		line := pullState(ip)
+		if k := pullKind(ip); k != "image" {
+			line = k + ", " + line
+		}
 		if ip.GetState() == pb.ImagePull_QUEUED {
 			line += fmt.Sprintf(", place %d of %d, waiting for %s", ip.GetPosition(), ip.GetQueued(), waitingFor(ip, now))
 		}
@@ -329,6 +333,15 @@ func sandboxState(sb *pb.Sandbox) string {
 		return "NotReady"
 	}
 	return "Unknown"
+}
+
+// pullKind is what the pull fetches: "image" or "security_profile" (Kubernetes 1.38's
+// PullSecurityProfile); an older podgate says nothing, and pulls only images.
+func pullKind(p *pb.ImagePull) string {
+	if p.GetKind() == "" {
+		return "image"
+	}
+	return p.GetKind()
 }
 
 func pullState(p *pb.ImagePull) string {

@@ -1,4 +1,6 @@
-// Package imagepull governs the CRI PullImage calls that podgate forwards to the runtime.
+// Package imagepull governs the CRI PullImage calls that podgate forwards to the runtime, and
+// Kubernetes 1.38's PullSecurityProfile calls (cri-api v0.38, KEP-6061: a seccomp profile pulled
+// from a registry) with them.
 //
 // A [Governor] holds every pull until it may start: at most a node-wide number of pulls reach
 // the backend at once, and at most a per-registry number for each registry that has a limit; a
@@ -50,6 +52,17 @@
 // (CoolDown.RetryFor) runs out: then its callers get the registry's error unchanged. A pull
 // held that long without a try of its own tries once. A registry with a request budget
 // (Limits.PerRegistryRate, a token bucket) starts its pulls no faster than the budget allows.
+//
+// A security profile's pull ([Governor.DoProfile], [Governor.ProfileInterceptor]) is a pull of
+// [KindSecurityProfile]: it waits in the same queue by the same priority and holds the same
+// slots as the image pulls (the kubelet counts both against its maxParallelImagePulls), and
+// shares a backend call only with requests alike in reference, credentials, runtime handler,
+// profile kind and the fields podgate does not know, so that a caller sharing a call whose
+// answer says cached=false (the registry checked the call's credentials) has those very
+// credentials. The runtime gets the request's bytes and the callers its answer's, or its
+// error, as they were. podgate's cri-api (v0.37) has no types for the call's messages:
+// profilewire.go reads them by cri-api v0.38's field numbers until v0.38.0 is served. No
+// progress is read and no stall found for a profile's pull.
 //
 // A running pull whose rate in the content store stays below imagePulls.stall's minimum over
 // its window is stalled ([WithStall]): what containerd fetched of it is kept in a lease of

@@ -55,7 +55,7 @@ func WithObserver(o Observer) Option {
 	return func(g *Governor) { g.observer = o }
 }
 
-// WithKeep calls keep with the image of a running pull that every caller left (its pods
+// WithKeep calls keep with the image of a running image pull that every caller left (its pods
 // deleted, or the callers gone), before the backend call is cancelled: containerd's CRI drops
 // what a failed pull fetched with its lease, and keep can hold it for the retry.
 func WithKeep(keep func(image string)) Option {
@@ -128,13 +128,13 @@ type flight struct {
 	key      flightKey
 	image    string
 	registry string
-	fn       PullFunc
+	fn       flightCall
 	ctx      context.Context // the backend call's: detached from every single caller
 	cancel   context.CancelCauseFunc
 	done     chan struct{}
 	// running is closed when the backend call starts.
 	running chan struct{}
-	resp    *runtimeapi.PullImageResponse
+	resp    any // fn's answer
 	err     error
 	// pod is the pod of the caller that made the flight.
 	pod klog.ObjectRef
@@ -189,6 +189,21 @@ func New(limits Limits, opts ...Option) *Governor {
 // ctx ends and errdefs.ErrAborted when p's pod is deleted; the backend call is cancelled only
 // when no caller waits for it any more, and keeps its slot until it has returned.
 func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.PullImageResponse, error) {
+	resp, leader, err := g.do(ctx, p, func(ctx context.Context) (any, error) { return fn(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	r, _ := resp.(*runtimeapi.PullImageResponse) // an image pull's flight makes only these
+	if leader {
+		// The leader's response is the backend's own: the proxy forwards its bytes as they were.
+		return r, nil
+	}
+	return proto.CloneOf(r), nil
+}
+
+// do runs fn for p, a pull of any kind, as Do describes, and returns fn's answer and whether the
+// caller led the flight (its own fn made the call).
+func (g *Governor) do(ctx context.Context, p Pull, fn flightCall) (any, bool, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	arrived := g.now()
@@ -220,22 +235,18 @@ func (g *Governor) Do(ctx context.Context, p Pull, fn PullFunc) (*runtimeapi.Pul
 		select {
 		case <-f.done: // finished at the same moment: the result wins
 		default:
-			return nil, g.leave(ctx, f, p, arrived)
+			return nil, false, g.leave(ctx, f, p, arrived)
 		}
 	}
 	// A caller that joined a pull already running waited for nothing.
-	g.metrics.wait.Observe(max(0, f.started.Sub(arrived).Seconds()))
+	g.metrics.wait[p.Kind].Observe(max(0, f.started.Sub(arrived).Seconds()))
 	if g.observer != nil {
 		g.observer.PullEvent(Event{Kind: EventFinished, Pull: p, Leader: f.pod, Started: true, Err: f.err})
 	}
 	if f.err != nil {
-		return nil, f.err
+		return nil, false, f.err
 	}
-	if leader {
-		// The leader's response is the backend's own: the proxy forwards its bytes as they were.
-		return f.resp, nil
-	}
-	return proto.CloneOf(f.resp), nil
+	return f.resp, leader, nil
 }
 
 // tracerName names podgate's image pull spans.
@@ -249,11 +260,11 @@ func spanTracer(ctx context.Context) oteltrace.Tracer {
 
 // join adds a caller to the flight of p's key, or makes a new flight and queues it. It reports
 // whether the caller leads the flight (its fn makes the backend call). g.mu is held.
-func (g *Governor) join(ctx context.Context, p Pull, fn PullFunc) (*flight, bool) {
+func (g *Governor) join(ctx context.Context, p Pull, fn flightCall) (*flight, bool) {
 	logger := klog.FromContext(ctx).WithValues("image", p.Image, "pod", p.Pod, "priority", p.Priority)
 	if f := g.flights[p.key]; f != nil {
 		f.waiters++
-		g.metrics.deduplicated.Inc()
+		g.metrics.deduplicated[p.Kind].Inc()
 		if f.elem != nil && p.Priority > f.prio {
 			g.queue.raise(f, p.Priority)
 		}
@@ -290,7 +301,7 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 	if errors.Is(cause, ErrPodDeleted) {
 		reason = reasonPodDeleted
 	}
-	g.metrics.cancelled.WithLabelValues(reason).Inc()
+	g.metrics.cancelled[p.Kind].WithLabelValues(reason).Inc()
 	logger := klog.FromContext(ctx).WithValues("image", p.Image, "pod", p.Pod)
 
 	g.mu.Lock()
@@ -305,7 +316,7 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 			g.queue.remove(f)
 			g.metrics.queueLength.Set(float64(g.queue.len))
 		}
-		if started.IsZero() || g.keep == nil {
+		if started.IsZero() || g.keep == nil || f.key.kind != KindImage {
 			f.cancel(cause) // queued: its fn never runs; running: the backend call ends
 		} else {
 			defer func() { g.keep(f.image); f.cancel(cause) }() // what it fetched is kept first
@@ -316,7 +327,7 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 	g.mu.Unlock()
 
 	if started.IsZero() {
-		g.metrics.wait.Observe(g.now().Sub(arrived).Seconds())
+		g.metrics.wait[p.Kind].Observe(g.now().Sub(arrived).Seconds())
 	}
 	logger.Info("Image pull abandoned", "reason", reason, "cause", cause.Error(),
 		"started", !started.IsZero(), "sharedWithOthers", shared)
@@ -428,7 +439,7 @@ func (g *Governor) run(f *flight) {
 	case err != nil:
 		result = resultError
 	}
-	g.metrics.duration.WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
+	g.metrics.duration[f.key.kind].WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
 	if err != nil && f.stall != nil {
 		err = f.stall // the backend says "cancelled"; the callers learn why
 	}

@@ -295,7 +295,7 @@ func TestCancelWaiting(t *testing.T) {
 			}
 			wait(t, blocker)
 			wait(t, resAfter)
-			if got := testutil.ToFloat64(g.metrics.cancelled.WithLabelValues(tt.reason)); got != 1 {
+			if got := testutil.ToFloat64(g.metrics.cancelled[KindImage].WithLabelValues(tt.reason)); got != 1 {
 				t.Errorf("podgate_image_pull_cancelled_total{reason=%q} = %v, want 1", tt.reason, got)
 			}
 		})
@@ -413,7 +413,7 @@ func TestDeduplication(t *testing.T) {
 				}
 			}
 			b.idle(t)
-			if got, want := testutil.ToFloat64(g.metrics.deduplicated), float64(len(tt.opts)-tt.wantCalls); got != want {
+			if got, want := testutil.ToFloat64(g.metrics.deduplicated[KindImage]), float64(len(tt.opts)-tt.wantCalls); got != want {
 				t.Errorf("podgate_image_pull_deduplicated_total = %v, want %v", got, want)
 			}
 		})
@@ -662,7 +662,7 @@ func TestMetricLabelsAndWaits(t *testing.T) {
 		t.Errorf("other registries in flight after the pulls = %v, want 0", v)
 	}
 	var m dto.Metric
-	if err := g.metrics.wait.Write(&m); err != nil {
+	if err := g.metrics.wait[KindImage].(prometheus.Histogram).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	// Nobody waited: the four started at once, the joiner found its pull running.

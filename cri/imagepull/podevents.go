@@ -73,6 +73,7 @@ type pullCaller struct {
 	pod   types.UID
 	image string
 	since time.Time
+	kind  Kind
 }
 
 type toldPull struct {
@@ -112,14 +113,14 @@ func (e *pullEvents) PullEvent(ev Event) {
 			state = "already running"
 		}
 		e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullShared, "Waiting",
-			"Image %q is pulled once for the pods that need it: this pod shares %s, %s", ev.Pull.Image, with, state)
+			"%s %q is pulled once for the pods that need it: this pod shares %s, %s", ev.Pull.Kind.title(), ev.Pull.Image, with, state)
 	case EventPodDeleted:
 		where := "while it waited in podgate's queue; it never reached the runtime"
 		if ev.Started {
 			where = "while the runtime pulled it; the runtime's pull is cancelled unless another pod waits for it"
 		}
 		e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullCancelled, "Cancelled",
-			"Pull of image %q cancelled: the pod was deleted %s", ev.Pull.Image, where)
+			"Pull of %s %q cancelled: the pod was deleted %s", ev.Pull.Kind.noun(), ev.Pull.Image, where)
 	case EventFinished:
 		if stall := (*stallError)(nil); errors.As(ev.Err, &stall) {
 			e.recorder.Eventf(pod, corev1.EventTypeWarning, ReasonPullStalled, "Cancelled",
@@ -136,7 +137,7 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 	var since time.Time
 	var told bool
 	for c, at := range e.progressed {
-		if c.pod == pod.UID && c.image == ev.Pull.Image {
+		if c.pod == pod.UID && c.image == ev.Pull.Image && c.kind == ev.Pull.Kind {
 			since, told = at, true
 			delete(e.progressed, c)
 		}
@@ -146,7 +147,7 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 		return // the kubelet reports a failed pull itself
 	}
 	var p progress.Progress
-	if e.tracker != nil {
+	if e.tracker != nil && ev.Pull.Kind == KindImage {
 		p, _ = e.tracker.Progress(ev.Pull.Image)
 	}
 	took := e.now().Sub(since)
@@ -155,7 +156,7 @@ func (e *pullEvents) finished(ev Event, pod PodRef) {
 			"Pulled image %q: %s of %s (100%%) in %s", ev.Pull.Image, progress.Bytes(p.Total), progress.Bytes(p.Total), took.Round(time.Second))
 		return
 	}
-	e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulled", "Pulled image %q in %s", ev.Pull.Image, took.Round(time.Second))
+	e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullProgress, "Pulled", "Pulled %s %q in %s", ev.Pull.Kind.noun(), ev.Pull.Image, took.Round(time.Second))
 }
 
 // run looks at the pulls of v every second until ctx ends.
@@ -174,7 +175,7 @@ func (e *pullEvents) look(v *view) {
 		if p.PodUID == "" {
 			continue
 		}
-		c := pullCaller{pod: types.UID(p.PodUID), image: p.Image, since: p.Since}
+		c := pullCaller{pod: types.UID(p.PodUID), image: p.Image, since: p.Since, kind: p.Kind}
 		t := e.told[c]
 		if t == nil {
 			t = &toldPull{}
@@ -231,14 +232,16 @@ func queuedNote(p pull, now time.Time) string {
 	default:
 		why = fmt.Sprintf("%d pulls running", p.InFlight)
 	}
-	return fmt.Sprintf("Pulling image %q waits in podgate's queue for %s: %s; place %d of %d waiting (priority %s)",
-		p.Image, p.waited(now).Round(time.Second), why, p.Position, p.Queued, p.Priority)
+	return fmt.Sprintf("Pulling %s %q waits in podgate's queue for %s: %s; place %d of %d waiting (priority %s)",
+		p.Kind.noun(), p.Image, p.waited(now).Round(time.Second), why, p.Position, p.Queued, p.Priority)
 }
 
 // progressNote says how far a running pull has got.
 func progressNote(p pull, now time.Time, tracked bool) string {
 	took := now.Sub(p.Started).Round(time.Second)
 	switch {
+	case p.Kind != KindImage:
+		return fmt.Sprintf("Pulling %s %q: %s so far", p.Kind.noun(), p.Image, took)
 	case p.progress.Known():
 		pct := 100 * float64(p.progress.Done) / float64(p.progress.Total)
 		return fmt.Sprintf("Pulling image %q: %s of %s (%.0f%%), %s/s, %s so far", p.Image,
@@ -264,8 +267,8 @@ func throttledNote(p pull, now time.Time) string {
 			own = fmt.Sprintf("; the registry refused this pull %d times", p.PushBacks)
 		}
 	}
-	return fmt.Sprintf("Pulling image %q waits in podgate's queue: registry %s pushed back (%s), cooling down since %s; %s%s; podgate holds the pull until %s at most (imagePulls.coolDown.retryFor), then the registry's own error goes to the kubelet",
-		p.Image, p.Registry, pushBackStatus(p.PushBackCode), stamp(p.CoolingSince), next, own, stamp(p.HeldUntil))
+	return fmt.Sprintf("Pulling %s %q waits in podgate's queue: registry %s pushed back (%s), cooling down since %s; %s%s; podgate holds the pull until %s at most (imagePulls.coolDown.retryFor), then the registry's own error goes to the kubelet",
+		p.Kind.noun(), p.Image, p.Registry, pushBackStatus(p.PushBackCode), stamp(p.CoolingSince), next, own, stamp(p.HeldUntil))
 }
 
 // stamp writes a moment of a pull's note, in UTC to the second.

@@ -86,16 +86,23 @@ type Pull struct {
 	Pod klog.ObjectRef
 	// Priority orders the pull in the queue.
 	Priority Priority
+	// Kind says what the pull fetches: an image (NewPull) or a security profile
+	// (NewProfilePull).
+	Kind Kind
 
 	// key identifies the pulls that may share a backend call.
 	key flightKey
 }
 
 // flightKey is what concurrent pulls must have in common to share one backend call. auth is a
-// hash: the credentials themselves are never kept.
+// hash: the credentials themselves are never kept. A security profile's pull also has its
+// profile kind and a hash of the request's fields podgate does not know (none: zero).
 type flightKey struct {
 	image, handler string
 	auth           [sha256.Size]byte
+	kind           Kind
+	profile        ProfileKind
+	unknown        [sha256.Size]byte
 }
 
 // NewPull checks a PullImage request and describes it. The image reference is read as

@@ -47,7 +47,7 @@ func (g *Governor) Stall(image string, started time.Time, rate float64, rule pro
 	g.mu.Lock()
 	var stalled []*flight
 	for key, f := range g.flights {
-		if f.image != image || !f.started.Equal(started) || f.stall != nil {
+		if f.image != image || !f.started.Equal(started) || f.stall != nil || f.key.kind != KindImage {
 			continue
 		}
 		f.stall = &stallError{image: f.image, registry: f.registry, rate: rate, rule: rule}

@@ -26,6 +26,8 @@ const (
 type PullStatus struct {
 	// Image and Registry are the pull's, as in [Pull].
 	Image, Registry string
+	// Kind says what the pull fetches, as in [Pull].
+	Kind Kind
 	// Pod and PodUID name the caller's pod; empty when the call named none.
 	Pod    klog.ObjectRef
 	PodUID string
@@ -89,7 +91,7 @@ func (g *Governor) PodPulls(uid string) []PullStatus {
 func (g *Governor) status(w *waiter) PullStatus {
 	f := w.flight
 	s := PullStatus{
-		Image: w.pull.Image, Registry: w.pull.Registry, Pod: w.pull.Pod, PodUID: w.pull.PodUID,
+		Image: w.pull.Image, Registry: w.pull.Registry, Kind: w.pull.Kind, Pod: w.pull.Pod, PodUID: w.pull.PodUID,
 		Priority: f.prio, Since: w.arrived, Started: f.started,
 		Queued: g.queue.len, InFlight: g.inFlight, RegistryInFlight: g.regInFlight[f.registry],
 		MaxParallel: g.limits.MaxParallel, RegistryCap: g.limits.PerRegistry[f.registry],
@@ -128,7 +130,7 @@ func (g *Governor) Running() []PullStatus {
 	var out []PullStatus
 	for _, f := range g.flights {
 		if !f.started.IsZero() {
-			out = append(out, PullStatus{Image: f.image, Registry: f.registry, Pod: f.pod, Priority: f.prio, Started: f.started, Waiters: f.waiters})
+			out = append(out, PullStatus{Image: f.image, Registry: f.registry, Kind: f.key.kind, Pod: f.pod, Priority: f.prio, Started: f.started, Waiters: f.waiters})
 		}
 	}
 	sortStatuses(out)

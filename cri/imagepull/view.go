@@ -84,18 +84,27 @@ func (v *view) pulls() []pull {
 }
 
 func (v *view) withProgress(s PullStatus) pull {
-	p := pull{PullStatus: s, stall: v.stall}
+	p := pull{PullStatus: s}
+	if s.Kind != KindImage {
+		return p // neither progress nor stalls (Running)
+	}
+	p.stall = v.stall
 	if v.progress != nil && !s.Started.IsZero() {
 		p.progress, _ = v.progress.Progress(s.Image)
 	}
 	return p
 }
 
-// Running implements progress.Pulls: the backend pulls running.
+// Running implements progress.Pulls: the backend image pulls running. A security profile's
+// pull is no image's: containerd's content store shows no layers of it, and it is never
+// stalled (the kubelet bounds it by its runtimeRequestTimeout).
 func (v *view) Running() []progress.Running {
 	rs := v.governor.Running()
 	out := make([]progress.Running, 0, len(rs))
 	for _, r := range rs {
+		if r.Kind != KindImage {
+			continue
+		}
 		out = append(out, progress.Running{Image: r.Image, Registry: v.governor.RegistryLabel(r.Registry), Started: r.Started})
 	}
 	return out

@@ -182,7 +182,12 @@ func (b *batch) keepLent() {
 			continue
 		}
 		if k := m.lent; k >= b.next {
-			b.iov[k] = append([]byte(nil), b.iov[k]...)
+			// A payload is a frame's at most, a chunk of the queues' pool: back to it with the
+			// batch's own.
+			c := chunks.Get().(*[]byte)
+			*c = append((*c)[:0], b.iov[k]...)
+			b.iov[k] = *c
+			b.chunks = append(b.chunks, c)
 		}
 		m.lent = -1
 	}

@@ -6,6 +6,7 @@ package relay
 // sender, whose owner writes it.
 
 import (
+	"slices"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -18,9 +19,9 @@ import (
 // may run under mu, because it writes (kicks a sender), calls out (the observer, the log) or
 // takes the lock again (a reset).
 type after struct {
-	kicks   [2]*sender // senders put events to
-	ended   *stream    // the stream the step forgot: the observer's End
-	handler func()     // a Unary target's call, run in a goroutine of its own
+	kicks   []*sender // senders put events to
+	ended   *stream   // the stream the step forgot: the observer's End
+	handler func()    // a Unary target's call, run in a goroutine of its own
 	// reset is reset on both sides with code: an error in what a side sent.
 	reset *stream
 	code  http2.ErrCode
@@ -29,12 +30,15 @@ type after struct {
 
 // kick notes that s was put events.
 func (a *after) kick(s *sender) {
-	switch {
-	case s == nil, a.kicks[0] == s, a.kicks[1] == s:
-	case a.kicks[0] == nil:
-		a.kicks[0] = s
-	default:
-		a.kicks[1] = s // a call has two sides, at most
+	if s != nil && !slices.Contains(a.kicks, s) {
+		a.kicks = append(a.kicks, s)
+	}
+}
+
+// merge adds b's kicks to a's.
+func (a *after) merge(b after) {
+	for _, k := range b.kicks {
+		a.kick(k)
 	}
 }
 
@@ -45,11 +49,9 @@ func (ss *session) after(c *conn, a after) {
 		ss.report(*a.note) // counted before the client learns of it
 	}
 	for _, k := range a.kicks {
-		switch {
-		case k == nil:
-		case c != nil:
+		if c != nil {
 			c.touch(k)
-		default:
+		} else {
 			k.kick()
 		}
 	}
@@ -126,7 +128,7 @@ func (ss *session) dataLocked(c *conn, up *upstream, d dataFrame) (*sendStream, 
 		return nil, a
 	}
 	to, b := s.kind.data(ss, s, w, d.payload, d.end)
-	b.kick(a.kicks[0])
+	b.merge(a)
 	return to, b
 }
 

@@ -43,11 +43,13 @@ const (
 	maxFrame = 16384
 	// prefaceTimeout bounds the wait for a new client's HTTP/2 preface.
 	prefaceTimeout = 20 * time.Second
-	// readBuffer is each connection's read buffer: two 16 KiB frames per read.
+	// readBuffer is a client connection's read buffer: two 16 KiB frames per read; a client
+	// sends small requests, and many clients hold little.
 	readBuffer = 32 << 10
-	// writeBuffer is the buffer a connection borrows while it has frames to write: the frames
-	// forwarded from one read leave in one write.
-	writeBuffer = 64 << 10
+	// upstreamReadBuffer is a connection to a target's: the answers, large lists among them,
+	// come this way, and a read takes several frames at once (fewer reads, and fewer slides of
+	// a frame's first part to the buffer's start before the read of its rest).
+	upstreamReadBuffer = 128 << 10
 )
 
 // Target is a server podgate forwards calls to: the runtime, or its own gRPC server for the
@@ -356,7 +358,7 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
-	ss.down = newConn(c, bufio.NewReaderSize(c, readBuffer), s.lim.MaxHeaderList, ss.hooks(s.lim.WriteTimeout))
+	ss.down = newConn(c, bufio.NewReaderSize(c, readBuffer), s.lim.MaxHeaderList, ss.hooks(nil))
 	defer ss.down.out.close() // the sender's end, on every way out
 	ss.peer = peerCred(c)
 	if !s.addSession(ss) {
@@ -373,21 +375,26 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	return err
 }
 
-// hooks is what the session's senders tell it; timeout bounds their writes (WriteTimeout, for
-// the client's connection).
-func (ss *session) hooks(timeout time.Duration) senderHooks {
-	return senderHooks{
-		timeout: timeout,
-		hold:    ss.hold,
-		ended:   ss.wayEnded,
-		reset:   ss.streamReset,
-		broke: func(code http2.ErrCode, reason string) {
-			ss.report(refusal{ReasonProtocol, reason, fmt.Sprintf("GOAWAY %v, closed the connection", code)})
-			ss.goAway(code)
-			ss.down.out.closeAfterFlush(closeGrace)
-		},
-		stalled: ss.stalled,
+// hooks is what the senders of the session's connections tell it: of the client's (u nil),
+// whose writes WriteTimeout bounds, or of u's, whose writes nothing bounds (the runtime reads
+// whatever its handlers do, and what podgate sends it is bounded by its windows).
+func (ss *session) hooks(u *upstream) senderHooks {
+	h := senderHooks{hold: ss.hold, ended: ss.wayEnded, reset: ss.streamReset}
+	if u != nil {
+		h.broke = func(code http2.ErrCode, _ string) {
+			// Its reader finds the connection closed: the calls on it end (upstreamFailed).
+			u.c.out.put(event{kind: evGoAway, code: code, held: goAwaySize})
+			u.c.out.closeAfterFlush(closeGrace)
+		}
+		return h
 	}
+	h.timeout, h.stalled = ss.srv.lim.WriteTimeout, ss.stalled
+	h.broke = func(code http2.ErrCode, reason string) {
+		ss.report(refusal{ReasonProtocol, reason, fmt.Sprintf("GOAWAY %v, closed the connection", code)})
+		ss.goAway(code)
+		ss.down.out.closeAfterFlush(closeGrace)
+	}
+	return h
 }
 
 // serve reads the client's preface, sends podgate's SETTINGS and serves the connection until it

@@ -501,6 +501,11 @@ func (s *sender) end() {
 	for _, st := range o.streams {
 		s.forget(st)
 	}
+	for _, m := range o.b.marks[o.b.gone:] {
+		if m.st != nil && m.n > 0 {
+			m.st.credit.drop(m.n) // in the batch, never written
+		}
+	}
 	o.b.reset()
 	if o.held != 0 {
 		s.charge(-o.held)

@@ -117,7 +117,7 @@ func (ss *session) readClient() error {
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
-			ss.resetStream(ss.streamByDown(se.StreamID), se.Code, false, true, http2.ErrCodeCancel)
+			ss.reset(ss.streamByDown(se.StreamID), se.Code, true)
 			ss.rstClient(se.StreamID, se.Code)
 			err = nil
 		case err != nil:

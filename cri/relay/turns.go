@@ -117,6 +117,9 @@ func (s *sender) take(ev *event) {
 		default: // trailers, after the bytes that wait
 			st.q.push(item{headers: ev.fields, end: ev.end, held: ev.held})
 			st.held += ev.held
+			if ev.response {
+				s.responses.Add(-1) // it waits for the stream's window, not for the reader
+			}
 			s.ready(st)
 		}
 	case evData:

@@ -147,7 +147,7 @@ func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, p []byte, end boo
 	u.buf = append(u.buf, p...)
 	if end {
 		b := ss.dispatchLocked(s, u)
-		b.kick(a.kicks[0])
+		b.merge(a)
 		return b
 	}
 	return a
@@ -158,7 +158,7 @@ func (ss *session) unaryRequestLocked(s *stream, u *unaryCall, p []byte, end boo
 // back. r is reported. mu is held.
 func (ss *session) refuseLocked(s *stream, a after, code codes.Code, msg string, r refusal) after {
 	b := ss.answerLocalLocked(s, code, msg)
-	b.kick(a.kicks[0])
+	b.merge(a)
 	if !s.removed {
 		s.ans.closed = true // the status goes out: the reset comes after it
 		ss.removeLocked(s, rst(http2.ErrCodeNo), noRST)

@@ -107,9 +107,7 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 		return nil, err
 	}
 	u := &upstream{target: t, nextID: 1, streams: map[uint32]*stream{}}
-	// No write timeout: the runtime's gRPC server reads whatever its handlers do, and what
-	// podgate sends it is bounded by its windows; its connection ends with the client's.
-	u.c = newConn(nc, bufio.NewReaderSize(nc, readBuffer), maxHeaderList, ss.hooks(0))
+	u.c = newConn(nc, bufio.NewReaderSize(nc, upstreamReadBuffer), maxHeaderList, ss.hooks(u))
 	u.c.out.put(event{kind: evPreface, ack: true, settings: []http2.Setting{
 		{ID: http2.SettingEnablePush, Val: 0},
 		{ID: http2.SettingInitialWindowSize, Val: streamWindow},

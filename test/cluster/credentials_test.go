@@ -89,7 +89,7 @@ func TestPullCredentialsNotShared(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		v, _ := m.Value("podgate_image_pull_deduplicated_total")
+		v, _ := m.Value("podgate_image_pull_deduplicated_total", "kind", "image")
 		return v
 	}
 	if v := dedup(); v != 0 {

@@ -83,7 +83,7 @@ func runScenario(ctx context.Context, tb testing.TB, n *node, reg *registry.Regi
 			return false
 		}
 		queued, _ := m.Value("podgate_image_pull_queue_length")
-		joined, _ := m.Value("podgate_image_pull_deduplicated_total")
+		joined, _ := m.Value("podgate_image_pull_deduplicated_total", "kind", "image")
 		return active == scenarioCap && queued == float64(len(ordinary)-scenarioCap) && joined == scenarioDups
 	})
 	pull(refs[scenarioImages-1], sandbox("kube-system", "critical", map[string]string{"podgate.dev/priority-class": "system-node-critical"}))
@@ -156,7 +156,7 @@ func TestImagePullGovernor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(m, `podgate_image_pull_duration_seconds_count{result="success"} 12`) {
+	if !strings.Contains(m, `podgate_image_pull_duration_seconds_count{kind="image",result="success"} 12`) {
 		t.Errorf("metrics lack 12 successful backend pulls:\n%s", grepLines(m, "podgate_image_pull"))
 	}
 	if !strings.Contains(n.podgate.Log.String(), "Image pull waits") {

@@ -1648,11 +1648,15 @@ func (x *NetworkData) GetAttached() bool {
 	return false
 }
 
-// ImagePull is one image pull waiting in podgate's pull governor.
+// ImagePull is one pull waiting in podgate's pull governor: an image's (PullImage) or a
+// security profile's (PullSecurityProfile, Kubernetes 1.38, KEP-6061); kind says which.
 type ImagePull struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Image string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
-	State ImagePull_State        `protobuf:"varint,2,opt,name=state,proto3,enum=podgate.podresources.v1alpha1.ImagePull_State" json:"state,omitempty"`
+	// image is the image's reference, or the security profile's (digest-pinned).
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// kind says what the pull fetches: "image" or "security_profile".
+	Kind  string          `protobuf:"bytes,40,opt,name=kind,proto3" json:"kind,omitempty"`
+	State ImagePull_State `protobuf:"varint,2,opt,name=state,proto3,enum=podgate.podresources.v1alpha1.ImagePull_State" json:"state,omitempty"`
 	// since is when the caller asked for the pull.
 	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
 	// pod_namespace, pod_name and pod_uid name the pod the pull is for; empty when the call
@@ -1750,6 +1754,13 @@ func (*ImagePull) Descriptor() ([]byte, []int) {
 func (x *ImagePull) GetImage() string {
 	if x != nil {
 		return x.Image
+	}
+	return ""
+}
+
+func (x *ImagePull) GetKind() string {
+	if x != nil {
+		return x.Kind
 	}
 	return ""
 }
@@ -2134,10 +2145,11 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x03ips\x18\x03 \x03(\tR\x03ips\x12)\n" +
 	"\x10hardware_address\x18\x04 \x01(\tR\x0fhardwareAddress\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\x05R\x03mtu\x12\x1a\n" +
-	"\battached\x18\x06 \x01(\bR\battached\"\x89\n" +
+	"\battached\x18\x06 \x01(\bR\battached\"\x9d\n" +
 	"\n" +
 	"\tImagePull\x12\x14\n" +
-	"\x05image\x18\x01 \x01(\tR\x05image\x12D\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
+	"\x04kind\x18( \x01(\tR\x04kind\x12D\n" +
 	"\x05state\x18\x02 \x01(\x0e2..podgate.podresources.v1alpha1.ImagePull.StateR\x05state\x120\n" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12#\n" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +

@@ -300,11 +300,11 @@ func (e *Env) queuedPull(ctx context.Context, ps *PodStart, sb *runtimeapi.PodSa
 	if err != nil {
 		return call{}, err
 	}
-	wait, err := once(after, mid, pullWaitMetric)
+	wait, err := once(after, mid, pullWaitMetric, "kind", "image")
 	if err != nil {
 		return call{}, err
 	}
-	took, err := once(after, mid, pullTimeMetric, "result", "success")
+	took, err := once(after, mid, pullTimeMetric, "kind", "image", "result", "success")
 	if err != nil {
 		return call{}, err
 	}

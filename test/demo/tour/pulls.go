@@ -168,8 +168,8 @@ func (e *Env) Pulls(ctx context.Context) (*PullReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep.Deduplicated = gauge(m, "podgate_image_pull_deduplicated_total")
-	rep.CancelledPodDeleted = gauge(m, "podgate_image_pull_cancelled_total", "reason", "pod_deleted")
+	rep.Deduplicated = gauge(m, "podgate_image_pull_deduplicated_total", "kind", "image")
+	rep.CancelledPodDeleted = gauge(m, "podgate_image_pull_cancelled_total", "kind", "image", "reason", "pod_deleted")
 	rep.Started = harness.PullsStarted(e.Podgate.Log.String()[logStart:])
 	rep.CriticalPosition = slices.Index(rep.Started, refs["b/4"]) + 1
 	e.say("priority: pod kube-system/critical asked last (%d of %d), and its pull started %s, right after the %d running: "+
@@ -225,7 +225,7 @@ func (e *Env) arrivals(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return gauge(m, "podgate_image_pull_in_flight") + gauge(m, "podgate_image_pull_queue_length") +
-		gauge(m, "podgate_image_pull_deduplicated_total"), nil
+		gauge(m, "podgate_image_pull_deduplicated_total", "kind", "image"), nil
 }
 
 // createPod creates a pod bound to the node, with one container of image, as the scheduler
