@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	testingclock "k8s.io/utils/clock/testing"
 )
 
@@ -473,4 +474,58 @@ func TestCoolDownCallerLeaves(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	b.idle(t)
+}
+
+// TestCoolDownHoldsProfilePulls: a security profile's pull waits for the cool-down of its
+// reference's registry as an image pull does, is told so (Waiting cool-down), and when the
+// probe has pulled, goes; a profile pull the registry refuses is tried again within its call.
+func TestCoolDownHoldsProfilePulls(t *testing.T) {
+	g, fc, tr, _ := coolGovernor(t, Limits{}, CoolDown{InitialDelay: 2 * time.Second, MaxDelay: time.Minute, RetryFor: 5 * time.Minute})
+	b := newFakeBackend()
+	ctx := t.Context()
+	a := newPull(t, "r.io/a:1", PriorityNormal)
+	aDone := goDo(ctx, g, a, b.pull("a"))
+	call := b.next(t)
+	fc.Step(10 * time.Millisecond)
+	call.release <- tooMany("a")
+	tr.await(t, "pushed back", a.Image)
+
+	const ref = "r.io/seccomp@sha256:b5b2b2c507a0944348e0303114d8d93aaaa081732b86451d9bce1f432a537bc7"
+	p, err := NewProfilePull(&ProfileRequest{Image: &runtimeapi.ImageSpec{Image: ref}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	profileCalls := 0
+	profileDone := make(chan error, 1)
+	go func() {
+		_, err := g.DoProfile(ctx, p, func(ctx context.Context) ([]byte, error) {
+			profileCalls++ // one call at a time: the governor runs a flight's calls in turn
+			if profileCalls == 1 {
+				return nil, tooMany("seccomp")
+			}
+			return []byte{}, nil
+		})
+		profileDone <- err
+	}()
+	tr.await(t, "queued", ref)
+	if s := statusOf(t, g, ref); s.Waiting != WaitingCoolDown || s.Kind != KindSecurityProfile {
+		t.Fatalf("the profile pull: %+v, want it held for r.io's cool-down", s)
+	}
+	tryAt(t, g, fc, a.Image)
+	probe := b.next(t)
+	probe.release <- nil // a's retry pulls: the registry answers again
+	if r := wait(t, aDone); r.err != nil {
+		t.Fatal(r.err)
+	}
+	// The profile pull went once the registry answered; refused, it waits for the next try.
+	tr.await(t, "pushed back", ref)
+	tryAt(t, g, fc, ref)
+	select {
+	case err := <-profileDone:
+		if err != nil || profileCalls != 2 {
+			t.Errorf("profile pull: %v after %d calls, want success on the second", err, profileCalls)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the profile pull got no answer")
+	}
 }
