@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 
 	"github.com/podgate/podgate/agent/config"
@@ -21,6 +22,7 @@ import (
 func Validate(c *config.Configuration) error {
 	return errors.Join(c.Validate(),
 		imagepull.ValidatePerRegistry("imagePulls.perRegistry", c.ImagePulls.PerRegistry),
+		imagepull.ValidateRegistryHosts("imagePulls.perRegistryRate", maps.Keys(c.ImagePulls.PerRegistryRate)),
 		validateSysctls(&c.Sysctls),
 		validateResources(&c.Resources))
 }

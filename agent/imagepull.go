@@ -23,7 +23,7 @@ func (a *Agent) newImagePulls(ctx context.Context, pods *kube.PodLookup, events 
 		opts = append(opts, imagepull.WithEvents(pullEventSink{events},
 			cfg.WaitEventAfter.Duration, cfg.ProgressEventAfter.Duration, cfg.ProgressEventInterval.Duration))
 	}
-	opts = append(opts, imagepull.WithStall(cfg.Stall.Rule()))
+	opts = append(opts, imagepull.WithStall(cfg.Stall.Rule()), imagepull.WithRegistryCoolDown(coolDown(&cfg)))
 	if n, known, _ := kubelet.Get().PullCap(); known { // the kubelet's own cap, from its configuration
 		opts = append(opts, imagepull.WithKubeletCap(n))
 	}
@@ -44,7 +44,24 @@ func pullLimits(p *config.ImagePulls) imagepull.Limits {
 			l.PerRegistry[norm] = int(v)
 		}
 	}
+	if len(p.PerRegistryRate) > 0 {
+		l.PerRegistryRate = map[string]imagepull.Rate{}
+		for host, r := range p.PerRegistryRate {
+			norm, _ := imagepull.RegistryHost(host) // validated
+			burst := int32(config.DefaultRegistryRateBurst)
+			if r.Burst != nil {
+				burst = *r.Burst
+			}
+			l.PerRegistryRate[norm] = imagepull.Rate{Pulls: int(r.Pulls), Interval: r.Interval.Duration, Burst: int(burst)}
+		}
+	}
 	return l
+}
+
+// coolDown is how the governor treats a registry that pushes back.
+func coolDown(p *config.ImagePulls) imagepull.CoolDown {
+	initial, maxDelay, retryFor := p.CoolDown.Durations()
+	return imagepull.CoolDown{InitialDelay: initial, MaxDelay: maxDelay, RetryFor: retryFor}
 }
 
 // sandboxPriority is the pulls' priority fallback without the API.

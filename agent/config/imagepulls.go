@@ -28,6 +28,12 @@ type ImagePulls struct {
 	// PerRegistry caps the pulls in flight per registry host (as in the image reference;
 	// docker.io, index.docker.io and registry-1.docker.io are one host), on top of MaxParallel.
 	PerRegistry map[string]int32 `json:"perRegistry,omitempty"`
+	// PerRegistryRate is the request budget of registry hosts (keys as PerRegistry's): pulls
+	// per interval, a token bucket, for a registry whose limit the operator knows.
+	PerRegistryRate map[string]RegistryRate `json:"perRegistryRate,omitempty"`
+	// CoolDown says how podgate treats a registry that pushes back, answering 429 Too Many
+	// Requests or 503 with Retry-After (the imagePulls.coolDown section).
+	CoolDown PullCoolDown `json:"coolDown,omitzero"`
 	// PriorityLabel is the pod label or annotation whose value (system-node-critical or
 	// system-cluster-critical) gives a pull its priority when the pod is not known from the
 	// API server. Default podgate.dev/priority-class.
@@ -117,6 +123,14 @@ func (p *ImagePulls) setDefaults() {
 	if p.Stall.Window.Duration == 0 {
 		p.Stall.Window.Duration = DefaultPullStallWindow
 	}
+	p.CoolDown.setDefaults()
+	for host, r := range p.PerRegistryRate {
+		if r.Burst == nil {
+			b := int32(DefaultRegistryRateBurst)
+			r.Burst = &b
+			p.PerRegistryRate[host] = r
+		}
+	}
 }
 
 // Rule is the section with its defaults (setDefaults sets them too; Rule also serves a
@@ -164,7 +178,7 @@ func (p *ImagePulls) validate() error {
 			errs = append(errs, fmt.Errorf("imagePulls.priorityNamespaces[%d]: %q: %s", i, ns, msg))
 		}
 	}
-	return errors.Join(append(errs, p.Stall.validate())...)
+	return errors.Join(append(errs, p.Stall.validate(), p.CoolDown.validate(), validateRates(p.PerRegistryRate))...)
 }
 
 // validate checks the imagePulls.stall section.

@@ -1,6 +1,8 @@
 package podview
 
 import (
+	"time"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -55,5 +57,15 @@ func pullMessage(p imagepull.PullView) *pb.ImagePull {
 	if p.Shared {
 		m.SharedWith = p.SharedWith.String()
 	}
+	m.PushBackCode, m.Probing, m.PushBacks = uint32(p.PushBackCode), p.Probing, uint32(p.PushBacks)
+	m.CoolingSince, m.NextTry, m.HeldUntil = timestampOrNil(p.CoolingSince), timestampOrNil(p.NextTry), timestampOrNil(p.HeldUntil)
 	return m
+}
+
+// timestampOrNil is t, unset when zero.
+func timestampOrNil(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }

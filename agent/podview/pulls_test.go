@@ -57,6 +57,30 @@ func TestPullMessage(t *testing.T) {
 			SharedWith: "default/web",
 		},
 	}, {
+		name: "held for its registry's cool-down",
+		pull: imagepull.PullView{PullStatus: imagepull.PullStatus{
+			Image: "docker.io/library/redis:7", Registry: "docker.io", Pod: klog.KRef("default", "cache"), PodUID: "uid-cache",
+			Since: since, Position: 1, Waiting: imagepull.WaitingCoolDown, Queued: 1,
+			CoolDownStatus: imagepull.CoolDownStatus{CoolingSince: since, PushBackCode: 429, NextTry: since.Add(8 * time.Second),
+				PushBacks: 2, HeldUntil: since.Add(5 * time.Minute)},
+		}},
+		want: &pb.ImagePull{
+			Image: "docker.io/library/redis:7", Kind: "image", Registry: "docker.io", PodNamespace: "default", PodName: "cache", PodUid: "uid-cache",
+			Priority: "normal", State: pb.ImagePull_QUEUED, Since: timestamppb.New(since), Position: 1, WaitingFor: "cool-down", Queued: 1,
+			CoolingSince: timestamppb.New(since), PushBackCode: 429, NextTry: timestamppb.New(since.Add(8 * time.Second)),
+			PushBacks: 2, HeldUntil: timestamppb.New(since.Add(5 * time.Minute)),
+		},
+	}, {
+		name: "held while another pull tries the registry",
+		pull: imagepull.PullView{PullStatus: imagepull.PullStatus{
+			Image: "docker.io/library/redis:7", Registry: "docker.io", Since: since, Waiting: imagepull.WaitingCoolDown,
+			CoolDownStatus: imagepull.CoolDownStatus{CoolingSince: since, PushBackCode: 429, Probing: true, HeldUntil: since.Add(5 * time.Minute)},
+		}},
+		want: &pb.ImagePull{
+			Image: "docker.io/library/redis:7", Kind: "image", Registry: "docker.io", Priority: "normal", State: pb.ImagePull_QUEUED, Since: timestamppb.New(since),
+			WaitingFor: "cool-down", CoolingSince: timestamppb.New(since), PushBackCode: 429, Probing: true, HeldUntil: timestamppb.New(since.Add(5 * time.Minute)),
+		},
+	}, {
 		name: "a security profile's, queued behind the node's cap",
 		pull: imagepull.PullView{PullStatus: imagepull.PullStatus{
 			Image: "example.com/seccomp@sha256:1234", Kind: imagepull.KindSecurityProfile, Registry: "example.com",

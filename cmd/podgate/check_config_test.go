@@ -78,6 +78,24 @@ func TestCheckConfigResolvesStartUp(t *testing.T) {
 	}
 }
 
+// podgate check-config refuses bad imagePulls.coolDown and perRegistryRate values, each named
+// with its key and reason.
+func TestCheckConfigRefusesBadPullHolds(t *testing.T) {
+	file := writeConfig(t, "stateDir: "+filepath.Join(t.TempDir(), "state")+"\nimagePulls:\n  coolDown: {initialDelay: 10ms, retryFor: -1s}\n  perRegistryRate: {\"a/b\": {pulls: 0, interval: 1s}}\n")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"check-config", file}, &stdout, &stderr)
+	out := stdout.String() + stderr.String()
+	if code != 1 {
+		t.Errorf("podgate check-config: exit %d, want 1; output:\n%s", code, out)
+	}
+	for _, w := range []string{"imagePulls.coolDown.initialDelay: 10ms: must be at least 100ms", "imagePulls.coolDown.retryFor: -1s: must not be negative",
+		`imagePulls.perRegistryRate["a/b"]: not a registry host`, `imagePulls.perRegistryRate["a/b"].pulls: must be positive, got 0`} {
+		if !strings.Contains(out, w) {
+			t.Errorf("podgate check-config: output\n%s\nwant it to say %q", out, w)
+		}
+	}
+}
+
 // podgate check-config says, after ok, what podgate would do beside the kubelet whose
 // configuration file resources.kubeletConfig names: here a kubelet that writes memory QoS
 // (its gate set), sets a default sysctl podgate sets otherwise, and pulls one image at a time.

@@ -246,7 +246,7 @@ func pullsTable(w io.Writer, pulls []*pb.ImagePull, now time.Time) {
 		place, waitingFor := "-", "-"
 		if p.GetState() == pb.ImagePull_QUEUED {
 			place = fmt.Sprintf("%d/%d", p.GetPosition(), p.GetQueued())
-			waitingFor = capOf(p)
+			waitingFor = capOf(p, now)
 		}
 		waited := now.Sub(p.GetSince().AsTime())
 		if p.GetStarted() != nil {
@@ -300,7 +300,7 @@ func describePod(w io.Writer, p *pb.Pod, now time.Time) {
 			line = k + ", " + line
 		}
 		if ip.GetState() == pb.ImagePull_QUEUED {
-			line += fmt.Sprintf(", place %d of %d, waiting for the %s cap", ip.GetPosition(), ip.GetQueued(), capOf(ip))
+			line += fmt.Sprintf(", place %d of %d, waiting for %s", ip.GetPosition(), ip.GetQueued(), waitingFor(ip, now))
 		}
 		if ip.GetBytesTotal() > 0 {
 			line += fmt.Sprintf(", %s of %s", progress.Bytes(ip.GetBytesDone()).Short(), progress.Bytes(ip.GetBytesTotal()).Short())
@@ -351,15 +351,53 @@ func pullState(p *pb.ImagePull) string {
 	return "Queued"
 }
 
-// capOf names the cap that holds a queued pull.
-func capOf(p *pb.ImagePull) string {
+// capOf names the cap that holds a queued pull: "node (3)", "quay.io (2)", "docker.io
+// cool-down (429, next try in 8s)", "docker.io rate (next in 2m0s)".
+func capOf(p *pb.ImagePull, now time.Time) string {
 	switch p.GetWaitingFor() {
 	case "node":
 		return fmt.Sprintf("node (%d)", p.GetMaxParallel())
 	case "registry":
 		return fmt.Sprintf("%s (%d)", p.GetRegistry(), p.GetRegistryCap())
+	case "cool-down":
+		return fmt.Sprintf("%s cool-down (%d, %s)", p.GetRegistry(), p.GetPushBackCode(), nextTry(p, now))
+	case "rate":
+		return fmt.Sprintf("%s rate (%s)", p.GetRegistry(), nextTry(p, now))
 	}
 	return orDash(p.GetWaitingFor())
+}
+
+// waitingFor says what holds a queued pull, for podgate pod: "the node (3) cap", "docker.io's
+// cool-down since 10:00:00Z (429, next try in 8s, refused 2 times; held until 10:05:00Z)".
+func waitingFor(p *pb.ImagePull, now time.Time) string {
+	switch p.GetWaitingFor() {
+	case "cool-down":
+		return fmt.Sprintf("%s's cool-down since %s (%d, %s, refused %d times; held until %s)", p.GetRegistry(),
+			clock(p.GetCoolingSince()), p.GetPushBackCode(), nextTry(p, now), p.GetPushBacks(), clock(p.GetHeldUntil()))
+	case "rate":
+		return fmt.Sprintf("%s's request budget (%s)", p.GetRegistry(), nextTry(p, now))
+	}
+	return "the " + capOf(p, now) + " cap"
+}
+
+// nextTry is when a pull held by its registry is tried next: "next try in 8s", "probing" while
+// another pull tries the registry.
+func nextTry(p *pb.ImagePull, now time.Time) string {
+	if p.GetProbing() {
+		return "probing"
+	}
+	if p.GetNextTry() == nil {
+		return "next try now"
+	}
+	return "next try in " + max(0, p.GetNextTry().AsTime().Sub(now)).Round(time.Second).String()
+}
+
+// clock is a moment of podgate's answer, in UTC to the second; "-" when unset.
+func clock(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.TimeOnly) + "Z"
 }
 
 func shortID(id string) string {

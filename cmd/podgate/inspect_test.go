@@ -48,7 +48,10 @@ func (f fakeSource) Pulls(ns, name string) []*pb.ImagePull {
 			BytesDone: 3 << 20, BytesTotal: 12 << 20, BytesPerSecond: 1 << 20,
 			StallMinBytesPerSecond: 1 << 10, StallWindow: durationpb.New(5 * time.Minute), StallingFor: durationpb.New(40 * time.Second), StallBytesPerSecond: 210},
 		{Image: "registry.example.com/app:1", State: pb.ImagePull_QUEUED, PodNamespace: "default", PodName: "web",
-			Since: timestamppb.New(f.since), Position: 1, Queued: 1, WaitingFor: "node", MaxParallel: 1, InFlight: 1},
+			Since: timestamppb.New(f.since), Position: 1, Queued: 2, WaitingFor: "node", MaxParallel: 1, InFlight: 1},
+		{Image: "docker.io/library/redis:7", State: pb.ImagePull_QUEUED, PodNamespace: "default", PodName: "web", Registry: "docker.io",
+			Since: timestamppb.New(f.since), Position: 2, Queued: 2, WaitingFor: "cool-down", PushBackCode: 429, Probing: true, PushBacks: 2,
+			CoolingSince: timestamppb.New(time.Date(2026, 12, 8, 10, 0, 0, 0, time.UTC)), HeldUntil: timestamppb.New(time.Date(2026, 12, 8, 10, 5, 0, 0, time.UTC))},
 	}
 	if ns == "" {
 		return all
@@ -100,15 +103,17 @@ func TestInspectCommands(t *testing.T) {
 	}{
 		{"pods", []string{"pods"}, 0, []string{
 			"NAMESPACE   NAME   SANDBOX         STATE   SYSCTLS   CLAIMS   CONTAINERS   PULLS   AGE",
-			"default     web    0123456789abc   Ready   ok        0/0      0            1       "}, ""},
+			"default     web    0123456789abc   Ready   ok        0/0      0            2       "}, ""},
 		{"pods yaml", []string{"pods", "-o", "yaml"}, 0, []string{"pods:", "- image_pulls:", "  name: web", "    ips:", "    - 10.0.0.5"}, ""},
 		{"pod", []string{"pod", "default/web"}, 0, []string{"Name:", "web", "Sandbox:", "0123456789abcdef0123", "net.core.somaxconn", "1024",
-			"registry.example.com/app:1", "Queued, place 1 of 1, waiting for the node (1) cap"}, ""},
+			"registry.example.com/app:1", "Queued, place 1 of 2, waiting for the node (1) cap",
+			"docker.io/library/redis:7    Queued, place 2 of 2, waiting for docker.io's cool-down since 10:00:00Z (429, probing, refused 2 times; held until 10:05:00Z)"}, ""},
 		{"pulls", []string{"pulls"}, 0, []string{
-			"POD           IMAGE                        STATE     PLACE   WAITING FOR   WAITED   PROGRESS         RATE       SHARED WITH",
-			"default/db    registry.example.com/big:1   Pulling   -       -             2s       3.0MiB/12.0MiB   1.0MiB/s   -",
+			"POD           IMAGE                        STATE     PLACE   WAITING FOR                          WAITED   PROGRESS         RATE       SHARED WITH",
+			"default/db    registry.example.com/big:1   Pulling   -       -                                    2s       3.0MiB/12.0MiB   1.0MiB/s   -",
 			"stalling: 210B/s < 1.0KiB/s for 40s of 5m",
-			"default/web   registry.example.com/app:1   Queued    1/1     node (1)      1m"}, ""},
+			"default/web   registry.example.com/app:1   Queued    1/2     node (1)                             1m",
+			"default/web   docker.io/library/redis:7    Queued    2/2     docker.io cool-down (429, probing)   1m"}, ""},
 		// protojson's spacing varies from build to build on purpose: the JSON is compared
 		// compacted (see below).
 		{"pulls of a pod", []string{"pulls", "default/db", "-o", "json"}, 0, []string{`"pulls":[`, `"pod_name":"db"`, `"bytes_total":"12582912"`}, ""},
@@ -162,7 +167,7 @@ func TestInspectJSONIsTheMessage(t *testing.T) {
 	if err := protojson.Unmarshal(stdout.Bytes(), &p); err != nil {
 		t.Fatal(err)
 	}
-	if p.GetName() != "web" || p.GetSandbox().GetId() != "0123456789abcdef0123" || len(p.GetImagePulls()) != 1 {
+	if p.GetName() != "web" || p.GetSandbox().GetId() != "0123456789abcdef0123" || len(p.GetImagePulls()) != 2 || p.GetImagePulls()[1].GetPushBackCode() != 429 {
 		t.Errorf("pod %v", &p)
 	}
 }

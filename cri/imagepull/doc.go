@@ -39,8 +39,19 @@
 // [Feature] is the whole image-pull feature around the governor: PullImage's hook, with each
 // pull's [Priority] taken from its pod; the running pulls' bytes, read from containerd's
 // content store (package progress); the pods' pull Events (PullQueued, PullProgress,
-// PullShared, PullCancelled, PullStalled); and the pulls as PodResources' extension shows them
-// (PodPulls, each pod's image_pulls).
+// PullShared, PullCancelled, PullStalled, PullThrottled); and the pulls as PodResources'
+// extension shows them (PodPulls, each pod's image_pulls).
+//
+// A pull that fails because its registry pushed back (HTTP 429 Too Many Requests, or 503 with a
+// Retry-After, read from containerd's error text) puts the registry in a cool-down
+// ([WithCoolDown], imagePulls.coolDown): exponential with jitter, honouring a Retry-After the
+// text shows, capped. Meanwhile the registry's pulls wait in the queue and other registries'
+// go as before; when the cool-down ends one pull tries the registry (the probe) and the others
+// wait for its answer; the pull that met the push-back goes back in the queue, behind the
+// registry's other waiting pulls, and is tried again within the same call, until its hold
+// (CoolDown.RetryFor) runs out: then its callers get the registry's error unchanged. A pull
+// held that long without a try of its own tries once. A registry with a request budget
+// (Limits.PerRegistryRate, a token bucket) starts its pulls no faster than the budget allows.
 //
 // A security profile's pull ([Governor.DoProfile], [Governor.ProfileInterceptor]) is a pull of
 // [KindSecurityProfile]: it waits in the same queue by the same priority and holds the same

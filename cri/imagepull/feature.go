@@ -52,6 +52,7 @@ type featureConfig struct {
 	// kubeletCap is the kubelet's cap on pulls in flight (WithKubeletCap); nil: not known.
 	kubeletCap *int
 	stall      progress.StallRule
+	coolDown   CoolDown
 	// pollInterval is how often a DeletionPoller is asked (queuedPollInterval; tests shorten it).
 	pollInterval time.Duration
 }
@@ -77,6 +78,14 @@ func WithStall(minBytesPerSecond int64, window time.Duration) FeatureOption {
 	return func(c *featureConfig) {
 		c.stall = progress.StallRule{MinBytesPerSecond: minBytesPerSecond, Window: window}
 	}
+}
+
+// WithRegistryCoolDown holds the pulls of a registry that pushes back (HTTP 429, or 503 with a
+// Retry-After) in podgate's queue for a cool-down, and tries again the pull that met the
+// push-back, as c says (imagePulls.coolDown; see [CoolDown]); its pods get a PullThrottled
+// Event. Without it, a push-back fails its pull as any other error does.
+func WithRegistryCoolDown(c CoolDown) FeatureOption {
+	return func(fc *featureConfig) { fc.coolDown = c }
 }
 
 // WithPods takes each pull's priority from its pod in the API server when the pod is known
@@ -121,7 +130,7 @@ func NewFeature(ctx context.Context, limits Limits, fallback SandboxPriority, re
 	if err != nil {
 		return nil, err
 	}
-	gopts := []Option{WithRegisterer(reg)}
+	gopts := []Option{WithRegisterer(reg), WithCoolDown(c.coolDown)}
 	if t != nil {
 		gopts = append(gopts, WithKeep(keeper{ctx: ctx, tracker: t}.keep))
 	}

@@ -36,6 +36,9 @@ type Limits struct {
 	// PerRegistry caps the same outstanding calls per registry host (normalised with
 	// [RegistryHost]); a registry not listed is limited only by MaxParallel.
 	PerRegistry map[string]int
+	// PerRegistryRate is the request budget of registry hosts (normalised as PerRegistry's):
+	// their backend calls start at most at this rate, whatever the caps allow.
+	PerRegistryRate map[string]Rate
 }
 
 // Option configures a Governor.
@@ -43,7 +46,7 @@ type Option func(*Governor)
 
 // WithRegisterer registers the governor's metrics (podgate_image_pull_*) with reg.
 func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(g *Governor) { g.metrics = newMetrics(reg) }
+	return func(g *Governor) { g.metrics, g.hm = newMetrics(reg), newHoldMetrics(reg, g) }
 }
 
 // WithObserver tells o of what happens to callers that the caps and the queue do not show: a
@@ -115,6 +118,8 @@ type Governor struct {
 	// anonymous are the callers whose call names no pod.
 	anonymous map[*waiter]struct{}
 	seq       uint64
+	// holds are the registries' cool-downs and budgets.
+	holds
 }
 
 // flight is one backend pull and the callers waiting for it. Fields below mu are guarded by
@@ -143,6 +148,8 @@ type flight struct {
 	abandoned bool // every waiter left
 	// stall, once set (Stall), is the error every caller gets: the pull was cancelled for it.
 	stall *stallError
+	// hold is its part in its registry's cool-down.
+	hold
 }
 
 // waiter is one caller of Do.
@@ -157,7 +164,7 @@ type waiter struct {
 // New creates a governor with the given caps.
 func New(limits Limits, opts ...Option) *Governor {
 	g := &Governor{
-		limits:        Limits{MaxParallel: limits.MaxParallel, PerRegistry: maps.Clone(limits.PerRegistry)},
+		limits:        Limits{MaxParallel: limits.MaxParallel, PerRegistry: maps.Clone(limits.PerRegistry), PerRegistryRate: maps.Clone(limits.PerRegistryRate)},
 		now:           time.Now,
 		regInFlight:   map[string]int{},
 		labelInFlight: map[string]int{},
@@ -172,6 +179,7 @@ func New(limits Limits, opts ...Option) *Governor {
 	if g.metrics == nil {
 		g.metrics = newMetrics(nil)
 	}
+	g.initHolds()
 	return g
 }
 
@@ -271,7 +279,7 @@ func (g *Governor) join(ctx context.Context, p Pull, fn flightCall) (*flight, bo
 	f := &flight{
 		key: p.key, image: p.Image, registry: p.Registry, fn: fn,
 		ctx: fctx, cancel: fcancel, done: make(chan struct{}), running: make(chan struct{}),
-		prio: p.Priority, seq: g.seq, waiters: 1, pod: p.Pod,
+		prio: p.Priority, seq: g.seq, waiters: 1, pod: p.Pod, hold: hold{queuedAt: g.now()},
 	}
 	g.flights[p.key] = f
 	g.queue.push(f)
@@ -337,15 +345,17 @@ func (g *Governor) leave(ctx context.Context, f *flight, p Pull, arrived time.Ti
 }
 
 // dispatch starts queued flights while the caps allow, in queue order; a flight whose registry
-// is full is passed over. g.mu is held.
+// is full, cools down or has spent its budget is passed over. g.mu is held.
 func (g *Governor) dispatch() {
+	g.expire(g.now())
 	for g.limits.MaxParallel == 0 || g.inFlight < g.limits.MaxParallel {
-		f := g.queue.first(g.registryFree)
+		f := g.queue.first(g.mayStart)
 		if f == nil {
-			return
+			break
 		}
 		g.start(f)
 	}
+	g.arm(g.now())
 }
 
 func (g *Governor) registryFree(registry string) bool {
@@ -354,13 +364,16 @@ func (g *Governor) registryFree(registry string) bool {
 }
 
 // RegistryLabel is the label podgate's metrics give registry: the host itself when it has a
-// cap of its own (imagePulls.perRegistry), "other" for the rest.
+// cap or a budget of its own (imagePulls.perRegistry, perRegistryRate), "other" for the rest.
 func (g *Governor) RegistryLabel(registry string) string { return g.registryLabel(registry) }
 
 // registryLabel is the registry's metric label: its host when it has a cap of its own, "other"
 // for the rest, whose names come from pod specs and must not grow the label set.
 func (g *Governor) registryLabel(registry string) string {
 	if _, ok := g.limits.PerRegistry[registry]; ok {
+		return registry
+	}
+	if _, ok := g.limits.PerRegistryRate[registry]; ok {
 		return registry
 	}
 	return otherRegistries
@@ -381,7 +394,12 @@ func (g *Governor) start(f *flight) {
 	g.regInFlight[f.registry]++
 	g.labelInFlight[g.registryLabel(f.registry)]++
 	f.started = g.now()
-	close(f.running)
+	select {
+	case <-f.running: // tried again after its registry pushed back
+	default:
+		close(f.running)
+	}
+	g.startHold(f)
 	g.metrics.queueLength.Set(float64(g.queue.len))
 	g.metrics.inFlight.Set(float64(g.inFlight))
 	g.setRegistryGauge(f.registry)
@@ -424,6 +442,10 @@ func (g *Governor) run(f *flight) {
 	g.metrics.duration[f.key.kind].WithLabelValues(result).Observe(g.now().Sub(f.started).Seconds())
 	if err != nil && f.stall != nil {
 		err = f.stall // the backend says "cancelled"; the callers learn why
+	}
+	if g.requeue(f, err) { // its registry pushed back: it waits for the next try
+		g.dispatch()
+		return
 	}
 	f.resp, f.err = resp, err
 	f.cancel(nil)

@@ -26,6 +26,9 @@ const (
 	// ReasonPullStalled: podgate cancelled the pull because its rate stayed below
 	// imagePulls.stall.minBytesPerSecond over imagePulls.stall.window.
 	ReasonPullStalled = "PullStalled"
+	// ReasonPullThrottled: the pull waits in podgate's queue for its registry's cool-down
+	// (the registry pushed back: which registry, since when, the next try).
+	ReasonPullThrottled = "PullThrottled"
 )
 
 // PodRef is the pod an Event is about.
@@ -74,7 +77,10 @@ type pullCaller struct {
 }
 
 type toldPull struct {
-	queued       bool
+	queued bool
+	// throttled is 1 + the push-backs of the pull when its pod was last told of its
+	// registry's cool-down; 0: not told.
+	throttled    int
 	lastProgress time.Time
 	seen         bool
 }
@@ -178,6 +184,12 @@ func (e *pullEvents) look(v *view) {
 		t.seen = true
 		pod := PodRef{Namespace: p.Pod.Namespace, Name: p.Pod.Name, UID: c.pod}
 		switch {
+		case p.Started.IsZero() && p.Waiting == WaitingCoolDown:
+			// At once, and again each time the pull's own try is refused.
+			if t.throttled != 1+p.PushBacks {
+				t.throttled = 1 + p.PushBacks
+				e.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPullThrottled, "Waiting", "%s", throttledNote(p, now))
+			}
 		case p.Started.IsZero():
 			if !t.queued && now.Sub(p.Since) >= e.waitAfter {
 				t.queued = true
@@ -214,6 +226,9 @@ func queuedNote(p pull, now time.Time) string {
 	case WaitingRegistry:
 		why = fmt.Sprintf("the cap of registry %s is reached (imagePulls.perRegistry %d, %d running; %d on the node)",
 			p.Registry, p.RegistryCap, p.RegistryInFlight, p.InFlight)
+	case WaitingRate:
+		why = fmt.Sprintf("the request budget of registry %s is spent (imagePulls.perRegistryRate: %d pulls per %s, bursts of %d); next pull at %s",
+			p.Registry, p.Rate.Pulls, p.Rate.Interval, p.Rate.Burst, stamp(p.NextTry))
 	default:
 		why = fmt.Sprintf("%d pulls running", p.InFlight)
 	}
@@ -237,3 +252,24 @@ func progressNote(p pull, now time.Time, tracked bool) string {
 		return fmt.Sprintf("Pulling image %q: %s so far (pull progress is off: imagePulls.containerdAddress)", p.Image, took)
 	}
 }
+
+// throttledNote says why a pull waits for its registry's cool-down: which registry answered
+// what since when, when it is tried next, and until when podgate holds the pull.
+func throttledNote(p pull, now time.Time) string {
+	next := "another pod's pull is trying the registry now"
+	if !p.NextTry.IsZero() {
+		next = fmt.Sprintf("next try at %s (in %s)", stamp(p.NextTry), max(0, p.NextTry.Sub(now)).Round(time.Second))
+	}
+	own := ""
+	if p.PushBacks > 0 {
+		own = "; the registry refused this pull once"
+		if p.PushBacks > 1 {
+			own = fmt.Sprintf("; the registry refused this pull %d times", p.PushBacks)
+		}
+	}
+	return fmt.Sprintf("Pulling %s %q waits in podgate's queue: registry %s pushed back (%s), cooling down since %s; %s%s; podgate holds the pull until %s at most (imagePulls.coolDown.retryFor), then the registry's own error goes to the kubelet",
+		p.Kind.noun(), p.Image, p.Registry, pushBackStatus(p.PushBackCode), stamp(p.CoolingSince), next, own, stamp(p.HeldUntil))
+}
+
+// stamp writes a moment of a pull's note, in UTC to the second.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -149,9 +150,22 @@ func hashAuth(a *runtimeapi.AuthConfig) ([sha256.Size]byte, error) {
 // imagePulls.perRegistry, named field in the errors): each key a registry host, no two keys
 // the same registry once normalised, each cap positive. Every bad key is reported.
 func ValidatePerRegistry(field string, perRegistry map[string]int32) error {
+	errs := []error{ValidateRegistryHosts(field, maps.Keys(perRegistry))}
+	for _, host := range slices.Sorted(maps.Keys(perRegistry)) {
+		if v := perRegistry[host]; v <= 0 {
+			errs = append(errs, fmt.Errorf("%s[%q]: must be positive, got %d", field, host, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateRegistryHosts checks the keys of a per-registry map of the configuration (field,
+// such as imagePulls.perRegistryRate, named in the errors): each a registry host, no two the
+// same registry once normalised. Every bad key is reported.
+func ValidateRegistryHosts(field string, hosts iter.Seq[string]) error {
 	var errs []error
 	seen := map[string]string{}
-	for _, host := range slices.Sorted(maps.Keys(perRegistry)) {
+	for _, host := range slices.Sorted(hosts) {
 		key := fmt.Sprintf("%s[%q]", field, host)
 		norm, err := RegistryHost(host)
 		if err != nil {
@@ -162,9 +176,6 @@ func ValidatePerRegistry(field string, perRegistry map[string]int32) error {
 			errs = append(errs, fmt.Errorf("%s: the same registry as %q (%s)", key, other, norm))
 		}
 		seen[norm] = host
-		if v := perRegistry[host]; v <= 0 {
-			errs = append(errs, fmt.Errorf("%s: must be positive, got %d", key, v))
-		}
 	}
 	return errors.Join(errs...)
 }

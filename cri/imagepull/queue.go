@@ -1,6 +1,9 @@
 package imagepull
 
-import "container/list"
+import (
+	"container/list"
+	"iter"
+)
 
 // queue holds the waiting flights: one FIFO list per priority, ordered by arrival (seq).
 type queue struct {
@@ -45,11 +48,11 @@ func (q *queue) raise(f *flight, p Priority) {
 	f.elem = l.PushFront(f)
 }
 
-// first returns the first flight in queue order whose registry has a free slot, or nil.
-func (q *queue) first(registryFree func(string) bool) *flight {
+// first returns the first flight in queue order that may start, or nil.
+func (q *queue) first(mayStart func(*flight) bool) *flight {
 	for p := numPriorities - 1; p >= 0; p-- {
 		for e := q.byPrio[p].Front(); e != nil; e = e.Next() {
-			if f := e.Value.(*flight); registryFree(f.registry) {
+			if f := e.Value.(*flight); mayStart(f) {
 				return f
 			}
 		}
@@ -70,4 +73,17 @@ func (q *queue) position(f *flight) int {
 		}
 	}
 	return n
+}
+
+// all is every queued flight, in no particular order.
+func (q *queue) all() iter.Seq[*flight] {
+	return func(yield func(*flight) bool) {
+		for _, l := range q.byPrio {
+			for e := l.Front(); e != nil; e = e.Next() {
+				if !yield(e.Value.(*flight)) {
+					return
+				}
+			}
+		}
+	}
 }

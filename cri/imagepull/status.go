@@ -50,6 +50,8 @@ type PullStatus struct {
 	SharedWith klog.ObjectRef
 	// Waiters counts the callers sharing the backend pull, this one included.
 	Waiters int
+	// CoolDownStatus is what holds it besides the caps (Waiting WaitingCoolDown, WaitingRate).
+	CoolDownStatus
 }
 
 // Pulls returns every caller's pull, oldest first (then by image and pod).
@@ -104,6 +106,7 @@ func (g *Governor) status(w *waiter) PullStatus {
 		if g.limits.MaxParallel > 0 && g.inFlight >= g.limits.MaxParallel {
 			s.Waiting = WaitingNode
 		}
+		g.held(f, &s)
 	}
 	return s
 }

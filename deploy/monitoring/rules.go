@@ -118,6 +118,11 @@ func (c Config) Alerts() []Alert {
 		Summary:     "podgate on " + n + " cancelled stalled pulls from registry {{ $labels.registry }}",
 		Description: "Within " + c.EventWindow.String() + ", podgate on " + n + " cancelled pulls from {{ $labels.registry }} that fetched less than imagePulls.stall.minBytesPerSecond; their pods got a PullStalled Event.",
 	}, {
+		Name: "PodgateRegistryPushingBack", Severity: SeverityWarning,
+		Expr:        c.newEvents("podgate_image_pull_push_back_failures_total", "", c.EventWindow, "registry"),
+		Summary:     "podgate on " + n + ": registry {{ $labels.registry }} refuses pulls for longer than podgate holds them",
+		Description: "Within " + c.EventWindow.String() + ", podgate on " + n + " gave pulls from {{ $labels.registry }} the registry's refusal (429 Too Many Requests, or 503 with Retry-After) after holding and retrying them for imagePulls.coolDown.retryFor: the registry's limit outlasts the cool-down, and the pods go to ImagePullBackOff.",
+	}, {
 		Name: "PodgateSandboxesRefusedDRA", Severity: SeverityWarning,
 		Expr:        c.newEvents("podgate_sandbox_stage_failures_total", `stage="dra-prepare"`, c.EventWindow),
 		Summary:     "podgate on " + n + " refused pod sandboxes: DRA prepare failed",

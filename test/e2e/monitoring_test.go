@@ -87,11 +87,13 @@ func TestMonitoringAlerts(t *testing.T) {
 
 	prom.checkDashboardQueries(t, promConfig())
 	prom.checkLiveSeries(t, map[string]string{
-		"podgate_dra_drivers":                       "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_dra_operations_total":              "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_dra_claims_prepared":               "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
-		"podgate_sandbox_stage_failures_total":      "made at a sandbox's first failure: TestMonitoringDRADriverDown",
-		"podgate_resources_pod_verifications_total": "made at the first check of pod-level resources, which this pod has not",
+		"podgate_dra_drivers":                         "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_operations_total":                "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_dra_claims_prepared":                 "DRA needs a kubeconfig: TestMonitoringDRADriverDown",
+		"podgate_sandbox_stage_failures_total":        "made at a sandbox's first failure: TestMonitoringDRADriverDown",
+		"podgate_resources_pod_verifications_total":   "made at the first check of pod-level resources, which this pod has not",
+		"podgate_image_pull_push_backs_total":         "made at a registry's first push-back: TestImagePullThrottled",
+		"podgate_image_pull_push_back_failures_total": "made at the first pull given its registry's push-back: TestImagePullThrottledGivesUp",
 	})
 }
 
@@ -153,6 +155,8 @@ func TestMonitoringDRADriverDown(t *testing.T) {
 		"podgate_resources_verifications_total":          "made at the first container checked: TestMonitoringAlerts",
 		"podgate_resources_pod_verifications_total":      "made at the first check of pod-level resources, which no test pod has",
 		"podgate_podresources_refusals_total":            "made at the first PodResources client refused: TestMonitoringAlerts",
+		"podgate_image_pull_push_backs_total":            "made at a registry's first push-back: TestImagePullThrottled",
+		"podgate_image_pull_push_back_failures_total":    "made at the first pull given its registry's push-back: TestImagePullThrottledGivesUp",
 	})
 	if err := n.through.Runtime.StopPodSandbox(ctx, id); err != nil {
 		t.Error(err)

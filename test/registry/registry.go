@@ -2,7 +2,8 @@
 // in process, on 127.0.0.1) that throttles every blob download to a fixed bandwidth and counts,
 // per image, the requests it serves: how many images it served at once, how often each blob was
 // fetched, in which order images were first asked for. It also keeps a request log, each
-// request with when it started and ended, for checks made after the fact.
+// request with when it started and ended, for checks made after the fact. It can refuse
+// requests as a rate-limited registry does (Refuse: 429 Too Many Requests, or 503).
 package registry
 
 import (
@@ -55,6 +56,8 @@ type Registry struct {
 	paused chan struct{}
 	// trickle holds the blobs served at a rate of their own, by digest (Trickle).
 	trickle map[string]int
+	// refusing, while not nil, refuses every counted request (Refuse, Allow).
+	refusing *refusal
 }
 
 // Request is one entry of the request log: a GET or HEAD of a manifest or a blob.
@@ -74,6 +77,9 @@ type Request struct {
 	// Range is the request's Range header ("bytes=1024-"), "" when it asked for the whole
 	// blob: a puller resuming a download it had begun asks for the rest only.
 	Range string
+	// Refused is the HTTP status the registry refused the request with (Refuse), 0 when it
+	// served it.
+	Refused int
 }
 
 // Stats is what the registry counted since the last Reset.
@@ -269,6 +275,9 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	repo, blobGet := m[1], m[2] == "blobs" && req.Method == http.MethodGet
 	entry := Request{Start: time.Now(), Method: req.Method, Repo: repo, Kind: m[2], Ref: m[3], Range: req.Header.Get("Range")}
+	if r.refuseIfRefusing(w, req, entry) {
+		return
+	}
 	r.begin(repo, blobGet, m[3])
 	var pw *pacedWriter
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -325,5 +327,55 @@ func TestBasicAuth(t *testing.T) {
 	}
 	if err := get(pub); err != nil {
 		t.Errorf("public image without credentials: %v", err)
+	}
+}
+
+// TestRefuse: while refusing, a GET of a manifest gets 429 with the distribution spec's
+// TOOMANYREQUESTS error and the Retry-After header, a HEAD the status alone; both are in the
+// request log as refused; after Allow the same requests are served.
+func TestRefuse(t *testing.T) {
+	reg := New(16 << 20)
+	host := reg.Serve(t)
+	reg.Push(t, "refuse", 1, 1024)
+	reg.Count(true)
+	url := "http://" + host + "/v2/refuse/img0/manifests/v1"
+	// do returns the answer's status, its Retry-After header and its body.
+	do := func(method string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", string(types.DockerManifestSchema2))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(body)
+	}
+	reg.Refuse(http.StatusTooManyRequests, "7")
+	code, retryAfter, body := do(http.MethodGet)
+	if code != http.StatusTooManyRequests || retryAfter != "7" ||
+		!strings.Contains(body, `"code":"TOOMANYREQUESTS"`) || !strings.Contains(body, "retry-after: 7s") {
+		t.Errorf("GET while refusing: %d, Retry-After %q, body %s", code, retryAfter, body)
+	}
+	if code, _, body := do(http.MethodHead); code != http.StatusTooManyRequests || body != "" {
+		t.Errorf("HEAD while refusing: %d, body %q", code, body)
+	}
+	if got := RefusedByRepo(reg.Requests()); got["refuse/img0"] != 2 {
+		t.Errorf("refused requests by repository %v, want 2 of refuse/img0", got)
+	}
+	reg.Allow()
+	if code, _, _ := do(http.MethodGet); code != http.StatusOK {
+		t.Errorf("GET after Allow: %d", code)
+	}
+	log := reg.Requests()
+	if last := log[len(log)-1]; last.Refused != 0 || last.Method != http.MethodGet {
+		t.Errorf("the served GET logged as %+v", last)
 	}
 }

@@ -1671,8 +1671,9 @@ type ImagePull struct {
 	Priority string `protobuf:"bytes,8,opt,name=priority,proto3" json:"priority,omitempty"`
 	// position is the pull's 1-based place in the queue while QUEUED.
 	Position uint32 `protobuf:"varint,9,opt,name=position,proto3" json:"position,omitempty"`
-	// waiting_for says which cap holds a QUEUED pull: "node" (imagePulls.maxParallel) or
-	// "registry" (imagePulls.perRegistry).
+	// waiting_for says what holds a QUEUED pull: "node" (imagePulls.maxParallel), "registry"
+	// (imagePulls.perRegistry), "cool-down" (its registry pushed back: imagePulls.coolDown) or
+	// "rate" (its registry's budget is spent: imagePulls.perRegistryRate).
 	WaitingFor string `protobuf:"bytes,10,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	// queued counts the pulls waiting on the node; in_flight those running, and
 	// registry_in_flight those of this pull's registry.
@@ -1703,8 +1704,21 @@ type ImagePull struct {
 	// unset and 0 while the pull keeps the rate.
 	StallingFor         *durationpb.Duration `protobuf:"bytes,23,opt,name=stalling_for,json=stallingFor,proto3" json:"stalling_for,omitempty"`
 	StallBytesPerSecond float64              `protobuf:"fixed64,24,opt,name=stall_bytes_per_second,json=stallBytesPerSecond,proto3" json:"stall_bytes_per_second,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// cooling_since is the first push-back of the cool-down that holds a QUEUED pull
+	// (waiting_for "cool-down"), push_back_code its registry's last refusal (429, or 503 with
+	// Retry-After); unset and 0 otherwise.
+	CoolingSince *timestamppb.Timestamp `protobuf:"bytes,25,opt,name=cooling_since,json=coolingSince,proto3" json:"cooling_since,omitempty"`
+	PushBackCode uint32                 `protobuf:"varint,26,opt,name=push_back_code,json=pushBackCode,proto3" json:"push_back_code,omitempty"`
+	// next_try is when the registry is tried again ("cool-down"; unset while another pull
+	// tries it: probing), or when its budget next has a token ("rate").
+	NextTry *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=next_try,json=nextTry,proto3" json:"next_try,omitempty"`
+	Probing bool                   `protobuf:"varint,28,opt,name=probing,proto3" json:"probing,omitempty"`
+	// push_backs counts the times the registry refused this pull; held_until is when its
+	// callers get the registry's own error if it still refuses (imagePulls.coolDown.retryFor).
+	PushBacks     uint32                 `protobuf:"varint,29,opt,name=push_backs,json=pushBacks,proto3" json:"push_backs,omitempty"`
+	HeldUntil     *timestamppb.Timestamp `protobuf:"bytes,30,opt,name=held_until,json=heldUntil,proto3" json:"held_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImagePull) Reset() {
@@ -1912,6 +1926,48 @@ func (x *ImagePull) GetStallBytesPerSecond() float64 {
 	return 0
 }
 
+func (x *ImagePull) GetCoolingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CoolingSince
+	}
+	return nil
+}
+
+func (x *ImagePull) GetPushBackCode() uint32 {
+	if x != nil {
+		return x.PushBackCode
+	}
+	return 0
+}
+
+func (x *ImagePull) GetNextTry() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextTry
+	}
+	return nil
+}
+
+func (x *ImagePull) GetProbing() bool {
+	if x != nil {
+		return x.Probing
+	}
+	return false
+}
+
+func (x *ImagePull) GetPushBacks() uint32 {
+	if x != nil {
+		return x.PushBacks
+	}
+	return 0
+}
+
+func (x *ImagePull) GetHeldUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HeldUntil
+	}
+	return nil
+}
+
 var File_podresources_api_v1alpha1_podresources_proto protoreflect.FileDescriptor
 
 const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
@@ -2089,7 +2145,8 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x03ips\x18\x03 \x03(\tR\x03ips\x12)\n" +
 	"\x10hardware_address\x18\x04 \x01(\tR\x0fhardwareAddress\x12\x10\n" +
 	"\x03mtu\x18\x05 \x01(\x05R\x03mtu\x12\x1a\n" +
-	"\battached\x18\x06 \x01(\bR\battached\"\x8b\b\n" +
+	"\battached\x18\x06 \x01(\bR\battached\"\x9d\n" +
+	"\n" +
 	"\tImagePull\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12\x12\n" +
 	"\x04kind\x18( \x01(\tR\x04kind\x12D\n" +
@@ -2120,7 +2177,15 @@ const file_podresources_api_v1alpha1_podresources_proto_rawDesc = "" +
 	"\x1astall_min_bytes_per_second\x18\x15 \x01(\x04R\x16stallMinBytesPerSecond\x12<\n" +
 	"\fstall_window\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\vstallWindow\x12<\n" +
 	"\fstalling_for\x18\x17 \x01(\v2\x19.google.protobuf.DurationR\vstallingFor\x123\n" +
-	"\x16stall_bytes_per_second\x18\x18 \x01(\x01R\x13stallBytesPerSecond\"7\n" +
+	"\x16stall_bytes_per_second\x18\x18 \x01(\x01R\x13stallBytesPerSecond\x12?\n" +
+	"\rcooling_since\x18\x19 \x01(\v2\x1a.google.protobuf.TimestampR\fcoolingSince\x12$\n" +
+	"\x0epush_back_code\x18\x1a \x01(\rR\fpushBackCode\x125\n" +
+	"\bnext_try\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\anextTry\x12\x18\n" +
+	"\aprobing\x18\x1c \x01(\bR\aprobing\x12\x1d\n" +
+	"\n" +
+	"push_backs\x18\x1d \x01(\rR\tpushBacks\x129\n" +
+	"\n" +
+	"held_until\x18\x1e \x01(\v2\x1a.google.protobuf.TimestampR\theldUntil\"7\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\n" +
 	"\n" +
@@ -2213,19 +2278,22 @@ var file_podresources_api_v1alpha1_podresources_proto_depIdxs = []int32{
 	28, // 31: podgate.podresources.v1alpha1.ImagePull.started:type_name -> google.protobuf.Timestamp
 	29, // 32: podgate.podresources.v1alpha1.ImagePull.stall_window:type_name -> google.protobuf.Duration
 	29, // 33: podgate.podresources.v1alpha1.ImagePull.stalling_for:type_name -> google.protobuf.Duration
-	5,  // 34: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
-	7,  // 35: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
-	9,  // 36: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
-	3,  // 37: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
-	6,  // 38: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
-	8,  // 39: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
-	10, // 40: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
-	4,  // 41: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
-	38, // [38:42] is the sub-list for method output_type
-	34, // [34:38] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	28, // 34: podgate.podresources.v1alpha1.ImagePull.cooling_since:type_name -> google.protobuf.Timestamp
+	28, // 35: podgate.podresources.v1alpha1.ImagePull.next_try:type_name -> google.protobuf.Timestamp
+	28, // 36: podgate.podresources.v1alpha1.ImagePull.held_until:type_name -> google.protobuf.Timestamp
+	5,  // 37: podgate.podresources.v1alpha1.PodResources.List:input_type -> podgate.podresources.v1alpha1.ListRequest
+	7,  // 38: podgate.podresources.v1alpha1.PodResources.Get:input_type -> podgate.podresources.v1alpha1.GetRequest
+	9,  // 39: podgate.podresources.v1alpha1.PodResources.Watch:input_type -> podgate.podresources.v1alpha1.WatchRequest
+	3,  // 40: podgate.podresources.v1alpha1.PodResources.PodPulls:input_type -> podgate.podresources.v1alpha1.PodPullsRequest
+	6,  // 41: podgate.podresources.v1alpha1.PodResources.List:output_type -> podgate.podresources.v1alpha1.ListResponse
+	8,  // 42: podgate.podresources.v1alpha1.PodResources.Get:output_type -> podgate.podresources.v1alpha1.GetResponse
+	10, // 43: podgate.podresources.v1alpha1.PodResources.Watch:output_type -> podgate.podresources.v1alpha1.WatchEvent
+	4,  // 44: podgate.podresources.v1alpha1.PodResources.PodPulls:output_type -> podgate.podresources.v1alpha1.PodPullsResponse
+	41, // [41:45] is the sub-list for method output_type
+	37, // [37:41] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_podresources_api_v1alpha1_podresources_proto_init() }
