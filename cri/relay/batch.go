@@ -13,10 +13,15 @@ import (
 )
 
 const (
-	// maxBatch bounds the bytes one batch gathers: a few socket buffers' worth, so that a
-	// write of a connection that reads is large, and what one that stops reading makes the
-	// relay keep outside the queues is small.
-	maxBatch = 256 << 10
+	// maxBatch bounds the bytes one batch gathers while the socket takes what it is given:
+	// enough that a large answer leaves in few writes, little enough that when the socket
+	// stops taking it (the rest goes to the writer goroutine) the bytes already gathered,
+	// which every stream's next turn waits behind, are few.
+	maxBatch = 64 << 10
+	// slowBatch bounds the writer goroutine's batches, to a peer that reads slower than it is
+	// sent to: grpc-go's write buffer. A small answer that comes then waits behind this and
+	// the socket's buffer, not behind a big answer's bytes (issue 47, F3).
+	slowBatch = 32 << 10
 	// maxIovecs bounds a batch's buffers: one writev takes at most IOV_MAX (1024) of them.
 	maxIovecs = 512
 	// arenaSize is the size of the arena's buffers.
@@ -127,8 +132,10 @@ func (b *batch) data(st *sendStream, payload []byte, end bool, held int64, lent 
 	b.marks = append(b.marks, m)
 }
 
-// full says the batch gathered enough for one write.
-func (b *batch) full() bool { return b.size-b.written >= maxBatch || len(b.iov)-b.next >= maxIovecs }
+// full says the batch gathered enough for one write of at most limit bytes.
+func (b *batch) full(limit int64) bool {
+	return b.size-b.written >= limit || len(b.iov)-b.next >= maxIovecs
+}
 
 // pending is what is left to write: the buffers from next, the first without its written part.
 func (b *batch) pending(yield func([]byte) bool) {

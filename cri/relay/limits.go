@@ -113,12 +113,13 @@ const (
 	ReasonWriteTimeout     = "write_timeout"         // took nothing podgate wrote for WriteTimeout
 	ReasonWindowTimeout    = "window_timeout"        // an answer waited on a shut window for WindowTimeout
 	ReasonListTooLong      = "list_too_long"         // an intercepted request lists more than any kubelet sends (UnaryCall.Report)
+	ReasonTooManyPings     = "too_many_pings"        // PINGs more often than minPingInterval while podgate sent nothing
 )
 
 // Reasons lists every reason, for a metric's label values made up front.
 var Reasons = []string{ReasonConnectionBudget, ReasonTotalBudget, ReasonMessageTooLarge, ReasonHeaderList,
 	ReasonDeadline, ReasonRequestTimeout, ReasonConnectionCap, ReasonIdle, ReasonKeepalive, ReasonPreface, ReasonProtocol,
-	ReasonWriteTimeout, ReasonWindowTimeout, ReasonListTooLong}
+	ReasonWriteTimeout, ReasonWindowTimeout, ReasonListTooLong, ReasonTooManyPings}
 
 // quietReasons are the reasons that are no misbehaviour (a client that stays away): logged at
 // verbosity 2 rather than always.

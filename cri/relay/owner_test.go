@@ -339,3 +339,38 @@ func readAnswer(t *testing.T, p *rawPeer, id uint32) {
 		}
 	}
 }
+
+// TestPingFloodClosed: a client that sends PINGs less than minPingInterval apart while podgate
+// sends it nothing is closed after maxPingStrikes of them (GOAWAY ENHANCE_YOUR_CALM, reported
+// too_many_pings), as grpc-go's server closes one; PINGs that come as answers arrive (a BDP
+// estimator's) are answered however often, and a well-behaved client goes on being answered.
+func TestPingFloodClosed(t *testing.T) {
+	b := newAttackBed(t, Limits{}, 16<<20)
+	good := b.goodClient(t)
+
+	// As answers arrive: a PING after each answer is answered, and the connection stays.
+	reader := dialRelay(t, b.sock)
+	for i := range 10 {
+		id := uint32(2*i + 1)
+		reader.headers(id, false, grpcRequest("/svc/Update")...)
+		reader.write(func(fr *http2.Framer) error { return fr.WriteData(id, true, message(1, []byte{1})) })
+		readAnswer(t, reader, id)
+		data := [8]byte{byte(i)}
+		reader.write(func(fr *http2.Framer) error { return fr.WritePing(false, data) })
+		reader.readUntil(func(f http2.Frame) bool {
+			p, ok := f.(*http2.PingFrame)
+			return ok && p.IsAck() && p.Data == data
+		})
+	}
+
+	flood := dialAttacker(t, b.sock)
+	for i := range 2 * (maxPingStrikes + 2) {
+		flood.write(func(fr *http2.Framer) error { return fr.WritePing(false, [8]byte{byte(i)}) })
+	}
+	<-flood.ended
+	if code := flood.goAwayCode(); code != http2.ErrCodeEnhanceYourCalm {
+		t.Errorf("the flooding client got GOAWAY %v, want ENHANCE_YOUR_CALM", code)
+	}
+	b.wantReported(t, ReasonTooManyPings)
+	good()
+}

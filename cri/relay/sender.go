@@ -71,6 +71,9 @@ type sender struct {
 
 	busy      atomic.Bool  // the owner's token
 	responses atomic.Int32 // frames answering the peer not yet written (maxResponses)
+	// sentStream says the owner wrote DATA or a header block since the peer's reader last
+	// looked (pingPolicy).
+	sentStream atomic.Bool
 	// held is what the sender holds, and since when none of it left: the shedding picks the
 	// connections that are stuck, not those that hold the most (Server.shedStuck).
 	held  atomic.Int64
@@ -195,7 +198,11 @@ func (s *sender) run(g bool) {
 			return
 		}
 		s.apply()
-		s.fill()
+		if g {
+			s.fill(slowBatch)
+		} else {
+			s.fill(maxBatch)
+		}
 		s.deliver()
 		if !s.o.b.empty() {
 			if !s.write(g) {

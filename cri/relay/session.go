@@ -49,6 +49,7 @@ type session struct {
 	// request has not come whole holds its bytes for a client that sends nothing since.
 	lastRead atomic.Int64
 	watch    watchState
+	pings    pingPolicy // the reader's
 }
 
 // stream is one call the relay carries, whatever its kind. Under the session's mu.
@@ -193,6 +194,12 @@ func (ss *session) clientFrame(f http2.Frame) error {
 		ss.down.out.put(event{kind: evWindow, id: f.StreamID, inc: f.Increment})
 		ss.down.touch(ss.down.out)
 	case *http2.PingFrame:
+		if !f.IsAck() && ss.pings.strike(ss.down.out, time.Now()) {
+			ss.report(refusal{ReasonTooManyPings, fmt.Sprintf("sent PINGs less than %s apart, %d times, while podgate sent it nothing", minPingInterval, maxPingStrikes+1), "GOAWAY ENHANCE_YOUR_CALM, closed the connection"})
+			ss.down.out.put(event{kind: evGoAway, id: ss.clientLastID(), code: http2.ErrCodeEnhanceYourCalm, held: goAwaySize})
+			ss.down.out.closeAfterFlush(closeGrace)
+			return nil
+		}
 		ss.pong(ss.down, f)
 	case *http2.RSTStreamFrame:
 		ss.clientReset(f)
@@ -214,6 +221,37 @@ func (ss *session) pong(c *conn, f *http2.PingFrame) {
 
 // pingSize is a PING frame's size, what an answer is charged while it waits.
 const pingSize = 17
+
+// A client may send PINGs as often as it likes while podgate sends it DATA or header blocks
+// (grpc-go's BDP estimator pings as data arrives), and otherwise one every minPingInterval —
+// grpc-go's client keeps its keepalive at least this far apart — with maxPingStrikes to spare;
+// past them its connection is closed with GOAWAY ENHANCE_YOUR_CALM, as grpc-go's server does
+// (its EnforcementPolicy, whose MinTime is 5 minutes). A PING costs podgate an answer: a flood
+// of them from clients that do not read would take the CPU the kubelet's calls need.
+const (
+	minPingInterval = 10 * time.Second
+	maxPingStrikes  = 2
+)
+
+// pingPolicy is what the client's reader keeps of its PINGs.
+type pingPolicy struct {
+	last    time.Time
+	strikes int
+}
+
+// strike counts a PING the client sent at now; it says whether the client went over the policy.
+// out is the client's sender, which says whether podgate sent it DATA or a header block since
+// the last PING.
+func (p *pingPolicy) strike(out *sender, now time.Time) bool {
+	if out.sentStream.Swap(false) {
+		p.last, p.strikes = time.Time{}, 0
+	}
+	if !p.last.IsZero() && now.Sub(p.last) < minPingInterval {
+		p.strikes++
+	}
+	p.last = now
+	return p.strikes > maxPingStrikes
+}
 
 // clientReset takes the client's RST_STREAM.
 func (ss *session) clientReset(f *http2.RSTStreamFrame) {

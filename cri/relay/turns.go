@@ -230,6 +230,7 @@ func (s *sender) headers(st *sendStream, fields []hpack.HeaderField, end bool, h
 	}
 	o.b.control(held, response)
 	st.wire = true
+	s.sentStream.Store(true)
 	if end {
 		s.finish(st)
 	}
@@ -300,10 +301,11 @@ func (s *sender) ready(st *sendStream) {
 	}
 }
 
-// fill gathers the next batch: the streams take their turns, in order, while the batch has room.
-func (s *sender) fill() {
+// fill gathers the next batch, of at most limit bytes: the streams take their turns, in order,
+// while the batch has room.
+func (s *sender) fill(limit int64) {
 	o := &s.o
-	for !o.b.full() && o.head < len(o.ring) {
+	for !o.b.full(limit) && o.head < len(o.ring) {
 		st := o.ring[o.head]
 		o.ring[o.head] = nil
 		o.head++
@@ -342,6 +344,7 @@ func (s *sender) turn(st *sendStream) bool {
 			continue
 		}
 		o.b.data(st, it.data, it.end, int64(len(it.data)), false)
+		s.sentStream.Store(true)
 		if it.end {
 			s.finish(st)
 		}
@@ -371,10 +374,11 @@ func (s *sender) borrow(st *sendStream, p []byte, end bool) {
 	case st.done:
 		st.credit.drop(n)
 		return
-	case st.q.empty() && o.head == len(o.ring) && !o.b.full() && n <= st.sendSize(o) && n <= o.window.size():
+	case st.q.empty() && o.head == len(o.ring) && !o.b.full(maxBatch) && n <= st.sendSize(o) && n <= o.window.size():
 		st.window.spend(n)
 		o.window.spend(n)
 		o.b.data(st, p, end, 0, true)
+		s.sentStream.Store(true)
 		if end {
 			s.finish(st)
 		}

@@ -95,8 +95,10 @@ func TestClientThatStopsReadingIsClosedByKeepalive(t *testing.T) {
 }
 
 // TestWriteTimeoutClosesAClientThatPingsButDoesNotRead: a client that keeps the keepalive
-// happy with PINGs of its own but never reads is closed once a write makes no progress for
-// WriteTimeout; the PONGs it asks for do not pile up (its reader waits for the writer).
+// happy with frames of its own (SETTINGS, each of which asks for an acknowledgement) but never
+// reads is closed once a write makes no progress for WriteTimeout; the acknowledgements it asks
+// for do not pile up (its reader waits for the writer). (PINGs that often would be a ping flood:
+// TestPingFloodClosed.)
 func TestWriteTimeoutClosesAClientThatPingsButDoesNotRead(t *testing.T) {
 	lim := Limits{KeepaliveTime: time.Minute, WriteTimeout: 300 * time.Millisecond}
 	b := newAttackBed(t, lim, 16<<20)
@@ -107,15 +109,13 @@ func TestWriteTimeoutClosesAClientThatPingsButDoesNotRead(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
-		for i := uint64(0); ; i++ {
+		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(10 * time.Millisecond):
 			}
-			var data [8]byte
-			data[0] = byte(i)
-			deaf.write(func(fr *http2.Framer) error { return fr.WritePing(false, data) })
+			deaf.write(func(fr *http2.Framer) error { return fr.WriteSettings() })
 		}
 	}()
 	waitClosed(t, srv.conn)
