@@ -98,6 +98,16 @@
 // its containerd. Every daemon also gets SIGKILL from the kernel if the test binary dies
 // (Pdeathsig), so a panic or a timeout does not leave daemons behind.
 //
+// A test that stops or removes sandboxes itself while the kubelet runs races the kubelet:
+// containerd does not serialise two calls that stop one sandbox (StopPodSandbox, and
+// RemovePodSandbox, which stops first). Both run CNI DEL, and when one removes the network
+// namespace as the other's plugin opens it, the plugin fails ("unknown FS magic on
+// .../netns/cni-...: ef53"); a RemoveContainer meeting the kubelet's fails ("container is
+// already in removing state"). containerd reports a sandbox NOTREADY when its pause process
+// exits, before CNI DEL, and closes its network namespace last: such a test waits for the
+// namespace closed (netNamespaceClosed in the verbose status), then stops the kubelet before
+// it removes the sandbox, as teardownPods in this package's tests does.
+//
 // What the kubelet shares with the host whatever its configuration says:
 // /var/lib/kubelet/device-plugins (its device-plugin registration socket, a fixed path in the
 // kubelet), and the symlinks it makes to container logs in /var/log/containers. Tests use

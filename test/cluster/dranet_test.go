@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,11 +194,13 @@ func TestDRANetBesidePodgate(t *testing.T) {
 		t.Errorf("podgate counts attach operations (%v, %v), want none: dranet is not in dra.attach", ok, err)
 	}
 
-	// dranet dies again; the kubelet pod's sandbox dies under the kubelet (stopped in
-	// containerd, past podgate and the kubelet), and the kubelet starts another.
+	// dranet dies again; the kubelet pod's sandbox dies under the kubelet (its pause process
+	// killed, past podgate and the kubelet), and the kubelet stops it and starts another. Not a
+	// StopPodSandbox of the test's: the kubelet's own, once it sees the sandbox dead, would run
+	// beside it, and containerd does not serialise two stops of one sandbox (teardownPods).
 	killDRANet(t, n, dn)
-	if err := n.containerd.Runtime.StopPodSandbox(ctx, sb.Id); err != nil {
-		t.Fatalf("stop sandbox %s in containerd: %v", sb.Id, err)
+	if err := syscall.Kill(sandboxPID(t, n.containerd, sb.Id), syscall.SIGKILL); err != nil {
+		t.Fatalf("kill the pause process of sandbox %s: %v", sb.Id, err)
 	}
 	// The kubelet does not prepare the claim again, which it has prepared: nobody calls dranet,
 	// and only podgate stands between the sandbox and containerd, which would start it without

@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	v1 "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -188,8 +187,10 @@ func startMultusNode(t testing.TB, draKeys ...string) *multusNode {
 	m.useSocket(t, n.podgate.PodResourcesSocket)
 	// Runs before the cluster's Down (cleanups run last first), which deletes the pods but may
 	// stop the kubelet before it stopped their sandboxes: the rig's Down would then run
-	// multus's DELs with the API server gone, each waiting 2.5 s for the pod.
-	t.Cleanup(func() { m.stopPods(t) })
+	// multus's DELs with the API server gone, each waiting 2.5 s for the pod. teardownPods waits
+	// for the kubelet's stops, then removes the sandboxes with the kubelet stopped and the API
+	// server still there.
+	t.Cleanup(func() { n.teardownPods(t) })
 	dyn, err := dynamic.NewForConfig(n.cluster.RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -801,9 +802,9 @@ func (m *multusNode) burst(t testing.TB, prefix string) burstResult {
 }
 
 // removeBurst deletes the burst's pods and waits until the kubelet has let their devices go (its
-// own PodResources List shows none of them: it allocates from the same active pods) and their
-// sandboxes are stopped (multus's DELs done), so that the next burst starts on a quiet node
-// with the devices free.
+// own PodResources List shows none of them: it allocates from the same active pods) and has
+// stopped their sandboxes to the end (waitStopped: multus's DELs done, not only the pause
+// processes), so that the next burst starts on a quiet node with the devices free.
 func (m *multusNode) removeBurst(t testing.TB, prefix string) {
 	t.Helper()
 	c := m.cluster
@@ -827,61 +828,11 @@ func (m *multusNode) removeBurst(t testing.TB, prefix string) {
 				return false, fmt.Errorf("the kubelet still lists %s", pr.GetName())
 			}
 		}
-		sbs, err := m.containerd.Runtime.ListPodSandbox(t.Context(), &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"burst": prefix}})
-		if err != nil {
-			return false, err
-		}
-		for _, sb := range sbs {
-			if sb.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
-				return false, fmt.Errorf("sandbox of %s still ready", sb.GetMetadata().GetName())
-			}
-		}
 		return true, nil
 	})
-}
-
-// stopPods deletes the pods of the default namespace, waits until the kubelet has stopped
-// their sandboxes (multus's DELs done, with the API server there) and removes them. It runs in
-// a cleanup, when the test's context is done.
-func (m *multusNode) stopPods(t testing.TB) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	err := m.cluster.Client().CoreV1().Pods(metav1.NamespaceDefault).DeleteCollection(ctx,
-		metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+	err = waitStopped(t.Context(), m.containerd.Runtime, &runtimeapi.PodSandboxFilter{LabelSelector: map[string]string{"burst": prefix}})
 	if err != nil {
-		t.Errorf("delete the pods: %v", err)
-		return
-	}
-	var ready []string
-	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		sbs, err := m.containerd.Runtime.ListPodSandbox(ctx, &runtimeapi.PodSandboxFilter{
-			State: &runtimeapi.PodSandboxStateValue{State: runtimeapi.PodSandboxState_SANDBOX_READY},
-		})
-		if err != nil {
-			return false, nil //nolint:nilerr // containerd may be busy: ask again
-		}
-		ready = ready[:0]
-		for _, sb := range sbs {
-			ready = append(ready, sb.GetMetadata().GetName())
-		}
-		return len(ready) == 0, nil
-	})
-	if err != nil {
-		t.Errorf("the kubelet did not stop the sandboxes of %v: %v", ready, err)
-		return
-	}
-	// containerd runs CNI DEL again when a sandbox is removed, which the kubelet leaves to its
-	// garbage collection a minute on: remove them now, while multus still finds the API server.
-	sbs, err := m.containerd.Runtime.ListPodSandbox(ctx, nil)
-	if err != nil {
-		t.Errorf("list the sandboxes: %v", err)
-		return
-	}
-	for _, sb := range sbs {
-		if err := m.containerd.Runtime.RemovePodSandbox(ctx, sb.GetId()); err != nil {
-			t.Errorf("remove the sandbox of %s: %v", sb.GetMetadata().GetName(), err)
-		}
+		t.Fatalf("the kubelet stopping burst %s: %v", prefix, err)
 	}
 }
 
