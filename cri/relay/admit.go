@@ -153,7 +153,7 @@ func (ss *session) clientTrailersLocked(s *stream, f *http2.MetaHeadersFrame) af
 // newClientStream is a client's new call before it is routed.
 func (ss *session) newClientStream(id uint32, path string, ended bool) *stream {
 	s := &stream{downID: id, path: path}
-	s.req = way{from: ss.down, fromID: id, recv: newRecvWindow(streamWindow), done: ended}
+	s.req = way{from: ss.down, fromID: id, recv: s.recvWin(0, streamWindow), done: ended}
 	return s
 }
 

@@ -19,9 +19,10 @@ import (
 // may run under mu, because it writes (kicks a sender), calls out (the observer, the log) or
 // takes the lock again (a reset).
 type after struct {
-	kicks   []*sender // senders put events to
-	ended   *stream   // the stream the step forgot: the observer's End
-	handler func()    // a Unary target's call, run in a goroutine of its own
+	kicks   [3]*sender // senders put events to; a call has two sides
+	more    []*sender  // and beyond the three, should a step ever put to more
+	ended   *stream    // the stream the step forgot: the observer's End
+	handler func()     // a Unary target's call, run in a goroutine of its own
 	// reset is reset on both sides with code: an error in what a side sent.
 	reset *stream
 	code  http2.ErrCode
@@ -30,14 +31,22 @@ type after struct {
 
 // kick notes that s was put events.
 func (a *after) kick(s *sender) {
-	if s != nil && !slices.Contains(a.kicks, s) {
-		a.kicks = append(a.kicks, s)
+	if s == nil || slices.Contains(a.kicks[:], s) || slices.Contains(a.more, s) {
+		return
 	}
+	if i := slices.Index(a.kicks[:], nil); i >= 0 {
+		a.kicks[i] = s
+		return
+	}
+	a.more = append(a.more, s)
 }
 
 // merge adds b's kicks to a's.
 func (a *after) merge(b after) {
 	for _, k := range b.kicks {
+		a.kick(k)
+	}
+	for _, k := range b.more {
 		a.kick(k)
 	}
 }
@@ -48,10 +57,12 @@ func (ss *session) after(c *conn, a after) {
 	if a.note != nil {
 		ss.report(*a.note) // counted before the client learns of it
 	}
-	for _, k := range a.kicks {
-		if c != nil {
+	for _, k := range append(a.kicks[:], a.more...) {
+		switch {
+		case k == nil:
+		case c != nil:
 			c.touch(k)
-		} else {
+		default:
 			k.kick()
 		}
 	}

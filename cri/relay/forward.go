@@ -108,8 +108,8 @@ func (ss *session) openForwardLocked(s *stream, up *upstream, fields []hpack.Hea
 	s.up, s.upID = up, up.nextID
 	up.nextID += 2
 	// The handler sends the request whole; the answer comes to it (to nil).
-	s.req = way{to: newSendStream(up.c.out, s.upID, s, creditTo{}, false)}
-	s.ans = way{from: up.c, fromID: s.upID, recv: newRecvWindow(streamWindow)}
+	s.req = way{to: s.sendOn(0, up.c.out, s.upID, creditTo{}, false)}
+	s.ans = way{from: up.c, fromID: s.upID, recv: s.recvWin(1, streamWindow)}
 	up.streams[s.upID] = s
 	up.c.out.put(event{kind: evHeaders, st: s.req.to, fields: fields, held: headerListSize(fields)})
 	return nil

@@ -13,7 +13,14 @@ import (
 // relay's CPU and allocations per answer show in -cpuprofile and -benchmem.
 //
 //	go test -run '^$' -bench LargeAnswer -benchmem -count 6 ./cri/relay
-func BenchmarkLargeAnswer(b *testing.B) {
+func BenchmarkLargeAnswer(b *testing.B) { benchAnswer(b, 756_000) }
+
+// BenchmarkSmallAnswer is BenchmarkLargeAnswer with a Version-sized answer (30 bytes): what the
+// relay costs a small call.
+func BenchmarkSmallAnswer(b *testing.B) { benchAnswer(b, 30) }
+
+// benchAnswer calls for answers of size bytes, directly and through the relay.
+func benchAnswer(b *testing.B, size int) {
 	dir := shortDir(b)
 	tgt := startSizedServer(b, dir)
 	sock := startRelay(b, dir, &Server{Route: func(string) *Target { return tgt }})
@@ -34,10 +41,10 @@ func BenchmarkLargeAnswer(b *testing.B) {
 			cl = dial("unix://" + sock)
 		}
 		b.Run("path="+path, func(b *testing.B) {
-			in := sizeRequest(756_000)
+			in := sizeRequest(size)
 			for b.Loop() {
 				var out []byte
-				if err := cl.Invoke(context.Background(), "/svc/Big", &in, &out); err != nil || len(out) != 756_000 {
+				if err := cl.Invoke(context.Background(), "/svc/Big", &in, &out); err != nil || len(out) != size {
 					b.Fatalf("%d bytes, %v", len(out), err)
 				}
 			}

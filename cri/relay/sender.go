@@ -63,6 +63,9 @@ type sender struct {
 	conn  net.Conn
 	raw   syscall.RawConn // nil without a file descriptor: the writer goroutine writes then
 	hooks senderHooks
+	// tryFn and waitFn are tryWritev and waitWritev, made into func values once: RawConn.Write
+	// keeps no closure of a write then.
+	tryFn, waitFn func(fd uintptr) bool
 
 	mu     sync.Mutex // guards inbox and dead
 	inbox  []event
@@ -115,6 +118,9 @@ type owner struct {
 	closing bool  // an evClose came: the connection closes once b is written
 	ended   bool
 	iovs    []unix.Iovec
+	wn      int     // what the last writev wrote
+	werr    error   // and its error
+	spare   []event // the inbox's other array
 	notes   []note
 	kicks   []*sender // senders given credit by the last write
 }
@@ -133,6 +139,7 @@ func newSender(c net.Conn, hooks senderHooks) *sender {
 	if sc, ok := c.(syscall.Conn); ok {
 		s.raw, _ = sc.SyscallConn()
 	}
+	s.tryFn, s.waitFn = s.tryWritev, s.waitWritev
 	o := &s.o
 	o.b.tail = -1
 	o.fr = http2.NewFramer(&o.b, nil)
@@ -203,13 +210,21 @@ func (s *sender) run(g bool) {
 		} else {
 			s.fill(maxBatch)
 		}
-		s.deliver()
+		// The hooks of what this batch ends are called once its bytes left: nothing the session
+		// does for them (a stream forgotten, the observer's End) comes before the answer.
+		var buf [4]note
+		notes := append(buf[:0], s.o.notes...)
+		clear(s.o.notes)
+		s.o.notes = s.o.notes[:0]
 		if !s.o.b.empty() {
-			if !s.write(g) {
+			owner := s.write(g)
+			s.notify(notes)
+			if !owner {
 				return
 			}
 			continue
 		}
+		s.notify(notes)
 		if s.o.closing {
 			s.end()
 			return
@@ -246,7 +261,7 @@ func (s *sender) apply() {
 	}
 	s.mu.Lock()
 	evs := s.inbox
-	s.inbox = nil
+	s.inbox = s.o.spare // the two take turns: putting appends to no new array
 	s.queued.Store(0)
 	s.mu.Unlock()
 	for i := range evs {
@@ -256,15 +271,14 @@ func (s *sender) apply() {
 		}
 		s.take(&evs[i])
 	}
+	clear(evs)
+	s.o.spare = evs[:0]
 }
 
-// deliver calls the hooks the owner's steps left, and kicks the senders that a write gave
-// credit to.
-func (s *sender) deliver() {
-	o := &s.o
-	for len(o.notes) > 0 {
-		n := o.notes[0]
-		o.notes = o.notes[1:]
+// notify calls the hooks of notes, which the owner's steps left; the hooks touch nothing of the
+// owner's.
+func (s *sender) notify(notes []note) {
+	for _, n := range notes {
 		switch {
 		case n.reason != "":
 			s.hooks.broke(n.code, n.reason)
@@ -274,7 +288,17 @@ func (s *sender) deliver() {
 			s.hooks.ended(n.st)
 		}
 	}
-	o.notes = o.notes[:0]
+}
+
+// deliver calls the hooks the owner's steps left, and kicks the senders that a write gave
+// credit to.
+func (s *sender) deliver() {
+	o := &s.o
+	for len(o.notes) > 0 {
+		notes := o.notes
+		o.notes = nil
+		s.notify(notes)
+	}
 	for len(o.kicks) > 0 {
 		k := o.kicks[len(o.kicks)-1]
 		o.kicks = o.kicks[:len(o.kicks)-1]
@@ -322,13 +346,10 @@ func (s *sender) writeOnce(g bool) (int, error) {
 		}
 		return s.writeConn()
 	}
+	o := &s.o
 	if !g {
-		var n int
-		var werr error
-		err := s.raw.Write(func(fd uintptr) bool {
-			n, werr = writev(fd, &s.o.b, &s.o.iovs)
-			return true
-		})
+		err := s.raw.Write(s.tryFn)
+		n, werr := o.wn, o.werr
 		switch {
 		case errors.Is(werr, unix.EAGAIN):
 			return n, errWouldBlock
@@ -343,12 +364,8 @@ func (s *sender) writeOnce(g bool) (int, error) {
 		// does not wait, at once.
 		defer func() { _ = s.conn.SetWriteDeadline(time.Time{}) }()
 	}
-	var n int
-	var werr error
-	err := s.raw.Write(func(fd uintptr) bool {
-		n, werr = writev(fd, &s.o.b, &s.o.iovs)
-		return !errors.Is(werr, unix.EAGAIN) // wait for the socket, within the deadline
-	})
+	err := s.raw.Write(s.waitFn)
+	n, werr := o.wn, o.werr
 	if werr == nil || errors.Is(werr, unix.EAGAIN) {
 		werr = err // the wait's end: the deadline, or the connection closed
 	}
@@ -356,6 +373,20 @@ func (s *sender) writeOnce(g bool) (int, error) {
 		s.hooks.stalled()
 	}
 	return n, werr
+}
+
+// tryWritev is what a write that does not wait runs on the socket (RawConn.Write): one writev;
+// its results are the owner's wn and werr. A method value made once, not a closure per write.
+func (s *sender) tryWritev(fd uintptr) bool {
+	s.o.wn, s.o.werr = writev(fd, &s.o.b, &s.o.iovs)
+	return true
+}
+
+// waitWritev is tryWritev for the writer goroutine: when the socket takes nothing, it waits for
+// it (within the deadline).
+func (s *sender) waitWritev(fd uintptr) bool {
+	s.tryWritev(fd)
+	return !errors.Is(s.o.werr, unix.EAGAIN)
 }
 
 // writeConn writes the batch's next buffer with the connection's Write, for a connection
@@ -394,7 +425,9 @@ func (s *sender) wrote() {
 	if responses > 0 {
 		s.responses.Add(-responses)
 	}
-	s.since.Store(time.Now().UnixNano())
+	if s.held.Load() > held {
+		s.since.Store(time.Now().UnixNano()) // bytes left, others are still held
+	}
 	if held > 0 {
 		o.held -= held
 		s.charge(-held)
@@ -406,6 +439,24 @@ func (s *sender) wrote() {
 	if len(o.kicks) > 0 {
 		s.deliver()
 	}
+}
+
+// drain writes the batch without waiting, as far as the socket takes it; it says whether all of
+// it left. What it does not write stays for the owner's next write.
+func (s *sender) drain() bool {
+	b := &s.o.b
+	for !b.empty() {
+		n, err := s.writeOnce(false)
+		if n > 0 {
+			b.advance(n)
+			s.wrote()
+		}
+		if err != nil {
+			return false
+		}
+	}
+	b.reset()
+	return true
 }
 
 // handOff gives the token (and what the batch has left) to the writer goroutine.

@@ -45,9 +45,6 @@ type session struct {
 	logged   sync.Once    // the session's one log line
 	peer     peer         // the client's process
 	frames   atomic.Uint64
-	// lastRead is when the client's last frame arrived (unix nanoseconds): a call whose
-	// request has not come whole holds its bytes for a client that sends nothing since.
-	lastRead atomic.Int64
 	watch    watchState
 	pings    pingPolicy // the reader's
 }
@@ -72,6 +69,22 @@ type stream struct {
 	partial int64 // of held, what its request holds until it is whole
 	timer   *time.Timer
 	expired bool
+	// The ways' windows and their streams at the senders live in the stream: one allocation
+	// a call (req's at 0, ans's at 1).
+	wins [2]recvWindow
+	outs [2]sendStream
+}
+
+// recvWin is the window of the way i (0 the request's, 1 the answer's), opened at n.
+func (s *stream) recvWin(i int, n int64) *recvWindow {
+	w := &s.wins[i]
+	w.n.Store(n)
+	return w
+}
+
+// sendOn is the stream at out of the way i, for newSendStream's arguments.
+func (s *stream) sendOn(i int, out *sender, id uint32, from creditTo, peerOpened bool) *sendStream {
+	return s.outs[i].init(out, id, s, from, peerOpened)
 }
 
 // way is one direction of a call: where its bytes come from and where they go.
@@ -114,7 +127,6 @@ func (ss *session) readClient() error {
 		}
 		f, d, isData, err := c.next()
 		ss.frames.Add(1)
-		ss.lastRead.Store(time.Now().UnixNano())
 		var se http2.StreamError
 		switch {
 		case errors.As(err, &se):
@@ -372,9 +384,9 @@ func (ss *session) passLocked(s *stream, up *upstream, fields []hpack.HeaderFiel
 	}
 	s.kind, s.up, s.upID = passthrough{}, up, up.nextID
 	up.nextID += 2
-	s.req.to = newSendStream(up.c.out, s.upID, s, s.req.credit(), false)
-	s.ans = way{from: up.c, fromID: s.upID, recv: newRecvWindow(streamWindow)}
-	s.ans.to = newSendStream(ss.down.out, s.downID, s, s.ans.credit(), true)
+	s.req.to = s.sendOn(0, up.c.out, s.upID, s.req.credit(), false)
+	s.ans = way{from: up.c, fromID: s.upID, recv: s.recvWin(1, streamWindow)}
+	s.ans.to = s.sendOn(1, ss.down.out, s.downID, s.ans.credit(), true)
 	ss.streams[s.downID] = s
 	up.streams[s.upID] = s
 	// In order of their ids: HTTP/2 wants a connection's new streams to.
@@ -398,7 +410,7 @@ func (ss *session) answerLocal(s *stream, code codes.Code, msg string) {
 func (ss *session) answerLocalLocked(s *stream, code codes.Code, msg string) after {
 	s.kind, s.code, s.headersSent = answered{}, code, true
 	if s.ans.to == nil {
-		s.ans.to = newSendStream(ss.down.out, s.downID, s, creditTo{}, true)
+		s.ans.to = s.sendOn(1, ss.down.out, s.downID, creditTo{}, true)
 	}
 	s.ans.done = true
 	s.req.closed = s.req.done // a request whole already: nothing more comes to drop

@@ -86,7 +86,14 @@ type sendStream struct {
 
 // newSendStream is the direction toward out's peer of a call that peerOpened or podgate opens.
 func newSendStream(out *sender, id uint32, s *stream, from creditTo, peerOpened bool) *sendStream {
-	return &sendStream{id: id, out: out, s: s, credit: from, wire: peerOpened}
+	return new(sendStream).init(out, id, s, from, peerOpened)
+}
+
+// init makes st newSendStream's, in place (a stream keeps its two in itself: one allocation a
+// call, not three).
+func (st *sendStream) init(out *sender, id uint32, s *stream, from creditTo, peerOpened bool) *sendStream {
+	st.id, st.out, st.s, st.credit, st.wire = id, out, s, from, peerOpened
+	return st
 }
 
 // sendSize is what the peer lets st send now: its window, moved by every change of the peer's
@@ -374,7 +381,10 @@ func (s *sender) borrow(st *sendStream, p []byte, end bool) {
 	case st.done:
 		st.credit.drop(n)
 		return
-	case st.q.empty() && o.head == len(o.ring) && !o.b.full(maxBatch) && n <= st.sendSize(o) && n <= o.window.size():
+	case st.q.empty() && o.head == len(o.ring) && n <= st.sendSize(o) && n <= o.window.size() &&
+		(!o.b.full(maxBatch) || s.drain()):
+		// Its turn is now (nothing waits before it, the windows take it), and the batch has
+		// room, or makes room by being written.
 		st.window.spend(n)
 		o.window.spend(n)
 		o.b.data(st, p, end, 0, true)

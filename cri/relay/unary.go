@@ -95,7 +95,7 @@ func (ss *session) openUnaryLocked(s *stream, u *unaryCall) after {
 		ss.removeLocked(s, noRST, noRST)
 		return after{ended: s}
 	}
-	s.ans.to = newSendStream(ss.down.out, s.downID, s, creditTo{}, true)
+	s.ans.to = s.sendOn(1, ss.down.out, s.downID, creditTo{}, true)
 	ss.down.out.put(event{kind: evOpen, st: s.ans.to})
 	ss.streams[s.downID] = s
 	if s.req.done {

@@ -195,13 +195,17 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	}
 
 	if profileDir != "" {
-		pl := newLoad(b, map[string]string{"forwarder": fwd.Endpoint, "podgate": pg.Endpoint}, 4)
+		profiled := map[string]string{"forwarder": fwd.Endpoint, "podgate": pg.Endpoint}
+		urls := map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL}
+		pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
+		if before != nil {
+			profiled["before"], urls["before"], pids["before"] = before.Endpoint, before.MetricsURL, before.PID()
+		}
+		pl := newLoad(b, profiled, 4)
 		pl.call = func(ctx context.Context, c *rig.Client) error {
 			_, err := c.Runtime.ListContainers(ctx, nil)
 			return err
 		}
-		urls := map[string]string{"forwarder": fwd.PprofURL, "podgate": pg.MetricsURL}
-		pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
 		profileUnderLoad(b, filepath.Join(profileDir, "list"), pl, pids, urls)
 		pl.call = func(ctx context.Context, c *rig.Client) error {
 			_, err := c.Runtime.CreateContainer(ctx, fakeSandboxID, container, sandbox)
