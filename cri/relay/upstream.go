@@ -107,7 +107,7 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 		return nil, err
 	}
 	u := &upstream{target: t, nextID: 1, streams: map[uint32]*stream{}}
-	u.c = newConn(nc, bufio.NewReaderSize(nc, upstreamReadBuffer), maxHeaderList, ss.hooks(u))
+	u.c = newConn(nc, bufio.NewReaderSize(nc, readBuffer), maxHeaderList, ss.hooks(u))
 	u.c.out.put(event{kind: evPreface, ack: true, settings: []http2.Setting{
 		{ID: http2.SettingEnablePush, Val: 0},
 		{ID: http2.SettingInitialWindowSize, Val: streamWindow},
