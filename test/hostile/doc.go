@@ -3,7 +3,7 @@
 // and run in front of test/e2e/fakeruntime, and against that grpc-go server directly, and
 // prints a table: each attack's RSS before and after (VmRSS, VmHWM of the process attacked),
 // what the attacked server did, whether a kubelet-shaped client calling Version every 100 ms
-// was answered throughout, podgate's refusal log lines, the attacked process's CPU time (per
+// (10 s deadline) was answered throughout and its slowest answer, podgate's refusal log lines, the attacked process's CPU time (per
 // frame for the control-frame rows), what podgate's budget held at the attack's end, and
 // whether podgate held what TestAttacks checks of the attack. Every attack is bounded in
 // streams, bytes and time; each runs against fresh processes. Issue 38's rows: clients that

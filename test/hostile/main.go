@@ -139,10 +139,20 @@ func readMemory(pid int) memory {
 	return m
 }
 
+// kubeletDeadline is the deadline of the kubelet-shaped client's Version calls. The real
+// kubelet gives a CRI call runtimeRequestTimeout (2 min); 10 s is far below it and far above
+// what a call takes when the machine is busy with other tests (make test runs packages side by
+// side, podgate built with -race), so a call not answered within it is podgate's fault, not the
+// machine's. How long the answers took is reported beside the count.
+const kubeletDeadline = 10 * time.Second
+
 // kubelet calls Version on a CRI socket every 100 ms, as a kubelet's probe does, and counts
-// the calls answered.
+// the calls answered, the slowest answer and the first error.
 type kubelet struct {
 	answered, calls atomic.Int64
+	mu              sync.Mutex
+	slowest         time.Duration
+	failed          error // the first call that failed, with its code and message
 	stop            chan struct{}
 	done            sync.WaitGroup
 }
@@ -164,9 +174,18 @@ func startKubelet(sock string) (*kubelet, error) {
 				return
 			case <-tick.C:
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), kubeletDeadline)
+			start := time.Now()
 			_, err := client.Version(ctx, &runtimeapi.VersionRequest{})
+			took := time.Since(start)
 			cancel()
+			k.mu.Lock()
+			if err == nil {
+				k.slowest = max(k.slowest, took)
+			} else if k.failed == nil {
+				k.failed = fmt.Errorf("call %d failed after %s: %w", k.calls.Load()+1, took.Round(time.Millisecond), err)
+			}
+			k.mu.Unlock()
 			k.calls.Add(1)
 			if err == nil {
 				k.answered.Add(1)
@@ -176,10 +195,13 @@ func startKubelet(sock string) (*kubelet, error) {
 	return k, nil
 }
 
-func (k *kubelet) finish() (answered, calls int64) {
+// finish stops the client and returns its counts, its slowest answer and its first failure.
+func (k *kubelet) finish() (answered, calls int64, slowest time.Duration, failed error) {
 	close(k.stop)
 	k.done.Wait()
-	return k.answered.Load(), k.calls.Load()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.answered.Load(), k.calls.Load(), k.slowest, k.failed
 }
 
 // readCPU is the CPU time a process has used, user and system.

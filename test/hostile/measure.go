@@ -65,6 +65,8 @@ type outcome struct {
 	before, after    memory
 	goroutines       string
 	answered, calls  int64
+	slowest          time.Duration // the kubelet-shaped client's slowest answer
+	failed           error         // its first call that failed
 	did              string
 	log              string // podgate's
 	cpu              time.Duration
@@ -86,7 +88,7 @@ func verdict(a attack, o outcome) []error {
 		errs = append(errs, fmt.Errorf("podgate's RSS peaked at %.0f MB, over %d MiB", o.after.hwm, peakRSS>>20))
 	}
 	if o.answered != o.calls || o.calls == 0 {
-		errs = append(errs, fmt.Errorf("the kubelet's Version: %d of %d answered", o.answered, o.calls))
+		errs = append(errs, fmt.Errorf("the kubelet's Version: %d of %d answered within %s; %v", o.answered, o.calls, kubeletDeadline, o.failed))
 	}
 	if a.offends && len(refusalsNaming(o.log, o.attackerPID)) == 0 {
 		errs = append(errs, fmt.Errorf("no refusal log line names the attacking process (pid %d):\n%s", o.attackerPID, refusalLog(o.log)))
@@ -123,7 +125,7 @@ func (o outcome) row(a attack) string {
 	if a.frames > 0 {
 		cpu = fmt.Sprintf("%.1f µs/frame", float64(o.cpu.Microseconds())/float64(a.frames))
 	}
-	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.answered, o.calls, o.did, logLines, cpu, o.held)
+	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d (slowest %s) | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.answered, o.calls, o.slowest.Round(time.Millisecond), o.did, logLines, cpu, o.held)
 }
 
 func measure(ctx context.Context, r *rig, a attack, server string) (outcome, error) {
@@ -179,17 +181,17 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 		}
 	}
 	cleanup()
-	o.answered, o.calls = k.finish()
+	o.answered, o.calls, o.slowest, o.failed = k.finish()
 	if pg != nil {
 		o.log = pg.Log.String()
 	}
 	return o, err
 }
 
-// waitCalls waits until the client has made n calls, at most 30 s (it calls every 100 ms, each
-// with a 1 s deadline).
+// waitCalls waits until the client has made n calls, at most 30 s beyond the deadline of a
+// call in flight (it calls every 100 ms, each with kubeletDeadline).
 func (k *kubelet) waitCalls(n int64) error {
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30*time.Second + kubeletDeadline)
 	for k.calls.Load() < n {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the kubelet-shaped client made %d calls in 30 s, not %d", k.calls.Load(), n)
