@@ -195,13 +195,21 @@ func startKubelet(sock string) (*kubelet, error) {
 	return k, nil
 }
 
-// finish stops the client and returns its counts, its slowest answer and its first failure.
-func (k *kubelet) finish() (answered, calls int64, slowest time.Duration, failed error) {
+// probed is what the kubelet-shaped client saw: the calls it made, those answered, its slowest
+// answer and its first call that failed.
+type probed struct {
+	answered, calls int64
+	slowest         time.Duration
+	failed          error
+}
+
+// finish stops the client and returns what it saw.
+func (k *kubelet) finish() probed {
 	close(k.stop)
 	k.done.Wait()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.answered.Load(), k.calls.Load(), k.slowest, k.failed
+	return probed{answered: k.answered.Load(), calls: k.calls.Load(), slowest: k.slowest, failed: k.failed}
 }
 
 // readCPU is the CPU time a process has used, user and system.

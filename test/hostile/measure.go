@@ -64,9 +64,7 @@ func runAttacks(ctx context.Context, r *rig, silence, stressFor time.Duration, o
 type outcome struct {
 	before, after    memory
 	goroutines       string
-	answered, calls  int64
-	slowest          time.Duration // the kubelet-shaped client's slowest answer
-	failed           error         // its first call that failed
+	kubelet          probed // what the kubelet-shaped client saw
 	did              string
 	log              string // podgate's
 	cpu              time.Duration
@@ -87,8 +85,12 @@ func verdict(a attack, o outcome) []error {
 	if peak := o.after.hwm * 1e6; peak > peakRSS {
 		errs = append(errs, fmt.Errorf("podgate's RSS peaked at %.0f MB, over %d MiB", o.after.hwm, peakRSS>>20))
 	}
-	if o.answered != o.calls || o.calls == 0 {
-		errs = append(errs, fmt.Errorf("the kubelet's Version: %d of %d answered within %s; %v", o.answered, o.calls, kubeletDeadline, o.failed))
+	if k := o.kubelet; k.answered != k.calls || k.calls == 0 {
+		err := fmt.Errorf("the kubelet's Version: %d of %d answered within %s", k.answered, k.calls, kubeletDeadline)
+		if k.failed != nil {
+			err = fmt.Errorf("%w; the first that failed: %w", err, k.failed)
+		}
+		errs = append(errs, err)
 	}
 	if a.offends && len(refusalsNaming(o.log, o.attackerPID)) == 0 {
 		errs = append(errs, fmt.Errorf("no refusal log line names the attacking process (pid %d):\n%s", o.attackerPID, refusalLog(o.log)))
@@ -125,7 +127,7 @@ func (o outcome) row(a attack) string {
 	if a.frames > 0 {
 		cpu = fmt.Sprintf("%.1f µs/frame", float64(o.cpu.Microseconds())/float64(a.frames))
 	}
-	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d (slowest %s) | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.answered, o.calls, o.slowest.Round(time.Millisecond), o.did, logLines, cpu, o.held)
+	return fmt.Sprintf("%.0f → %.0f (%.0f) | %s | %d/%d (slowest %s) | %s | %s | %s | %s", o.before.rss, o.after.rss, o.after.hwm, o.goroutines, o.kubelet.answered, o.kubelet.calls, o.kubelet.slowest.Round(time.Millisecond), o.did, logLines, cpu, o.held)
 }
 
 func measure(ctx context.Context, r *rig, a attack, server string) (outcome, error) {
@@ -181,7 +183,7 @@ func measure(ctx context.Context, r *rig, a attack, server string) (outcome, err
 		}
 	}
 	cleanup()
-	o.answered, o.calls, o.slowest, o.failed = k.finish()
+	o.kubelet = k.finish()
 	if pg != nil {
 		o.log = pg.Log.String()
 	}
