@@ -179,7 +179,7 @@ func (a *Agent) runnables(p *proxy, services []service) []runnable {
 		list = append(list, runnable{name: "pod events", run: loop(p.events.Run)})
 	}
 	if p.node != nil {
-		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { p.node.run(ctx, rebuildBackoff) })})
+		list = append(list, runnable{name: "node", run: loop(func(ctx context.Context) { p.node.Run(ctx, rebuildBackoff) })})
 	}
 	if p.dra != nil {
 		list = append(list, p.dra.runnables()...)
@@ -244,7 +244,7 @@ type proxy struct {
 	kubelet *kubeletinfo.View
 	// node reads the Node (the kubelet's version) for kubelet and what else depends on it;
 	// nil without the Kubernetes API.
-	node *nodeReader
+	node *kubeletinfo.NodeReader
 
 	sysctls *sysctl.Stages
 	// core is the pipeline's own stages; pipeline runs every stage on the sandbox calls.
@@ -307,9 +307,9 @@ func (a *Agent) buildProxy(ctx context.Context, st *state.State, changes *podres
 	if err != nil {
 		return nil, err
 	}
-	var nodeRead *nodeReader
+	var nodeRead *kubeletinfo.NodeReader
 	if pods != nil {
-		nodeRead = newNodeReader(logger, pods, kubelet, a.learnNode(kubelet, res))
+		nodeRead = kubeletinfo.NewNodeReader(logger, pods, kubelet, a.learnNode(kubelet, res))
 	}
 	draF := a.newDRA(ctx, st, pods, runtime, podRes, nodeRead)
 	var runnerOpts []pipeline.RunnerOption

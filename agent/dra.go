@@ -9,6 +9,7 @@ import (
 
 	"github.com/podgate/podgate/agent/config"
 	"github.com/podgate/podgate/agent/kube"
+	"github.com/podgate/podgate/agent/kubeletinfo"
 	"github.com/podgate/podgate/agent/state"
 	"github.com/podgate/podgate/dra"
 	"github.com/podgate/podgate/dra/attach"
@@ -37,7 +38,7 @@ type draFeature struct {
 // which it says once, and newDRA returns nil. podRes, when podgate serves PodResources, is how
 // dra.prepare auto asks the kubelet whether it manages a pod; node, whether the kubelet's
 // version prepares claims.
-func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server, node *nodeReader) *draFeature {
+func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLookup, rt runtimeapi.RuntimeServiceClient, podRes *podresources.Server, node *kubeletinfo.NodeReader) *draFeature {
 	logger := klog.FromContext(ctx)
 	if pods == nil {
 		logger.Info("DRA off: no kubeconfig; pods' DRA claims are left to the kubelet")
@@ -64,7 +65,7 @@ func (a *Agent) newDRA(ctx context.Context, st *state.State, pods *kube.PodLooku
 		manager.WithSettle(a.rebuilt, att),
 		manager.WithHostInterfaces(hostIfs),
 		manager.WithSandboxHookDrivers(cfg.SandboxHookDrivers...),
-		manager.WithKubeletPrepares(node.kubeletPreparesDRA),
+		manager.WithKubeletPrepares(node.PreparesDRA),
 	}
 	if podRes != nil && a.cfg.PodResources.KubeletSocket != nil && *a.cfg.PodResources.KubeletSocket != "" {
 		// With auto: the kubelet, asked through podgate's PodResources server, within the

@@ -1,4 +1,4 @@
-package agent
+package kubeletinfo
 
 import (
 	"context"
@@ -12,11 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2/ktesting"
-
-	"github.com/podgate/podgate/agent/kubeletinfo"
 )
 
-// fakeNode is the API server's Node as nodeReader reads it: NotFound until registered, then
+// fakeNode is the API server's Node as NodeReader reads it: NotFound until registered, then
 // the Node with the kubelet's version; reads counts the GETs.
 type fakeNode struct {
 	mu      sync.Mutex
@@ -24,7 +22,7 @@ type fakeNode struct {
 	reads   int
 }
 
-var _ nodeSource = (*fakeNode)(nil)
+var _ NodeSource = (*fakeNode)(nil)
 
 func (f *fakeNode) Node(context.Context) (*corev1.Node, error) {
 	f.mu.Lock()
@@ -52,11 +50,11 @@ func (f *fakeNode) count() int {
 
 // testNodeReader reads src on a clock the test moves; learned counts the reads handed on, each
 // telling the kubelet's description its version.
-func testNodeReader(t *testing.T, src *fakeNode) (n *nodeReader, advance func(time.Duration), learned *atomic.Int32) {
+func testNodeReader(t *testing.T, src *fakeNode) (n *NodeReader, advance func(time.Duration), learned *atomic.Int32) {
 	logger := ktesting.NewLogger(t, ktesting.NewConfig())
-	view := kubeletinfo.NewView(kubeletinfo.Kubelet{})
+	view := NewView(Kubelet{})
 	learned = &atomic.Int32{}
-	n = newNodeReader(logger, src, view, func(_ context.Context, node *corev1.Node) {
+	n = NewNodeReader(logger, src, view, func(_ context.Context, node *corev1.Node) {
 		learned.Add(1)
 		view.LearnVersion(logger, node.Status.NodeInfo.KubeletVersion, false)
 	})
@@ -78,28 +76,28 @@ func TestNodeReadAtPodStart(t *testing.T) {
 	if n.read(ctx, false) { // start-up's first try
 		t.Fatal("a Node read before the kubelet registered it")
 	}
-	if n.kubeletPreparesDRA(ctx) {
+	if n.PreparesDRA(ctx) {
 		t.Error("the kubelet prepares, with no Node")
 	}
 	if got := src.count(); got != 2 {
 		t.Errorf("%d GETs of the Node, want 2: start-up's and the pod start's", got)
 	}
 	src.register("v1.36.3")
-	if n.kubeletPreparesDRA(ctx) {
+	if n.PreparesDRA(ctx) {
 		t.Error("the Node read again within nodeReadInterval of the pod start's last read")
 	}
 	if got := src.count(); got != 2 {
 		t.Errorf("%d GETs of the Node within nodeReadInterval, want still 2", got)
 	}
 	advance(nodeReadInterval)
-	if !n.kubeletPreparesDRA(ctx) {
+	if !n.PreparesDRA(ctx) {
 		t.Error("kubelet v1.36.3 does not prepare claims")
 	}
-	if v := n.kubeletNow(ctx).Version; v != "v1.36.3" {
+	if v := n.Now(ctx).Version; v != "v1.36.3" {
 		t.Errorf("kubelet version %q, want v1.36.3", v)
 	}
 	advance(nodeReadInterval)
-	n.run(ctx, wait.Backoff{Duration: time.Hour, Steps: 2}) // returns at once: the Node is read
+	n.Run(ctx, wait.Backoff{Duration: time.Hour, Steps: 2}) // returns at once: the Node is read
 	if got, l := src.count(), learned.Load(); got != 3 || l != 1 {
 		t.Errorf("%d GETs of the Node, handed on %d times; want 3 and once", got, l)
 	}
@@ -115,7 +113,7 @@ func TestNodeReadOncePerBurst(t *testing.T) {
 	burst := func() {
 		var wg sync.WaitGroup
 		for range 20 {
-			wg.Go(func() { n.kubeletNow(ctx) })
+			wg.Go(func() { n.Now(ctx) })
 		}
 		wg.Wait()
 	}
@@ -129,7 +127,7 @@ func TestNodeReadOncePerBurst(t *testing.T) {
 	if got, l := src.count(), learned.Load(); got != 2 || l != 1 {
 		t.Errorf("%d GETs of the Node, handed on %d times; want 2 and once", got, l)
 	}
-	if n.kubeletPreparesDRA(ctx) {
+	if n.PreparesDRA(ctx) {
 		t.Error("kubelet v1.33.5 prepares claims")
 	}
 }
@@ -145,7 +143,7 @@ func TestNodeReadRetried(t *testing.T) {
 		}
 		return src.Node(ctx)
 	})
-	n.run(t.Context(), wait.Backoff{Duration: time.Millisecond, Steps: 100})
+	n.Run(t.Context(), wait.Backoff{Duration: time.Millisecond, Steps: 100})
 	if got, l := tries.Load(), learned.Load(); got != 3 || l != 1 {
 		t.Errorf("%d tries, handed on %d times; want 3 (two without a Node) and once", got, l)
 	}
