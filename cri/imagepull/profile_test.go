@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -76,25 +75,7 @@ func startProxyOn(t testing.TB, serve func(path string), g *imagepull.Governor, 
 	s := cri.NewServer(be, be, cri.WithMetrics(cri.NewMetrics(reg)))
 	cri.Intercept(s, cri.PullImage, g.Interceptor(prio))
 	cri.InterceptRaw(s, cri.PullSecurityProfile, g.ProfileInterceptor(prio))
-	l, err := cri.Listen(filepath.Join(dir, "cri.sock"), cri.SocketOptions{Mode: 0o600})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(l) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		s.Shutdown(ctx)
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, "cri.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := serveCRI(t, dir, s)
 	return &profileProxy{images: runtimeapi.NewImageServiceClient(conn), profiles: crifake.ProfileClient{Conn: conn}, metrics: reg}
 }
 

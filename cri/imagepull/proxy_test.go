@@ -216,6 +216,13 @@ func startProxy(t testing.TB, backend runtimeapi.ImageServiceServer, g *imagepul
 	t.Cleanup(func() { _ = be.Close() })
 	s := cri.NewServer(be, be)
 	cri.Intercept(s, cri.PullImage, g.Interceptor(prio))
+	return &proxy{client: runtimeapi.NewImageServiceClient(serveCRI(t, dir, s))}
+}
+
+// serveCRI serves s on dir's cri.sock until the test ends (its clean-up shuts s down and checks
+// that Serve returned no error) and returns a client connection to it.
+func serveCRI(t testing.TB, dir string, s *cri.Server) *grpc.ClientConn {
+	t.Helper()
 	l, err := cri.Listen(filepath.Join(dir, "cri.sock"), cri.SocketOptions{Mode: 0o600})
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +242,7 @@ func startProxy(t testing.TB, backend runtimeapi.ImageServiceServer, g *imagepul
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &proxy{client: runtimeapi.NewImageServiceClient(conn)}
+	return conn
 }
 
 // seedEnv names the environment variable that replays a randomised test with a given seed.
