@@ -39,8 +39,7 @@ func BenchmarkForwarderBaseline(b *testing.B) {
 
 	lat := map[string][]time.Duration{}
 	for iter := 0; b.Loop(); iter++ {
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)] // rotate the order: no path always goes first
+		for _, path := range roundOrder(iter, paths) {
 			start := time.Now()
 			if _, err := clients[path].Runtime.Version(b.Context(), "v1"); err != nil {
 				b.Fatal(err)
@@ -93,8 +92,8 @@ const (
 	listRounds = 100
 )
 
-// listLatency times ListContainers through each path, alternating in a rotated order as the
-// Version loop does, and checks that each answer holds every container.
+// listLatency times ListContainers through each path, alternating in each round's order as
+// the Version loop does, and checks that each answer holds every container.
 func listLatency(b *testing.B, clients map[string]*rig.Client, paths []string) map[string][]time.Duration {
 	b.Helper()
 	return alternate(b, paths, listRounds, func(_ int, path string) error {
@@ -114,6 +113,18 @@ func listLatency(b *testing.B, clients map[string]*rig.Client, paths []string) m
 func startForwarder(b *testing.B, endpoint string, pprof bool) *harness.Forwarder {
 	b.Helper()
 	f, err := harness.StartForwarder(b.Context(), testfs.ShortDir(b), endpoint, pprof)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(f.Stop)
+	return f
+}
+
+// startByteRelay starts test/forwarder -bytes in front of the runtime at endpoint: a relay that
+// copies bytes without looking at them; it stops at the benchmark's end.
+func startByteRelay(b *testing.B, endpoint string) *harness.Forwarder {
+	b.Helper()
+	f, err := harness.StartByteRelay(b.Context(), testfs.ShortDir(b), endpoint)
 	if err != nil {
 		b.Fatal(err)
 	}

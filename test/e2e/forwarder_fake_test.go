@@ -35,15 +35,17 @@ const fakeListRounds = 200
 // made per path, alternating.
 const fakeUpdateRounds = 1000
 
-// BenchmarkForwarderFakeRuntime compares direct, test/forwarder and podgate (default
+// BenchmarkForwarderFakeRuntime compares direct, test/forwarder -bytes (a relay that copies
+// bytes without looking at them: the floor of any relay), test/forwarder and podgate (default
 // configuration) in front of a fake runtime (test/e2e/fakeruntime, cri-api's fake in a process
 // of its own, holding 1,000 containers and 1,000 sandboxes shaped like a kubelet's): the
 // runtime's own work per call is small, so what each proxy adds shows. Every phase alternates
-// the three paths, rotating which goes first:
+// the paths, in an order drawn afresh for each round (roundOrder):
 //
 //   - Version, b.N rounds: p50 and p99 per path; each proxy's addition over direct at p50;
-//   - ListContainers and ListPodSandbox of the 1,000, 200 rounds each: p50 per path and its
-//     ratio to direct (the cost of carrying a large answer across one more hop);
+//   - ListContainers and ListPodSandbox of the 1,000, 200 rounds each: p50 per path, its
+//     ratio to direct (the cost of carrying a large answer across one more hop), and podgate's
+//     to the byte relay's (podgate/bytes: what podgate costs over the floor);
 //   - UpdateContainerResources, which podgate intercepts, 1,000 rounds: p50 per path and
 //     podgate's difference to the forwarder's; the same for CreateContainer with a
 //     kubelet-shaped request;
@@ -51,7 +53,8 @@ const fakeUpdateRounds = 1000
 //     their ratio to direct, and each proxy's CPU time per call;
 //   - both proxies' RSS;
 //   - StreamContainers of 30,000 containers in pages of 1,000 (a second fake runtime, with
-//     podgate in front of it too), 20 rounds per path: p50 per path and its ratio to direct;
+//     podgate and the byte relay in front of it too), 20 rounds per path: p50 per path, its
+//     ratio to direct, and podgate's to the byte relay's;
 //   - the CPU time each proxy spent per list call (containers, sandboxes, streamed).
 //
 // With PODGATE_BENCH_BEFORE=BIN it runs BIN, an earlier podgate, beside today's as a fourth
@@ -75,9 +78,10 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 	}
 	pg := startPodgate(b, fake.endpoint, args...)
 	fwd := startForwarder(b, fake.endpoint, profileDir != "")
-	paths := []string{"direct", "forwarder", "podgate"}
-	endpoints := map[string]string{"direct": fake.endpoint, "forwarder": fwd.Endpoint, "podgate": pg.Endpoint}
-	pids := map[string]int{"forwarder": fwd.PID(), "podgate": pg.PID()}
+	byteRelay := startByteRelay(b, fake.endpoint)
+	paths := []string{"direct", "bytes", "forwarder", "podgate"}
+	endpoints := map[string]string{"direct": fake.endpoint, "bytes": byteRelay.Endpoint, "forwarder": fwd.Endpoint, "podgate": pg.Endpoint}
+	pids := map[string]int{"bytes": byteRelay.PID(), "forwarder": fwd.PID(), "podgate": pg.PID()}
 	beforeBin := os.Getenv("PODGATE_BENCH_BEFORE")
 	var before *harness.Podgate
 	if beforeBin != "" {
@@ -98,8 +102,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 
 	lat := map[string][]time.Duration{}
 	for iter := 0; b.Loop(); iter++ {
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)]
+		for _, path := range roundOrder(iter, paths) {
 			start := time.Now()
 			if _, err := clients[path].Runtime.Version(ctx, "v1"); err != nil {
 				b.Fatal(err)
@@ -145,14 +148,7 @@ func BenchmarkForwarderFakeRuntime(b *testing.B) {
 			}
 			return nil
 		})
-		direct := percentile(list["direct"], 50)
-		for _, path := range paths {
-			p50 := percentile(list[path], 50)
-			b.ReportMetric(ms(p50), path+"-list-"+what+"-p50-ms")
-			if path != "direct" {
-				b.ReportMetric(float64(p50)/float64(direct), path+"-list-"+what+"-ratio")
-			}
-		}
+		reportRatios(b, list, "list-"+what)
 		b.ReportMetric(float64(size)/1000, "list-"+what+"-kB")
 		reportCPUPerCall(b, pids, cpu, fakeListRounds, "list-"+what)
 	}
@@ -235,6 +231,11 @@ func streamContainers(b *testing.B, allPaths, args []string, beforeBin string) {
 	for _, path := range allPaths {
 		var p *harness.Podgate
 		switch path {
+		case "bytes":
+			r := startByteRelay(b, fake.endpoint)
+			paths = append(paths, path)
+			endpoints[path], pids[path] = r.Endpoint, r.PID()
+			continue
 		case "podgate":
 			p = startPodgate(b, fake.endpoint, args...)
 		case "before":
@@ -281,16 +282,26 @@ func streamContainers(b *testing.B, allPaths, args []string, beforeBin string) {
 		size = bytes
 		return nil
 	})
-	direct := percentile(lat["direct"], 50)
-	for _, path := range paths {
-		p50 := percentile(lat[path], 50)
-		b.ReportMetric(ms(p50), path+"-stream-containers-p50-ms")
-		if path != "direct" {
-			b.ReportMetric(float64(p50)/float64(direct), path+"-stream-containers-ratio")
-		}
-	}
+	reportRatios(b, lat, "stream-containers")
 	b.ReportMetric(float64(size)/1000, "stream-containers-kB")
 	reportCPUPerCall(b, pids, cpu, streamRounds, "stream-containers")
+}
+
+// reportRatios reports a phase's p50 per path (name-p50-ms), its ratio to direct's, and
+// podgate's to the byte relay's (podgate/bytes-name).
+func reportRatios(b *testing.B, lat map[string][]time.Duration, name string) {
+	b.Helper()
+	direct := percentile(lat["direct"], 50)
+	for path, l := range lat {
+		p50 := percentile(l, 50)
+		b.ReportMetric(ms(p50), path+"-"+name+"-p50-ms")
+		if path != "direct" {
+			b.ReportMetric(float64(p50)/float64(direct), path+"-"+name+"-ratio")
+		}
+	}
+	if l, ok := lat["bytes"]; ok {
+		b.ReportMetric(float64(percentile(lat["podgate"], 50))/float64(percentile(l, 50)), "podgate/bytes-"+name)
+	}
 }
 
 // cpuTimes is each process's CPU time now.
@@ -328,14 +339,13 @@ func startPodgateBin(t testing.TB, bin, endpoint string, args ...string) *harnes
 	return p
 }
 
-// alternate makes rounds rounds of call through every path, rotating which goes first, and
-// returns each path's durations; a failed call ends the benchmark.
+// alternate makes rounds rounds of call through every path, each round in its own order
+// (roundOrder), and returns each path's durations; a failed call ends the benchmark.
 func alternate(b *testing.B, paths []string, rounds int, call func(iter int, path string) error) map[string][]time.Duration {
 	b.Helper()
 	lat := map[string][]time.Duration{}
 	for iter := range rounds {
-		for k := range paths {
-			path := paths[(iter+k)%len(paths)]
+		for _, path := range roundOrder(iter, paths) {
 			start := time.Now()
 			err := call(iter, path)
 			lat[path] = append(lat[path], time.Since(start))

@@ -43,8 +43,9 @@ resources:
 // rig's real containerd, four ways in one run: directly, through test/forwarder (the minimal
 // raw gRPC passthrough), through podgate with its default configuration, and through podgate
 // with every stage on (allStagesConfig). Each iteration runs one whole lifecycle per path,
-// one pod with one container at a time, rotating which path goes first; no pause between the
-// calls, so that work a proxy leaves running after answering meets the caller's next call.
+// one pod with one container at a time, the paths in each round's order (roundOrder); no
+// pause between the calls, so that work a proxy leaves running after answering meets the
+// caller's next call.
 //
 // It reports every call's p50 and p99 per path (CALL-PATH-p50-ms), their ratios to direct
 // (CALL-PATH/direct-p50), each podgate's p50 difference to the forwarder
@@ -67,8 +68,7 @@ func BenchmarkCRILifecycle(b *testing.B) {
 	}
 	n := 0
 	for iter := 0; b.Loop(); iter++ {
-		for k := range lifecyclePaths {
-			path := lifecyclePaths[(iter+k)%len(lifecyclePaths)]
+		for _, path := range roundOrder(iter, lifecyclePaths) {
 			n++
 			if err := lifecycle(b.Context(), r, clients[path], fmt.Sprintf("lc-%d", n), func(call string, d time.Duration) {
 				lat[call][path] = append(lat[call][path], d)

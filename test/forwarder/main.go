@@ -4,7 +4,12 @@
 // against (BENCHMARKS.md); it is not part of podgate. With -pprof it also serves Go's profiles
 // (net/http/pprof) on that address, for comparing its profile with podgate's.
 //
-//	forwarder -listen /run/fwd.sock -backend /run/containerd/containerd.sock [-pprof 127.0.0.1:0]
+// With -bytes it knows nothing of HTTP/2 or gRPC: each connection is copied to one of its own
+// to the backend, both ways, 64 KiB at a time. That is the floor of any relay in its own process
+// on a unix socket (one more read and one more write of every byte, and their wake-ups): what
+// no relay that forwards a call's bytes can go under.
+//
+//	forwarder -listen /run/fwd.sock -backend /run/containerd/containerd.sock [-pprof 127.0.0.1:0] [-bytes]
 package main
 
 import (
@@ -47,6 +52,7 @@ func main() {
 	listen := flag.String("listen", "", "unix socket to serve on")
 	backend := flag.String("backend", "", "unix socket to forward to")
 	pprofAddr := flag.String("pprof", "", "host:port to serve /debug/pprof/ on (printed as \"pprof ADDRESS\")")
+	bytes := flag.Bool("bytes", false, "copy each connection's bytes both ways, without HTTP/2")
 	flag.Parse()
 	if *pprofAddr != "" {
 		if err := servePprof(*pprofAddr); err != nil {
@@ -54,7 +60,11 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	if err := run(*listen, *backend); err != nil {
+	serve := run
+	if *bytes {
+		serve = copyBytes
+	}
+	if err := serve(*listen, *backend); err != nil {
 		fmt.Fprintln(os.Stderr, "forwarder:", err)
 		os.Exit(1)
 	}
@@ -141,5 +151,47 @@ func forward(conn *grpc.ClientConn, ss grpc.ServerStream) error {
 		if err := ss.SendMsg(m); err != nil {
 			return err
 		}
+	}
+}
+
+// copyBytes copies every connection on listen to a connection of its own to backend, both ways,
+// until either side closes.
+func copyBytes(listen, backend string) error {
+	l, err := net.Listen("unix", listen)
+	if err != nil {
+		return err
+	}
+	fmt.Println("ready") // the benchmark waits for this line
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			b, err := net.Dial("unix", backend)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "forwarder:", err)
+				return
+			}
+			defer b.Close()
+			done := make(chan struct{})
+			go func() {
+				copyConn(b, c)
+				close(done)
+			}()
+			copyConn(c, b)
+			<-done
+		}()
+	}
+}
+
+// copyConn copies src to dst until src ends, then ends dst's writing side. It hides both
+// connections' ReadFrom and WriteTo, so that every byte is read and written by this process
+// 64 KiB at a time, as a relay that looks at what it forwards must.
+func copyConn(dst, src net.Conn) {
+	_, _ = io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, make([]byte, 64<<10))
+	if u, ok := dst.(*net.UnixConn); ok {
+		_ = u.CloseWrite()
 	}
 }

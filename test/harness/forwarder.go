@@ -23,6 +23,20 @@ type Forwarder struct {
 // the runtime at endpoint (unix://path); it returns once the forwarder says it is ready. Stop
 // it with Stop.
 func StartForwarder(ctx context.Context, dir, endpoint string, pprof bool) (*Forwarder, error) {
+	var args []string
+	if pprof {
+		args = append(args, "-pprof", "127.0.0.1:0")
+	}
+	return startForwarder(ctx, dir, endpoint, "fwd.sock", args...)
+}
+
+// StartByteRelay is StartForwarder with test/forwarder -bytes: a relay that copies each
+// connection's bytes without looking at them, the floor of any relay.
+func StartByteRelay(ctx context.Context, dir, endpoint string) (*Forwarder, error) {
+	return startForwarder(ctx, dir, endpoint, "bytes.sock", "-bytes")
+}
+
+func startForwarder(ctx context.Context, dir, endpoint, name string, extra ...string) (*Forwarder, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return nil, err
@@ -31,11 +45,8 @@ func StartForwarder(ctx context.Context, dir, endpoint string, pprof bool) (*For
 	if err := goBuild(ctx, root, true, []string{"build", "-o", bin, "./test/forwarder"}); err != nil {
 		return nil, err
 	}
-	sock := filepath.Join(dir, "fwd.sock")
-	args := []string{"-listen", sock, "-backend", strings.TrimPrefix(endpoint, "unix://")}
-	if pprof {
-		args = append(args, "-pprof", "127.0.0.1:0")
-	}
+	sock := filepath.Join(dir, name)
+	args := append([]string{"-listen", sock, "-backend", strings.TrimPrefix(endpoint, "unix://")}, extra...)
 	f := &Forwarder{cmd: exec.Command(bin, args...), Endpoint: "unix://" + sock}
 	out, err := f.cmd.StdoutPipe()
 	if err != nil {
