@@ -39,6 +39,13 @@ type attackBed struct {
 
 func newAttackBed(t *testing.T, lim Limits, maxMessage int) *attackBed {
 	t.Helper()
+	return newAttackBedRouting(t, lim, maxMessage, nil)
+}
+
+// newAttackBedRouting is newAttackBed whose relay also routes the paths of extra to their
+// targets: set before it serves (a Route changed while it serves would race with its readers).
+func newAttackBedRouting(t *testing.T, lim Limits, maxMessage int, extra map[string]*Target) *attackBed {
+	t.Helper()
 	dir := shortDir(t)
 	b := &attackBed{reasons: map[string]int{}, up: startRawUpstream(t, dir)}
 	echoT := startEchoServer(t, dir)
@@ -51,6 +58,9 @@ func newAttackBed(t *testing.T, lim Limits, maxMessage int) *attackBed {
 	}}
 	b.srv = &Server{
 		Route: func(path string) *Target {
+			if t, ok := extra[path]; ok {
+				return t
+			}
 			switch path {
 			case "/svc/Echo":
 				return echoT

@@ -205,16 +205,8 @@ func TestSmallAnswerTakesItsTurn(t *testing.T) {
 func TestReadingClientIsNotShed(t *testing.T) {
 	// The parked answers (8 MiB) fit the budget: the reading client's take it over.
 	lim := Limits{TotalBytes: 9 << 20}
-	b := newAttackBed(t, lim, 16<<20)
-	dir := shortDir(t)
-	sized := startSizedServer(t, dir)
-	route := b.srv.Route
-	b.srv.Route = func(path string) *Target {
-		if path == "/svc/Big" {
-			return sized
-		}
-		return route(path)
-	}
+	sized := startSizedServer(t, shortDir(t))
+	b := newAttackBedRouting(t, lim, 16<<20, map[string]*Target{"/svc/Big": sized})
 	var parked []*attacker
 	for range 4 {
 		a := dialAttacker(t, b.sock, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
