@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bufio"
 	"encoding/binary"
 	"net"
 	"slices"
@@ -15,7 +14,7 @@ import (
 // everything written to it.
 type conn struct {
 	nc   net.Conn
-	br   *bufio.Reader
+	rb   *readBuf
 	fr   *http2.Framer // reads only
 	recv *recvWindow   // what the peer may still send on the connection
 	out  *sender
@@ -29,9 +28,9 @@ type conn struct {
 	framed bool
 }
 
-func newConn(nc net.Conn, br *bufio.Reader, maxHeaderList uint32, hooks senderHooks) *conn {
-	c := &conn{nc: nc, br: br, recv: newRecvWindow(connWindow), out: newSender(nc, hooks)}
-	c.fr = http2.NewFramer(nil, br)
+func newConn(nc net.Conn, maxHeaderList uint32, grow bool, hooks senderHooks) *conn {
+	c := &conn{nc: nc, rb: newReadBuf(nc, readBuffer, grow), recv: newRecvWindow(connWindow), out: newSender(nc, hooks)}
+	c.fr = http2.NewFramer(nil, c.rb)
 	c.fr.SetMaxReadFrameSize(maxFrame)
 	c.fr.SetReuseFrames() // a frame is handled before the next is read
 	// HPACK's decoder counts the header list as it decodes it and keeps nothing past the limit.
@@ -95,13 +94,12 @@ func (c *conn) next() (f http2.Frame, d dataFrame, isData bool, err error) {
 // framer checks one (RFC 9113 §6.1).
 func (c *conn) peekData() (dataFrame, bool, error) {
 	h, length, ok := c.peekHeader()
-	if !ok || http2.FrameType(h[3]) != http2.FrameData || length > maxFrame || c.br.Buffered() < 9+length {
+	if !ok || http2.FrameType(h[3]) != http2.FrameData || length > maxFrame || c.rb.buffered() < 9+length {
 		return dataFrame{}, false, nil // the framer's (a frame too large is its error)
 	}
 	flags := http2.Flags(h[4])
 	id := binary.BigEndian.Uint32(h[5:9]) & (1<<31 - 1)
-	b, _ := c.br.Peek(9 + length)
-	payload := b[9:]
+	payload := c.rb.peek(9 + length)[9:]
 	if id == 0 {
 		return dataFrame{}, false, connError{http2.ErrCodeProtocol, "DATA frame with stream ID 0"}
 	}
@@ -111,19 +109,16 @@ func (c *conn) peekData() (dataFrame, bool, error) {
 		}
 		payload = payload[1 : length-int(payload[0])]
 	}
-	_, _ = c.br.Discard(9 + length)
+	c.rb.take(9 + length)
 	return dataFrame{id: id, length: int64(length), payload: payload, end: flags.Has(http2.FlagDataEndStream)}, true, nil
 }
 
 // peekHeader is the next frame's header and length when it is in the read buffer.
 func (c *conn) peekHeader() ([]byte, int, bool) {
-	if c.br.Buffered() < 9 {
+	if c.rb.buffered() < 9 {
 		return nil, 0, false
 	}
-	h, err := c.br.Peek(9)
-	if err != nil {
-		return nil, 0, false
-	}
+	h := c.rb.peek(9)
 	return h, int(h[0])<<16 | int(h[1])<<8 | int(h[2]), true
 }
 
@@ -135,8 +130,14 @@ func (c *conn) safe() bool {
 		return false
 	}
 	h, length, ok := c.peekHeader()
-	if !ok || c.br.Buffered() < 9+length {
-		return false
+	for !ok || c.rb.buffered() < 9+length {
+		// A frame begun and not whole, on a connection to a target: what the socket already
+		// holds comes first, so that the frames of several of the target's writes leave in
+		// one — unless its answers wait (the reader's throttle comes first then).
+		if c.rb.buffered() == 0 || c.out.responses.Load() > maxResponses || !c.rb.more() {
+			return false
+		}
+		h, length, ok = c.peekHeader()
 	}
 	switch http2.FrameType(h[3]) {
 	case http2.FrameHeaders, http2.FramePushPromise:
@@ -180,6 +181,7 @@ func (c *conn) flush() {
 		c.held = c.held[:len(c.held)-1]
 		s.run(false)
 	}
+	c.rb.release() // what was lent is written or copied
 	for len(c.touched) > 0 {
 		s := c.touched[len(c.touched)-1]
 		c.touched = c.touched[:len(c.touched)-1]

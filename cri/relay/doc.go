@@ -30,7 +30,9 @@
 // writer goroutine, handed the token when the socket takes no more, is the only goroutine that
 // ever waits for a peer. A reader that reads DATA for another connection takes that sender's
 // token for the frames of one read when it can, so the bytes leave from its read buffer with
-// one writev (conn.lend). What a call is — its kind, its two ways, its ids, whether each way
+// one writev (conn.lend); a connection to a target reads on, without waiting, what its socket
+// already holds before it lets them go (readBuf.more), so one writev carries the frames of
+// several of the target's writes. What a call is — its kind, its two ways, its ids, whether each way
 // ended — is the session's, under session.mu; the steps taken under it (the *Locked functions)
 // only decide and put events, and return what is left to do once mu is let go (after): a
 // kick, the observer's End, a handler to start, a reset.

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -43,10 +42,13 @@ const (
 	maxFrame = 16384
 	// prefaceTimeout bounds the wait for a new client's HTTP/2 preface.
 	prefaceTimeout = 20 * time.Second
-	// readBuffer is each connection's read buffer: two 16 KiB frames per read. (128 KiB for the
-	// connections to a target halved their reads of a large list, but neither its time nor
-	// podgate's CPU moved, and each such connection held 96 KiB more.)
+	// readBuffer is each connection's own read buffer: two 16 KiB frames per read, what an idle
+	// connection holds.
 	readBuffer = 32 << 10
+	// bigReadBuffer is the buffer a connection to a target reads into while a large answer
+	// streams in: the frames of several of the target's writes whole in it, so that they leave
+	// in one write (readBuf); taken from a pool and given back once all is read.
+	bigReadBuffer = 128 << 10
 )
 
 // Target is a server podgate forwards calls to: the runtime, or its own gRPC server for the
@@ -355,7 +357,7 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ss := &session{srv: s, ctx: ctx, streams: map[uint32]*stream{}, ups: map[*Target]*upstream{}, upConns: map[*upstream]struct{}{}}
-	ss.down = newConn(c, bufio.NewReaderSize(c, readBuffer), s.lim.MaxHeaderList, ss.hooks(nil))
+	ss.down = newConn(c, s.lim.MaxHeaderList, false, ss.hooks(nil))
 	defer ss.down.out.close() // the sender's end, on every way out
 	ss.peer = peerCred(c)
 	if !s.addSession(ss) {
@@ -401,7 +403,7 @@ func (ss *session) serve() error {
 	// A client says the preface at once; one that does not holds no goroutine for long.
 	_ = c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	preface := make([]byte, len(http2.ClientPreface))
-	if _, err := io.ReadFull(ss.down.br, preface); err != nil {
+	if _, err := io.ReadFull(ss.down.rb, preface); err != nil {
 		return prefaceError{fmt.Errorf("read client preface: %w", err)}
 	}
 	if string(preface) != http2.ClientPreface {

@@ -4,7 +4,6 @@ package relay
 // the calls on it.
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"math"
@@ -107,7 +106,7 @@ func (ss *session) dialUpstream(t *Target) (*upstream, error) {
 		return nil, err
 	}
 	u := &upstream{target: t, nextID: 1, streams: map[uint32]*stream{}}
-	u.c = newConn(nc, bufio.NewReaderSize(nc, readBuffer), maxHeaderList, ss.hooks(u))
+	u.c = newConn(nc, maxHeaderList, true, ss.hooks(u))
 	u.c.out.put(event{kind: evPreface, ack: true, settings: []http2.Setting{
 		{ID: http2.SettingEnablePush, Val: 0},
 		{ID: http2.SettingInitialWindowSize, Val: streamWindow},
