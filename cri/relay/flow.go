@@ -163,22 +163,25 @@ func (ss *session) headersLocked(w *way, fields []hpack.HeaderField, end bool) a
 	return a
 }
 
-// send puts data or a header block of s, from a handler, on its way w (a Unary answer, a
-// Forward request) unless s has gone: it says whether s is still there.
-func (ss *session) send(s *stream, w *way, it item) bool {
+// send puts data and header blocks of s, from a handler, on its way w (a Unary answer, a
+// Forward request) unless s has gone: it says whether s is still there. The items go with one
+// kick, so that an answer's headers, message and trailers leave in one write.
+func (ss *session) send(s *stream, w *way, items ...item) bool {
 	ss.mu.Lock()
 	there := !s.removed
 	if there {
-		if w == &s.ans && it.headers != nil && !it.end {
-			s.headersSent = true
-		}
-		if it.end {
-			w.done = true
-		}
-		if it.headers != nil {
-			w.to.out.put(event{kind: evHeaders, st: w.to, fields: it.headers, end: it.end, held: headerListSize(it.headers)})
-		} else {
-			w.to.out.putOwned(w.to, it.data, it.end)
+		for _, it := range items {
+			if w == &s.ans && it.headers != nil && !it.end {
+				s.headersSent = true
+			}
+			if it.end {
+				w.done = true
+			}
+			if it.headers != nil {
+				w.to.out.put(event{kind: evHeaders, st: w.to, fields: it.headers, end: it.end, held: headerListSize(it.headers)})
+			} else {
+				w.to.out.putOwned(w.to, it.data, it.end)
+			}
 		}
 	}
 	ss.mu.Unlock()

@@ -229,13 +229,8 @@ func (ss *session) answerUnary(s *stream, u *unaryCall, a *UnaryAnswer) {
 	msg := make([]byte, 5+len(a.Message))
 	binary.BigEndian.PutUint32(msg[1:5], uint32(len(a.Message)))
 	copy(msg[5:], a.Message)
-	if !ss.send(s, &s.ans, item{headers: answerHeaders(u.contentType, a.Header)}) {
-		return
-	}
-	if !ss.send(s, &s.ans, item{data: msg}) {
-		return
-	}
-	ss.send(s, &s.ans, item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
+	ss.send(s, &s.ans, item{headers: answerHeaders(u.contentType, a.Header)}, item{data: msg},
+		item{headers: append(statusFields(status.New(codes.OK, "")), metadataFields(a.Trailer)...), end: true})
 }
 
 // setCode sets the code s ends with, unless s has ended already.
