@@ -6,8 +6,6 @@ import (
 	"net"
 	"sync"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
 // bigReads are the larger read buffers a connection to a target takes while a large answer
@@ -101,11 +99,13 @@ func (b *readBuf) more() bool {
 	return true
 }
 
-// tryRead is one read(2) into the buffer's free end that does not wait (RawConn.Read).
+// tryRead is one read(2) into the buffer's free end that does not wait (RawConn.Read), with
+// syscall.Read as net.Conn's read: under the race detector it marks the happens-before from
+// what wrote the bytes, as writev_other.go's syscall.Write does on the other side.
 func (b *readBuf) tryRead(fd uintptr) bool {
 	for {
-		b.n, b.err = unix.Read(int(fd), b.buf[b.w:])
-		if !errors.Is(b.err, unix.EINTR) {
+		b.n, b.err = syscall.Read(int(fd), b.buf[b.w:])
+		if !errors.Is(b.err, syscall.EINTR) {
 			return true
 		}
 	}
@@ -115,7 +115,7 @@ func (b *readBuf) tryRead(fd uintptr) bool {
 // to the pool before the wait when none of it is lent or unread.
 func (b *readBuf) waitRead(fd uintptr) bool {
 	b.tryRead(fd)
-	if !errors.Is(b.err, unix.EAGAIN) {
+	if !errors.Is(b.err, syscall.EAGAIN) {
 		return true
 	}
 	if b.big != nil && !b.pinned && b.r == b.w {
