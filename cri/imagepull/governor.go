@@ -46,7 +46,7 @@ type Option func(*Governor)
 
 // WithRegisterer registers the governor's metrics (podgate_image_pull_*) with reg.
 func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(g *Governor) { g.metrics, g.hm = newMetrics(reg), newHoldMetrics(reg, g) }
+	return func(g *Governor) { g.reg = reg }
 }
 
 // WithObserver tells o of what happens to callers that the caps and the queue do not show: a
@@ -97,8 +97,11 @@ type Event struct {
 
 // Governor holds PullImage calls until they may start; see the package documentation.
 type Governor struct {
-	limits   Limits
-	metrics  *metrics
+	limits  Limits
+	metrics *metrics
+	// reg is WithRegisterer's; New registers the metrics once every option is applied, since a
+	// scrape may come from then on and reads what the options set.
+	reg      prometheus.Registerer
 	observer Observer
 	// keep is called before a running pull nobody waits for is cancelled (WithKeep); nil: no.
 	keep func(image string)
@@ -176,10 +179,8 @@ func New(limits Limits, opts ...Option) *Governor {
 	for _, o := range opts {
 		o(g)
 	}
-	if g.metrics == nil {
-		g.metrics = newMetrics(nil)
-	}
 	g.initHolds()
+	g.metrics, g.hm = newMetrics(g.reg), newHoldMetrics(g.reg, g)
 	return g
 }
 

@@ -62,9 +62,6 @@ func (g *Governor) initHolds() {
 	if g.clock == nil {
 		g.clock = clock.RealClock{}
 	}
-	if g.hm == nil {
-		g.hm = newHoldMetrics(nil, g)
-	}
 	g.budget = newBudgets(g.limits.PerRegistryRate, g.now())
 }
 

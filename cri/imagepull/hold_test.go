@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -527,5 +528,38 @@ func TestCoolDownHoldsProfilePulls(t *testing.T) {
 		}
 	case <-time.After(testTimeout):
 		t.Fatal("the profile pull got no answer")
+	}
+}
+
+// scrapingRegisterer collects every collector in a goroutine of its own the moment it is
+// registered, as a scrape that comes right then would.
+type scrapingRegisterer struct {
+	*prometheus.Registry
+	scrapes *sync.WaitGroup
+}
+
+func (r scrapingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	r.Registry.MustRegister(cs...)
+	for _, c := range cs {
+		r.scrapes.Go(func() {
+			ch := make(chan prometheus.Metric)
+			go func() { c.Collect(ch); close(ch) }()
+			for range ch {
+			}
+		})
+	}
+}
+
+// TestMetricsScrapedWhileBuilt: a scrape may come as soon as the governor's metrics are
+// registered, so New registers them once every option is applied. Registered by an option,
+// the cool-downs collector read what the next options were still writing: the race detector
+// reports it (the agent's tests scrape while the agent starts).
+func TestMetricsScrapedWhileBuilt(t *testing.T) {
+	reg := scrapingRegisterer{prometheus.NewRegistry(), &sync.WaitGroup{}}
+	New(Limits{MaxParallel: 1, PerRegistry: map[string]int{"r.io": 1}, PerRegistryRate: map[string]Rate{"r.io": {Pulls: 1, Interval: time.Second, Burst: 1}}},
+		WithRegisterer(reg), WithCoolDown(CoolDown{InitialDelay: time.Second, MaxDelay: time.Minute, RetryFor: time.Minute}))
+	reg.scrapes.Wait()
+	if n := testutil.CollectAndCount(reg, "podgate_image_pull_registry_cooling"); n != 2 {
+		t.Errorf("podgate_image_pull_registry_cooling has %d series, want 2 (r.io, other)", n)
 	}
 }
